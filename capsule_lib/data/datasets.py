@@ -1,0 +1,268 @@
+"""``get_dataset(name, root, split, ...)``: one entry point for real and generated datasets.
+
+Real datasets live under one data root (``root`` argument, else the ``CAPSULE_DATA`` environment variable,
+else ``./data``), one sub-folder per dataset, e.g. ``<root>/mnist/MNIST/raw/*.gz`` (torchvision's layout).
+Missing files are downloaded with torchvision when the network allows; otherwise a
+:class:`DatasetUnavailableError` says which dataset is missing, the command that fetches it, and the
+offline alternative (``CAPSULE_OFFLINE=1`` -> generated stand-in data).
+"""
+from __future__ import annotations
+
+import gzip
+import os
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+__all__ = [
+    "ImageDataset", "DatasetUnavailableError", "get_dataset", "register_dataset", "available_datasets",
+    "data_root", "is_offline", "read_idx", "train_val_indices",
+]
+
+_REGISTRY: dict[str, Callable[..., "ImageDataset"]] = {}
+SPLITS = ("train", "val", "train_full", "test")
+
+
+class DatasetUnavailableError(FileNotFoundError):
+    """A dataset's files are missing and could not be downloaded."""
+
+
+@dataclass
+class ImageDataset:
+    """An in-memory image dataset.
+
+    ``images``: ``uint8 [N, C, H, W]`` (or float in [0, 1]); ``labels``: ``int64 [N]`` (or ``[N, k]`` for
+    multi-label sets). ``generated`` marks synthetic stand-ins; ``description`` says what the data is and
+    is shown by the chapters. ``extra`` holds additional per-sample tensors (e.g. MultiMNIST sources or
+    smallNORB label fields), each with first dimension ``N``.
+    """
+
+    name: str
+    split: str
+    images: torch.Tensor
+    labels: torch.Tensor
+    classes: list[str]
+    generated: bool = False
+    description: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return self.images.shape[0]
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self.images[i]
+        if x.dtype == torch.uint8:
+            x = x.float() / 255.0
+        return x, self.labels[i]
+
+    def subset(self, index: torch.Tensor | slice | int) -> "ImageDataset":
+        """A dataset of the selected samples (``index``: indices, a slice, or the first ``n``)."""
+        if isinstance(index, int):
+            index = slice(0, index)
+        extra = {k: (v[index] if isinstance(v, torch.Tensor) and v.shape[:1] == self.labels.shape[:1] else v)
+                 for k, v in self.extra.items()}
+        return ImageDataset(self.name, self.split, self.images[index], self.labels[index], self.classes,
+                            self.generated, self.description, extra)
+
+    def float_images(self) -> torch.Tensor:
+        return self.images.float() / 255.0 if self.images.dtype == torch.uint8 else self.images
+
+    def banner(self) -> str:
+        """One line for chapter output: what data this is (loudly, when generated)."""
+        kind = "GENERATED stand-in data" if self.generated else "real data"
+        return f"[{kind}] {self.name}/{self.split}: {len(self)} images {tuple(self.images.shape[1:])}. {self.description}"
+
+
+def register_dataset(name: str) -> Callable[[Callable[..., ImageDataset]], Callable[..., ImageDataset]]:
+    """Decorator: register ``fn(root: Path, split: str, download: bool, **kw) -> ImageDataset``."""
+
+    def deco(fn: Callable[..., ImageDataset]) -> Callable[..., ImageDataset]:
+        _REGISTRY[name] = fn
+        return fn
+
+    return deco
+
+
+def available_datasets() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def data_root(root: str | os.PathLike | None = None) -> Path:
+    """The data root: ``root`` if given, else ``$CAPSULE_DATA``, else ``./data``."""
+    return Path(root or os.environ.get("CAPSULE_DATA") or "data").expanduser()
+
+
+def is_offline() -> bool:
+    """True when ``CAPSULE_OFFLINE=1``: no download is attempted and chapters use generated stand-ins."""
+    return os.environ.get("CAPSULE_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def get_dataset(name: str, root: str | os.PathLike | None = None, split: str = "train", *,
+                download: bool = True, **kwargs: Any) -> ImageDataset:
+    """Load dataset ``name`` (see :func:`available_datasets`) for ``split``.
+
+    Splits: ``"train"`` (training part), ``"val"`` (a held-out part of the official training set, used
+    for model selection), ``"train_full"`` (train + val), ``"test"`` (never used for selection).
+    Generated datasets accept ``n`` and ``seed``.
+    """
+    key = name.lower().replace("-", "_")
+    if key not in _REGISTRY:
+        raise ValueError(f"unknown dataset {name!r}; available: {', '.join(available_datasets())}")
+    return _REGISTRY[key](data_root(root), split, download and not is_offline(), **kwargs)
+
+
+def unavailable(dataset: str, where: Path, script: str, reason: str = "") -> DatasetUnavailableError:
+    why = f" ({reason})" if reason else ""
+    return DatasetUnavailableError(
+        f"{dataset} is not in {where} and could not be downloaded{why}. "
+        f"Fetch it on a machine with internet with `python data_scripts/{script} --root {where.parent}` "
+        f"(or point CAPSULE_DATA / DATA_ROOT at a folder that has it), "
+        f"or set CAPSULE_OFFLINE=1 to run the chapters on generated stand-in data."
+    )
+
+
+def train_val_indices(n: int, val_size: int, seed: int = 12345) -> tuple[torch.Tensor, torch.Tensor]:
+    """A fixed, seeded split of ``range(n)`` into (train, val) indices."""
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    return perm[val_size:].sort().values, perm[:val_size].sort().values
+
+
+def _select_split(x: torch.Tensor, y: torch.Tensor, split: str, val_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    if split == "train_full":
+        return x, y
+    tr, va = train_val_indices(x.shape[0], val_size)
+    idx = tr if split == "train" else va
+    return x[idx], y[idx]
+
+
+def _check_split(split: str, allowed: tuple[str, ...] = SPLITS) -> None:
+    if split not in allowed:
+        raise ValueError(f"split must be one of {allowed}, got {split!r}")
+
+
+# ----------------------------------------------------------------------------------------- IDX (MNIST)
+def read_idx(path: str | os.PathLike) -> np.ndarray:
+    """Read an IDX file (``.gz`` or raw): big-endian magic ``0x0000 <type> <ndim>``, dims, then data."""
+    p = Path(path)
+    opener = gzip.open if p.suffix == ".gz" else open
+    with opener(p, "rb") as f:
+        data = f.read()
+    if len(data) < 4:
+        raise ValueError(f"{p}: truncated IDX file ({len(data)} bytes)")
+    zero, dtype_code, ndim = struct.unpack(">HBB", data[:4])
+    if zero != 0 or dtype_code != 0x08:
+        raise ValueError(f"{p}: not a uint8 IDX file (magic bytes {data[:4].hex()})")
+    dims = struct.unpack(">" + "I" * ndim, data[4:4 + 4 * ndim])
+    offset = 4 + 4 * ndim
+    count = int(np.prod(dims))
+    if len(data) - offset != count:
+        raise ValueError(f"{p}: expected {count} bytes of data for shape {dims}, found {len(data) - offset}")
+    return np.frombuffer(data, dtype=np.uint8, offset=offset).reshape(dims)
+
+
+_MNIST_FILES = {
+    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+}
+
+
+def _find(raw: Path, stem: str) -> Path | None:
+    for cand in (raw / stem, raw / f"{stem}.gz"):
+        if cand.exists():
+            return cand
+    return None
+
+
+def _torchvision_mnist_like(cls_name: str, folder: Path, root: Path, dataset: str, script: str,
+                            download: bool) -> None:
+    """Download with torchvision into ``folder`` or raise a clear error."""
+    if not download:
+        raise unavailable(dataset, folder, script, "offline: CAPSULE_OFFLINE=1 or download=False")
+    try:
+        import torchvision.datasets as tvd
+
+        getattr(tvd, cls_name)(str(folder), train=True, download=True)
+        getattr(tvd, cls_name)(str(folder), train=False, download=True)
+    except Exception as e:  # network errors come in many types
+        raise unavailable(dataset, folder, script, f"{type(e).__name__}: {e}".strip()[:200]) from e
+
+
+def _load_mnist_like(dataset: str, sub: str, cls_name: str, classes: list[str], script: str):
+    def load(root: Path, split: str, download: bool, val_size: int = 5000, **_: Any) -> ImageDataset:
+        _check_split(split)
+        folder = root / sub
+        raw = folder / cls_name / "raw"
+        part = "test" if split == "test" else "train"
+        img_stem, lab_stem = _MNIST_FILES[part]
+        if _find(raw, img_stem) is None or _find(raw, lab_stem) is None:
+            _torchvision_mnist_like(cls_name, folder, root, dataset, script, download)
+        x = torch.from_numpy(read_idx(_find(raw, img_stem)).copy()).unsqueeze(1)  # [N, 1, 28, 28] uint8
+        y = torch.from_numpy(read_idx(_find(raw, lab_stem)).astype(np.int64))  # [N]
+        if part == "train":
+            x, y = _select_split(x, y, split, val_size)
+        return ImageDataset(dataset, split, x, y, classes,
+                            description=f"{dataset} from {raw}" + (f" (val = {val_size} held-out training images)" if split == "val" else ""))
+
+    return load
+
+
+register_dataset("mnist")(_load_mnist_like("mnist", "mnist", "MNIST", [str(i) for i in range(10)], "mnist.py"))
+register_dataset("fashion_mnist")(_load_mnist_like(
+    "fashion_mnist", "fashion_mnist", "FashionMNIST",
+    ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"],
+    "fashion_mnist.py"))
+
+
+# ----------------------------------------------------------------------------------------- CIFAR
+CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+
+
+def _cifar_from_npz(folder: Path, split: str) -> tuple[torch.Tensor, torch.Tensor, dict] | None:
+    """Offline copies as ``train_0..4.npz`` / ``test.npz`` with keys ``x`` (N,32,32,3) and ``y``."""
+    files = [folder / f"train_{k}.npz" for k in range(5)] if split != "test" else [folder / "test.npz"]
+    if not all(f.exists() for f in files):
+        return None
+    parts = [np.load(f) for f in files]
+    x = torch.from_numpy(np.concatenate([p["x"] for p in parts])).permute(0, 3, 1, 2).contiguous()
+    y = torch.from_numpy(np.concatenate([p["y"] for p in parts]).astype(np.int64))
+    extra = {}
+    if split == "test" and "exact" in parts[0].files:
+        extra["exact"] = torch.from_numpy(parts[0]["exact"].astype(bool))
+    return x, y, extra
+
+
+def _load_cifar(dataset: str, sub: str, cls_name: str, script: str, n_classes: int):
+    def load(root: Path, split: str, download: bool, val_size: int = 5000, **_: Any) -> ImageDataset:
+        _check_split(split)
+        folder = root / sub
+        part = "test" if split == "test" else "train"
+        got = _cifar_from_npz(folder, part)
+        if got is None:
+            try:
+                import torchvision.datasets as tvd
+
+                ds = getattr(tvd, cls_name)(str(folder), train=(part == "train"), download=False)
+            except Exception:
+                if not download:
+                    raise unavailable(dataset, folder, script, "offline: CAPSULE_OFFLINE=1 or download=False") from None
+                try:
+                    ds = getattr(tvd, cls_name)(str(folder), train=(part == "train"), download=True)
+                except Exception as e:
+                    raise unavailable(dataset, folder, script, f"{type(e).__name__}: {e}"[:200]) from e
+            got = (torch.from_numpy(ds.data).permute(0, 3, 1, 2).contiguous(),
+                   torch.tensor(ds.targets, dtype=torch.int64), {})
+        x, y, extra = got
+        if part == "train":
+            x, y = _select_split(x, y, split, val_size)
+        classes = CIFAR10_CLASSES if n_classes == 10 else [str(i) for i in range(n_classes)]
+        return ImageDataset(dataset, split, x, y, classes, description=f"{dataset} from {folder}", extra=extra)
+
+    return load
+
+
+register_dataset("cifar10")(_load_cifar("cifar10", "cifar10", "CIFAR10", "cifar10.py", 10))
+register_dataset("cifar100")(_load_cifar("cifar100", "cifar100", "CIFAR100", "cifar100.py", 100))

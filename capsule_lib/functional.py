@@ -1,0 +1,108 @@
+"""Squash variants, a gradient-safe norm and capsule lengths: pure functions plus thin ``nn.Module`` wrappers.
+
+All functions compute in float32 when given float16/bfloat16 (norms of large capsules overflow fp16) and
+return the input dtype, so they are safe under autocast.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+__all__ = [
+    "safe_norm", "squash_hinton", "squash_efficient", "squash", "capsule_lengths",
+    "SafeNorm", "Squash", "Length",
+]
+
+
+def _up(x: torch.Tensor) -> torch.Tensor:
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
+def safe_norm(x: torch.Tensor, dim: int = -1, eps: float = 1e-8, keepdim: bool = False) -> torch.Tensor:
+    """``sqrt(sum(x**2) + eps)`` over ``dim``.
+
+    Unlike ``x.norm()``, the gradient at ``x = 0`` is finite (it is 0), so a capsule that is exactly zero
+    does not produce NaN gradients. ``[..., d] -> [...]`` (or ``[..., 1]`` with ``keepdim``).
+    """
+    xf = _up(x)
+    n = torch.sqrt(xf.pow(2).sum(dim=dim, keepdim=keepdim) + eps)
+    return n.to(x.dtype)
+
+
+def squash_hinton(s: torch.Tensor, dim: int = -1, eps: float = 1e-8) -> torch.Tensor:
+    """Sabour et al. (2017) squash ``v = |s|^2 / (1 + |s|^2) * s / |s|``; ``[..., d] -> [..., d]``.
+
+    Written as ``s / (n + 1/n)`` with ``n = safe_norm(s)``: no division by zero at ``s = 0``, no overflow of
+    ``n**2`` for huge capsules, output norm in ``[0, 1)``.
+    """
+    sf = _up(s)
+    n = torch.sqrt(sf.pow(2).sum(dim=dim, keepdim=True) + eps)
+    v = sf / (n + 1.0 / n)
+    return v.to(s.dtype)
+
+
+def squash_efficient(s: torch.Tensor, dim: int = -1, eps: float = 1e-8) -> torch.Tensor:
+    """Mazzia et al. (2021) squash ``v = (1 - 1/e^{|s|}) * s / |s|``; ``[..., d] -> [..., d]``.
+
+    Uses ``-expm1(-n)`` for ``1 - e^{-n}`` (exact near 0, no overflow for large ``n``) and the safe norm,
+    so unlike the original (epsilon outside the root) the gradient at ``s = 0`` is finite.
+    """
+    sf = _up(s)
+    n = torch.sqrt(sf.pow(2).sum(dim=dim, keepdim=True) + eps)
+    v = -torch.expm1(-n) * sf / n
+    return v.to(s.dtype)
+
+
+_SQUASH = {"hinton": squash_hinton, "sabour": squash_hinton, "efficient": squash_efficient}
+
+
+def squash(s: torch.Tensor, kind: str = "hinton", dim: int = -1, eps: float = 1e-8) -> torch.Tensor:
+    """Dispatch to a squash variant: ``"hinton"``/``"sabour"`` (squash_H) or ``"efficient"`` (squash_E)."""
+    try:
+        fn = _SQUASH[kind]
+    except KeyError:
+        raise ValueError(f"unknown squash kind {kind!r}; expected one of {sorted(_SQUASH)}") from None
+    return fn(s, dim=dim, eps=eps)
+
+
+def capsule_lengths(v: torch.Tensor, dim: int = -1, eps: float = 1e-8) -> torch.Tensor:
+    """Capsule lengths ``|v|`` (the class probabilities of a capsule layer): ``[..., n, d] -> [..., n]``."""
+    return safe_norm(v, dim=dim, eps=eps)
+
+
+class SafeNorm(nn.Module):
+    """Module form of :func:`safe_norm`."""
+
+    def __init__(self, dim: int = -1, eps: float = 1e-8, keepdim: bool = False) -> None:
+        super().__init__()
+        self.dim, self.eps, self.keepdim = dim, eps, keepdim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return safe_norm(x, self.dim, self.eps, self.keepdim)
+
+
+class Squash(nn.Module):
+    """Module form of :func:`squash` (``kind="hinton"`` or ``"efficient"``)."""
+
+    def __init__(self, kind: str = "hinton", dim: int = -1, eps: float = 1e-8) -> None:
+        super().__init__()
+        if kind not in _SQUASH:
+            raise ValueError(f"unknown squash kind {kind!r}; expected one of {sorted(_SQUASH)}")
+        self.kind, self.dim, self.eps = kind, dim, eps
+
+    def forward(self, s: torch.Tensor) -> torch.Tensor:
+        return squash(s, self.kind, self.dim, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"kind={self.kind!r}, eps={self.eps}"
+
+
+class Length(nn.Module):
+    """Module form of :func:`capsule_lengths`: ``[B, n, d] -> [B, n]``."""
+
+    def __init__(self, eps: float = 1e-8) -> None:
+        super().__init__()
+        self.eps = eps
+
+    def forward(self, v: torch.Tensor) -> torch.Tensor:
+        return capsule_lengths(v, eps=self.eps)

@@ -1,0 +1,129 @@
+"""CapsNet of Sabour, Frosst & Hinton (2017), "Dynamic Routing Between Capsules".
+
+Shapes for the MNIST configuration (the default)::
+
+    x            [B, 1, 28, 28]
+    conv1        [B, 256, 20, 20]      9x9 conv, ReLU
+    primary      [B, 1152, 8]          32 types x 6x6 grid, type-major, squash
+    digit caps   [B, 10, 16]           dynamic routing, 3 iterations
+    lengths      [B, 10]               class scores
+    decoder      [B, 1, 28, 28]        masked by the label (training) or the longest capsule (test)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .._checks import check_tensor
+from ..functional import capsule_lengths
+from ..layers import FCDecoder, PrimaryCapsules, mask_capsules
+from ..routing.dynamic import DynamicRouting
+from ..routing.trace import RoutingTrace
+
+__all__ = ["CapsNetConfig", "CapsNet", "CapsuleOutput"]
+
+
+@dataclass
+class CapsuleOutput:
+    """What a capsule classifier returns.
+
+    ``lengths [B, K]`` class scores (capsule lengths, or logits for models that produce logits);
+    ``poses [B, K, D]`` class capsules; ``reconstruction [B, C, H, W]`` or ``None``;
+    ``trace`` the :class:`RoutingTrace` when asked for.
+    """
+
+    lengths: torch.Tensor
+    poses: torch.Tensor
+    reconstruction: torch.Tensor | None = None
+    trace: RoutingTrace | None = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def scores(self) -> torch.Tensor:
+        return self.lengths
+
+
+@dataclass
+class CapsNetConfig:
+    """CapsNet hyper-parameters; the defaults are the paper's MNIST model."""
+
+    in_channels: int = 1
+    image_size: int = 28
+    conv_channels: int = 256
+    conv_kernel: int = 9
+    primary_types: int = 32
+    primary_dim: int = 8
+    primary_kernel: int = 9
+    primary_stride: int = 2
+    n_classes: int = 10
+    class_dim: int = 16
+    iterations: int = 3
+    routing_bias: bool = True      # official code: b_j in R^16, init 0.1 (not counted in the paper's 6.8M)
+    leaky: bool = False
+    coupling: str = "parents"      # "children" = the gram-ai softmax-axis bug, for comparison only
+    init_std: float = 0.01
+    decoder: bool = True
+    decoder_hidden: tuple[int, ...] = (512, 1024)
+    mask_k: int = 1                # capsules kept for reconstruction at test time (2 for MultiMNIST)
+
+    @property
+    def primary_grid(self) -> int:
+        h = self.image_size - self.conv_kernel + 1
+        return (h - self.primary_kernel) // self.primary_stride + 1
+
+    @property
+    def n_primary(self) -> int:
+        return self.primary_types * self.primary_grid ** 2
+
+
+class CapsNet(nn.Module):
+    """Conv1 -> PrimaryCaps -> DigitCaps (dynamic routing) -> lengths, with an optional masked decoder.
+
+    ``forward(x, y=None, return_routing=False) -> CapsuleOutput``. With ``y`` (labels ``[B]`` or a
+    ``[B, K]`` multi-hot) the decoder reconstructs from the label's capsule(s); without, from the
+    ``mask_k`` longest capsules.
+    """
+
+    def __init__(self, config: CapsNetConfig | None = None, **overrides) -> None:
+        super().__init__()
+        cfg = config or CapsNetConfig()
+        if overrides:
+            cfg = CapsNetConfig(**{**cfg.__dict__, **overrides})
+        if cfg.primary_grid < 1:
+            raise ValueError(f"image_size {cfg.image_size} is too small for the conv stack")
+        self.config = cfg
+        self.conv1 = nn.Conv2d(cfg.in_channels, cfg.conv_channels, cfg.conv_kernel)
+        self.primary = PrimaryCapsules(cfg.conv_channels, cfg.primary_types, cfg.primary_dim,
+                                       cfg.primary_kernel, cfg.primary_stride)
+        self.digits = DynamicRouting(cfg.n_primary, cfg.n_classes, cfg.primary_dim, cfg.class_dim,
+                                     cfg.iterations, bias=cfg.routing_bias, leaky=cfg.leaky,
+                                     coupling=cfg.coupling, init_std=cfg.init_std)
+        self.decoder = (FCDecoder(cfg.n_classes, cfg.class_dim,
+                                  (cfg.in_channels, cfg.image_size, cfg.image_size), cfg.decoder_hidden)
+                        if cfg.decoder else None)
+
+    def primary_capsules(self, x: torch.Tensor) -> torch.Tensor:
+        """``[B, C, H, W] -> [B, 1152, 8]`` (type-major order, see :class:`PrimaryCapsules`)."""
+        c = self.config
+        check_tensor(x, "x", f"[B, {c.in_channels}, {c.image_size}, {c.image_size}]",
+                     [None, c.in_channels, c.image_size, c.image_size])
+        return self.primary(F.relu(self.conv1(x)))
+
+    def reconstruct(self, poses: torch.Tensor, y: torch.Tensor | None = None, k: int | None = None) -> torch.Tensor:
+        """Decode class capsules ``[B, K, D]`` masked by ``y`` (or the ``k`` longest)."""
+        if self.decoder is None:
+            raise ValueError("this CapsNet was built with decoder=False")
+        return self.decoder(mask_capsules(poses, y, k or self.config.mask_k))
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor | None = None, return_routing: bool = False) -> CapsuleOutput:
+        u = self.primary_capsules(x)  # [B, 1152, 8]
+        if return_routing:
+            v, trace = self.digits(u, return_routing=True)  # [B, 10, 16]
+        else:
+            v, trace = self.digits(u), None
+        lengths = capsule_lengths(v)  # [B, 10]
+        recon = self.reconstruct(v, y) if self.decoder is not None else None
+        return CapsuleOutput(lengths, v, recon, trace)

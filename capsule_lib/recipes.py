@@ -1,0 +1,139 @@
+"""Training recipes of the papers, as functions the chapters (``TRAIN = True``) and the command line share.
+
+    python -m capsule_lib.recipes capsnet --epochs 15 --out runs/capsnet_mnist --data-root ../shared/data
+
+Each recipe builds data loaders (training augmentation only), the model, optimizer, schedule and objective,
+then runs :class:`~capsule_lib.training.Trainer` with checkpoints and resume in ``out_dir``.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import platform
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from .data import get_dataset
+from .data.transforms import random_shift
+from .models.capsnet import CapsNet, CapsNetConfig
+from .training import CapsuleObjective, TensorLoader, Trainer, select_device
+
+__all__ = ["CapsNetRecipe", "train_capsnet", "hardware_string", "RECIPES"]
+
+
+def hardware_string(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads"
+
+
+@dataclass
+class CapsNetRecipe:
+    """Sabour et al. (2017) MNIST recipe. Defaults follow the paper/official code except where noted."""
+
+    epochs: int = 15
+    batch_size: int = 128
+    lr: float = 1e-3
+    lr_decay: float = 0.96            # official: x0.96 every 2000 steps (continuous exponential decay)
+    lr_decay_steps: int = 2000
+    max_shift: int = 2                # random +-2 px shift, training images only
+    recon_weight: float = 0.0005      # x sum of squared pixel errors
+    margin_reduction: str = "paper"
+    dataset: str = "mnist"
+    train_subset: int | None = None   # use only the first N training images (smoke runs)
+    eval_subset: int | None = None
+    seed: int = 0
+    device: str = "auto"
+    amp: str | None = None
+    model: CapsNetConfig = field(default_factory=CapsNetConfig)
+
+
+def _loaders(recipe: Any, data_root: str | None, transform: Callable | None, device: torch.device,
+             test: bool = True) -> tuple[TensorLoader, TensorLoader, TensorLoader | None, Any]:
+    tr = get_dataset(recipe.dataset, data_root, "train")
+    va = get_dataset(recipe.dataset, data_root, "val")
+    te = get_dataset(recipe.dataset, data_root, "test") if test else None
+    if recipe.train_subset:
+        tr = tr.subset(recipe.train_subset)
+    if recipe.eval_subset:
+        va = va.subset(recipe.eval_subset)
+        te = te.subset(recipe.eval_subset) if te is not None else None
+    train_loader = TensorLoader.from_dataset(tr, recipe.batch_size, shuffle=True, seed=recipe.seed,
+                                             transform=transform, device=device)
+    val_loader = TensorLoader.from_dataset(va, 256, device=device)
+    test_loader = TensorLoader.from_dataset(te, 256, device=device) if te is not None else None
+    return train_loader, val_loader, test_loader, tr
+
+
+def train_capsnet(recipe: CapsNetRecipe | None = None, out_dir: str | Path | None = None, data_root: str | None = None,
+                  callbacks: tuple = (), progress: bool = True, test: bool = True) -> tuple[CapsNet, Trainer]:
+    """Train a :class:`CapsNet`; returns the model (best validation weights loaded) and the trainer."""
+    r = recipe or CapsNetRecipe()
+    device = select_device(r.device)
+    torch.manual_seed(r.seed)
+
+    def augment(batch: tuple, g: torch.Generator) -> tuple:
+        x, *rest = batch
+        return (random_shift(x, r.max_shift, g), *rest)
+
+    train_loader, val_loader, test_loader, tr = _loaders(r, data_root, augment if r.max_shift else None, device, test)
+    model = CapsNet(r.model)
+    opt = torch.optim.Adam(model.parameters(), lr=r.lr)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: r.lr_decay ** (step / r.lr_decay_steps))
+    meta = {"recipe": "capsnet", "config": _jsonable(dataclasses.asdict(r)), "hardware": hardware_string(device),
+            "torch": torch.__version__, "train_images": len(tr), "dataset": tr.name, "generated_data": tr.generated}
+    trainer = Trainer(model, CapsuleObjective(r.recon_weight, r.margin_reduction), opt, sched, scheduler_step="batch",
+                      device=device, amp=r.amp, out_dir=out_dir, seed=r.seed, callbacks=callbacks, progress=progress,
+                      meta=meta)
+    trainer.fit(train_loader, val_loader, r.epochs, test_loader=test_loader)
+    trainer.load_best()
+    return model, trainer
+
+
+def _jsonable(d: Any) -> Any:
+    return json.loads(json.dumps(d, default=str))
+
+
+RECIPES: dict[str, tuple[type, Callable[..., Any]]] = {"capsnet": (CapsNetRecipe, train_capsnet)}
+
+
+def _parse_value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("recipe", choices=sorted(RECIPES))
+    p.add_argument("--out", required=True, help="run directory (checkpoints, history.json); resumes if present")
+    p.add_argument("--data-root", default=None)
+    p.add_argument("--epochs", type=int, default=None)
+    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="override recipe fields (model.FIELD for the model config), values as JSON")
+    p.add_argument("--threads", type=int, default=None)
+    a = p.parse_args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    cls, fn = RECIPES[a.recipe]
+    r = cls()
+    if a.epochs is not None:
+        r.epochs = a.epochs
+    for kv in a.set:
+        k, v = kv.split("=", 1)
+        target = r
+        if k.startswith("model."):
+            target, k = r.model, k[len("model."):]
+        if not hasattr(target, k):
+            raise SystemExit(f"unknown field {k!r} for {type(target).__name__}")
+        setattr(target, k, _parse_value(v))
+    fn(r, a.out, a.data_root, progress=False)
+
+
+if __name__ == "__main__":
+    main()

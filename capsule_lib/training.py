@@ -1,0 +1,387 @@
+"""Training: seeding, device selection, an in-memory batch loader, objectives, and a ``Trainer`` with
+per-epoch JSON history, best/last checkpoints and exact resume.
+
+Model selection uses the validation split only; a test loader, if given, is evaluated for the record and
+never used to choose a checkpoint.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from .losses import margin_loss, reconstruction_loss
+
+__all__ = [
+    "seed_everything", "select_device", "TensorLoader", "StepOutput", "CapsuleObjective", "ClassifierObjective",
+    "History", "Trainer", "load_history",
+]
+
+
+# ------------------------------------------------------------------------------------------------ basics
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch (all devices)."""
+    random.seed(seed)
+    np.random.seed(seed % (2 ** 32))
+    torch.manual_seed(seed)
+
+
+def select_device(preference: str | torch.device | None = "auto") -> torch.device:
+    """``"auto"``/``None`` -> cuda if available, else mps, else cpu; anything else is passed to ``torch.device``."""
+    if preference in (None, "auto", ""):
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        mps = getattr(torch.backends, "mps", None)
+        if mps is not None and mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    return torch.device(preference)
+
+
+class TensorLoader:
+    """Batches from in-memory tensors, shuffled by ``(seed, epoch)`` so that an epoch is reproducible.
+
+    ``tensors``: tensors with the same first dimension (``uint8`` images are scaled to ``[0, 1]`` floats on
+    the device). ``transform(batch, generator) -> batch`` augments a batch tuple (training only).
+    Call :meth:`set_epoch` before iterating (the :class:`Trainer` does).
+    """
+
+    def __init__(self, tensors: Sequence[torch.Tensor], batch_size: int = 128, *, shuffle: bool = False,
+                 seed: int = 0, transform: Callable[..., tuple] | None = None, drop_last: bool = False,
+                 device: torch.device | str = "cpu") -> None:
+        n = tensors[0].shape[0]
+        if any(t.shape[0] != n for t in tensors):
+            raise ValueError(f"all tensors need the same first dimension, got {[tuple(t.shape) for t in tensors]}")
+        self.tensors, self.batch_size, self.shuffle, self.seed = list(tensors), batch_size, shuffle, seed
+        self.transform, self.drop_last, self.device = transform, drop_last, torch.device(device)
+        self.epoch = 0
+
+    @classmethod
+    def from_dataset(cls, ds: Any, batch_size: int = 128, **kw: Any) -> "TensorLoader":
+        """From an :class:`~capsule_lib.data.ImageDataset` (images, labels)."""
+        return cls([ds.images, ds.labels], batch_size, **kw)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        n = self.tensors[0].shape[0]
+        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
+        n = self.tensors[0].shape[0]
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        order = torch.randperm(n, generator=g) if self.shuffle else torch.arange(n)
+        for k in range(len(self)):
+            idx = order[k * self.batch_size:(k + 1) * self.batch_size]
+            batch = tuple(_to_device(t[idx], self.device) for t in self.tensors)
+            if self.transform is not None:
+                batch = self.transform(batch, g)
+            yield batch
+
+
+def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    t = t.to(device, non_blocking=True)
+    return t.float().div_(255.0) if t.dtype == torch.uint8 else t
+
+
+# ------------------------------------------------------------------------------------------- objectives
+@dataclass
+class StepOutput:
+    """What an objective returns for one batch: the loss to minimise, its named parts (detached floats),
+    and the number of correct predictions out of ``n``."""
+
+    loss: torch.Tensor
+    parts: dict[str, float]
+    correct: float
+    n: int
+
+
+class ClassifierObjective:
+    """Cross-entropy on logits for plain classifiers ``model(x) -> [B, K]`` (e.g. the CNN baselines), or
+    on ``out.lengths`` for capsule models that return a :class:`~capsule_lib.models.CapsuleOutput`."""
+
+    def __call__(self, model: nn.Module, batch: tuple[torch.Tensor, ...], train: bool) -> StepOutput:
+        x, y = batch[0], batch[1]
+        out = model(x)
+        logits = out if isinstance(out, torch.Tensor) else out.lengths
+        loss = nn.functional.cross_entropy(logits.float(), y)
+        correct = (logits.argmax(1) == y).sum().item()
+        return StepOutput(loss, {"ce": loss.item()}, correct, y.shape[0])
+
+
+class CapsuleObjective:
+    """Margin loss + ``recon_weight`` x reconstruction loss for models returning a ``CapsuleOutput``.
+
+    The decoder is masked by the true label in training and in evaluation (so the validation loss is the
+    same quantity as the training loss); accuracy is the argmax of the capsule lengths.
+    ``margin_reduction``: ``"paper"`` or ``"official"`` (see :func:`~capsule_lib.losses.margin_loss`);
+    ``recon_reduction``: ``"sum"`` (Sabour, weight 0.0005) or ``"mean"`` (Efficient-CapsNet, weight 0.392).
+    """
+
+    def __init__(self, recon_weight: float = 0.0005, margin_reduction: str = "paper",
+                 recon_reduction: str = "sum") -> None:
+        self.recon_weight, self.margin_reduction, self.recon_reduction = recon_weight, margin_reduction, recon_reduction
+
+    def __call__(self, model: nn.Module, batch: tuple[torch.Tensor, ...], train: bool) -> StepOutput:
+        x, y = batch[0], batch[1]
+        use_decoder = self.recon_weight > 0
+        out = model(x, y) if use_decoder else model(x)
+        margin = margin_loss(out.lengths, y, reduction=self.margin_reduction)
+        parts = {"margin": margin.item()}
+        loss = margin
+        if use_decoder and out.reconstruction is not None:
+            recon = reconstruction_loss(out.reconstruction, x, self.recon_reduction)
+            loss = loss + self.recon_weight * recon
+            parts["recon"] = recon.item()
+        correct = (out.lengths.argmax(1) == y).sum().item()
+        return StepOutput(loss, parts, correct, y.shape[0])
+
+
+# -------------------------------------------------------------------------------------------- history
+@dataclass
+class History:
+    """Per-epoch records (dicts with ``epoch``, ``train_loss``, ``train_acc``, ``val_loss``, ``val_acc``,
+    optional ``test_acc``, loss parts, ``lr``, ``epoch_time``, ``wall_time``) plus run metadata."""
+
+    records: list[dict[str, Any]] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def append(self, rec: dict[str, Any]) -> None:
+        self.records.append(rec)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def column(self, key: str) -> list[Any]:
+        return [r.get(key) for r in self.records]
+
+    def best(self, key: str = "val_acc") -> dict[str, Any] | None:
+        recs = [r for r in self.records if r.get(key) is not None]
+        return max(recs, key=lambda r: r[key]) if recs else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"meta": self.meta, "records": self.records}
+
+    def save(self, path: str | os.PathLike) -> None:
+        p = Path(path)
+        tmp = p.with_suffix(p.suffix + ".tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=1))
+        os.replace(tmp, p)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "History":
+        return cls(list(d.get("records", [])), dict(d.get("meta", {})))
+
+
+def load_history(path: str | os.PathLike) -> History:
+    return History.from_dict(json.loads(Path(path).read_text()))
+
+
+# -------------------------------------------------------------------------------------------- trainer
+def _atomic_save(obj: Any, path: Path) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+class Trainer:
+    """Fit a model with an objective, keeping everything needed to resume after an interruption.
+
+    * ``out_dir``: where ``last.pt`` (model, optimizer, scheduler, scaler, RNG states, epoch, history),
+      ``best.pt`` (weights of the best validation epoch) and ``history.json`` are written after every epoch.
+    * ``scheduler_step``: ``"epoch"`` or ``"batch"`` (when to call ``scheduler.step()``).
+    * ``amp``: ``None``, ``"bf16"`` or ``"fp16"`` (fp16 uses a GradScaler; CUDA only).
+    * ``callbacks``: callables ``cb(trainer, record)`` run after each epoch (e.g. :class:`~capsule_lib.viz.LivePlot`).
+    * Every epoch reseeds torch from ``(seed, epoch)``, so a resumed run repeats exactly what the
+      uninterrupted run would have done.
+    """
+
+    def __init__(self, model: nn.Module, objective: Callable[..., StepOutput], optimizer: torch.optim.Optimizer,
+                 scheduler: Any = None, *, scheduler_step: str = "epoch", device: str | torch.device | None = "auto",
+                 amp: str | None = None, out_dir: str | os.PathLike | None = None, seed: int = 0,
+                 grad_clip: float | None = None, callbacks: Iterable[Callable[["Trainer", dict], None]] = (),
+                 progress: bool = True, select_metric: str = "val_acc", meta: dict[str, Any] | None = None) -> None:
+        if scheduler_step not in ("epoch", "batch"):
+            raise ValueError("scheduler_step must be 'epoch' or 'batch'")
+        if amp not in (None, "bf16", "fp16"):
+            raise ValueError("amp must be None, 'bf16' or 'fp16'")
+        self.device = select_device(device)
+        self.model = model.to(self.device)
+        self.objective, self.optimizer, self.scheduler = objective, optimizer, scheduler
+        self.scheduler_step, self.amp, self.seed, self.grad_clip = scheduler_step, amp, seed, grad_clip
+        self.callbacks, self.progress, self.select_metric = list(callbacks), progress, select_metric
+        self.out_dir = Path(out_dir) if out_dir is not None else None
+        self.scaler = torch.amp.GradScaler("cuda", enabled=(amp == "fp16" and self.device.type == "cuda"))
+        self.history = History(meta=dict(meta or {}))
+        self.epoch = 0  # number of completed epochs
+        self.best_metric = -math.inf
+        self._t0 = 0.0
+        self._wall_before = 0.0
+
+    # ---------------------------------------------------------------- checkpoint state
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "scaler": self.scaler.state_dict(),
+            "epoch": self.epoch,
+            "best_metric": self.best_metric,
+            "history": self.history.to_dict(),
+            "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
+                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None and state.get("scheduler") is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        self.scaler.load_state_dict(state["scaler"])
+        self.epoch = int(state["epoch"])
+        self.best_metric = float(state["best_metric"])
+        self.history = History.from_dict(state["history"])
+        rng = state.get("rng") or {}
+        if rng.get("torch") is not None:
+            torch.set_rng_state(rng["torch"])
+        if rng.get("numpy") is not None:
+            np.random.set_state(rng["numpy"])
+        if rng.get("python") is not None:
+            random.setstate(rng["python"])
+        if rng.get("cuda") is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+
+    def resume(self) -> bool:
+        """Load ``out_dir/last.pt`` if present; returns whether it did."""
+        if self.out_dir is None or not (self.out_dir / "last.pt").exists():
+            return False
+        self.load_state_dict(torch.load(self.out_dir / "last.pt", map_location=self.device, weights_only=False))
+        return True
+
+    # ---------------------------------------------------------------- loops
+    def _autocast(self):
+        if self.amp is None:
+            return torch.autocast(self.device.type, enabled=False)
+        dtype = torch.bfloat16 if self.amp == "bf16" else torch.float16
+        return torch.autocast(self.device.type, dtype=dtype)
+
+    def _bar(self, it: Iterable, total: int, desc: str):
+        if not self.progress:
+            return it
+        from tqdm.auto import tqdm
+
+        return tqdm(it, total=total, desc=desc, leave=False)
+
+    def train_epoch(self, loader: Any) -> dict[str, float]:
+        self.model.train()
+        if hasattr(loader, "set_epoch"):
+            loader.set_epoch(self.epoch)
+        sums: dict[str, float] = {}
+        loss_sum, correct, n = 0.0, 0.0, 0
+        bar = self._bar(loader, len(loader), f"epoch {self.epoch + 1}")
+        for batch in bar:
+            batch = tuple(b.to(self.device) for b in batch)
+            with self._autocast():
+                out = self.objective(self.model, batch, True)
+            self.optimizer.zero_grad(set_to_none=True)
+            self.scaler.scale(out.loss).backward()
+            if self.grad_clip is not None:
+                self.scaler.unscale_(self.optimizer)
+                nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            if self.scheduler is not None and self.scheduler_step == "batch":
+                self.scheduler.step()
+            b = out.n
+            loss_sum += out.loss.item() * b
+            correct += out.correct
+            n += b
+            for k, v in out.parts.items():
+                sums[k] = sums.get(k, 0.0) + v * b
+            if self.progress and hasattr(bar, "set_postfix"):
+                bar.set_postfix(loss=f"{loss_sum / n:.4f}", acc=f"{correct / n:.4f}")
+        rec = {"train_loss": loss_sum / max(n, 1), "train_acc": correct / max(n, 1)}
+        rec.update({f"train_{k}": v / max(n, 1) for k, v in sums.items()})
+        return rec
+
+    @torch.no_grad()
+    def evaluate(self, loader: Any, prefix: str = "val") -> dict[str, float]:
+        """Loss, loss parts and accuracy of the current model on ``loader`` (no augmentation)."""
+        self.model.eval()
+        if hasattr(loader, "set_epoch"):
+            loader.set_epoch(0)
+        sums: dict[str, float] = {}
+        loss_sum, correct, n = 0.0, 0.0, 0
+        for batch in loader:
+            batch = tuple(b.to(self.device) for b in batch)
+            with self._autocast():
+                out = self.objective(self.model, batch, False)
+            loss_sum += out.loss.item() * out.n
+            correct += out.correct
+            n += out.n
+            for k, v in out.parts.items():
+                sums[k] = sums.get(k, 0.0) + v * out.n
+        rec = {f"{prefix}_loss": loss_sum / max(n, 1), f"{prefix}_acc": correct / max(n, 1)}
+        rec.update({f"{prefix}_{k}": v / max(n, 1) for k, v in sums.items()})
+        return rec
+
+    def fit(self, train_loader: Any, val_loader: Any = None, epochs: int = 1, *, test_loader: Any = None,
+            resume: bool = True) -> History:
+        """Train until ``epochs`` epochs are complete (counting epochs done before a resume)."""
+        if self.out_dir is not None:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            if resume:
+                self.resume()
+        self._wall_before = self.history.records[-1]["wall_time"] if self.history.records else 0.0
+        self._t0 = time.time()
+        self.history.meta.setdefault("device", str(self.device))
+        self.history.meta.setdefault("seed", self.seed)
+        self.history.meta.setdefault("amp", self.amp)
+        while self.epoch < epochs:
+            seed_everything(self.seed * 1_000_003 + self.epoch)
+            t_epoch = time.time()
+            lr = self.optimizer.param_groups[0]["lr"]
+            rec: dict[str, Any] = {"epoch": self.epoch + 1, "lr": lr}
+            rec.update(self.train_epoch(train_loader))
+            if self.scheduler is not None and self.scheduler_step == "epoch":
+                self.scheduler.step()
+            if val_loader is not None:
+                rec.update(self.evaluate(val_loader, "val"))
+            if test_loader is not None:  # for the record only; never used for selection
+                rec.update(self.evaluate(test_loader, "test"))
+            rec["epoch_time"] = time.time() - t_epoch
+            rec["wall_time"] = self._wall_before + time.time() - self._t0
+            self.epoch += 1
+            self.history.append(rec)
+            metric = rec.get(self.select_metric)
+            improved = metric is not None and metric > self.best_metric
+            if improved:
+                self.best_metric = metric
+            rec["best"] = improved
+            if self.out_dir is not None:
+                if improved:
+                    _atomic_save({"model": self.model.state_dict(), "epoch": self.epoch, "record": rec},
+                                 self.out_dir / "best.pt")
+                _atomic_save(self.state_dict(), self.out_dir / "last.pt")
+                self.history.save(self.out_dir / "history.json")
+            for cb in self.callbacks:
+                cb(self, rec)
+        return self.history
+
+    def load_best(self) -> dict[str, Any] | None:
+        """Load the best-validation weights from ``out_dir/best.pt`` into the model (if any)."""
+        if self.out_dir is None or not (self.out_dir / "best.pt").exists():
+            return None
+        ck = torch.load(self.out_dir / "best.pt", map_location=self.device, weights_only=False)
+        self.model.load_state_dict(ck["model"])
+        return ck["record"]
