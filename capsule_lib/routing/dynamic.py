@@ -66,7 +66,8 @@ def dynamic_routing(
     leaky: add an all-zero extra logit before the softmax (official "leaky routing").
     coupling: ``"parents"`` (correct: sum to 1 over j) or ``"children"`` (gram-ai bug: over i).
     return_routing: also return a :class:`RoutingTrace` with per-iteration coefficients ``[B, I, J]``,
-        agreements ``[B, I, J]`` and outputs ``[B, J, E]``.
+        agreements ``[B, I, J]`` and outputs ``[B, J, E]``; ``extra`` holds the final ``logits`` and the
+        ``votes``.
 
     Nothing is detached: gradients flow through every iteration, as in the official code.
     """
@@ -97,7 +98,8 @@ def dynamic_routing(
             trace.agreements.append(agree)
             trace.outputs.append(v)
     if trace is not None:
-        trace.extra["logits"] = logits
+        trace.extra["logits"] = logits  # [B, I, J] final routing logits
+        trace.extra["votes"] = votes  # [B, I, J, E] (a reference, no copy), for "who votes for whom" figures
         return v, trace
     return v
 

@@ -1,0 +1,60 @@
+"""Evaluation helpers shared by the chapters: batched prediction, accuracy, MultiMNIST metrics."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["predict", "accuracy", "multimnist_accuracy", "confusion_matrix"]
+
+
+@torch.no_grad()
+def predict(model: nn.Module, images: torch.Tensor, batch_size: int = 256, device: str | torch.device = "cpu",
+            keep_poses: bool = False, progress: bool = False) -> dict[str, torch.Tensor]:
+    """Run ``model`` over ``images`` (``uint8`` or float ``[N, C, H, W]``) in batches, in eval mode.
+
+    Returns ``{"scores": [N, K]}`` (capsule lengths or logits) and ``"poses"`` ``[N, K, D]`` when
+    ``keep_poses`` and the model returns capsules.
+    """
+    model.eval()
+    scores, poses = [], []
+    rng = range(0, images.shape[0], batch_size)
+    if progress:
+        from tqdm.auto import tqdm
+
+        rng = tqdm(rng, desc="predict", leave=False)
+    for lo in rng:
+        x = images[lo:lo + batch_size].to(device)
+        x = x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
+        out: Any = model(x)
+        s = out if isinstance(out, torch.Tensor) else out.lengths
+        scores.append(s.float().cpu())
+        if keep_poses and not isinstance(out, torch.Tensor):
+            poses.append(out.poses.float().cpu())
+    res = {"scores": torch.cat(scores)}
+    if poses:
+        res["poses"] = torch.cat(poses)
+    return res
+
+
+def accuracy(scores: torch.Tensor, labels: torch.Tensor) -> float:
+    """Top-1 accuracy of ``scores [N, K]`` against ``labels [N]``."""
+    return (scores.argmax(1) == labels.to(scores.device)).float().mean().item()
+
+
+def multimnist_accuracy(scores: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
+    """Two metrics for two-digit images, ``labels [N, 2]``, predictions = the top-2 scores.
+
+    * ``both_correct``: Sabour et al.'s metric, an image counts only if both digits are found.
+    * ``per_digit``: Efficient-CapsNet's ``multiAccuracy``, the share of the two digits found (0, 1/2, 1).
+    """
+    top2 = scores.topk(2, dim=1).indices  # [N, 2]
+    hit = (top2[:, :, None] == labels[:, None, :].to(top2.device)).any(1)  # [N, 2]: is label k among top-2
+    return {"both_correct": hit.all(1).float().mean().item(), "per_digit": hit.float().mean().item()}
+
+
+def confusion_matrix(pred: torch.Tensor, labels: torch.Tensor, n_classes: int) -> torch.Tensor:
+    """``[n_classes, n_classes]`` counts, rows = true class, columns = prediction."""
+    idx = labels.long() * n_classes + pred.long()
+    return torch.bincount(idx, minlength=n_classes * n_classes).view(n_classes, n_classes)

@@ -1,0 +1,194 @@
+"""Matrix capsules with EM routing (Hinton, Sabour & Frosst, ICLR 2018): the smallNORB network.
+
+Shapes for the default configuration (A=64, B=8, C=D=16, 32x32 input, valid convolutions)::
+
+    x             [B, 1, 32, 32]        smallNORB crop (in_channels=2 to feed both stereo images)
+    conv1         [B, 64, 14, 14]       5x5 stride 2, ReLU (BatchNorm optional)
+    primary caps  [B, 8, 14, 14, 16]    1x1 conv: 4x4 pose + sigmoid activation per type
+    conv caps 1   [B, 16, 6, 6, 16]     K=3, stride 2, EM routing per 3x3x8 window
+    conv caps 2   [B, 16, 4, 4, 16]     K=3, stride 1, EM routing per 3x3x16 window
+    class caps    [B, 5, 16]            weights shared over positions, coordinate addition, EM routing
+    lengths       [B, 5]                class ACTIVATIONS a_j in (0, 1), trained with spread loss
+
+Parameters of the default model (``EMCapsNet.parameter_breakdown()``; in_channels=1, no BatchNorm)::
+
+    conv1         1*64*5*5 + 64                   =  1,664
+    primary caps  64*8*(16+1) + 8*(16+1)          =  8,840
+    conv caps 1   3*3*8*16*16 + 2*16 (betas)      = 18,464
+    conv caps 2   3*3*16*16*16 + 2*16             = 36,896
+    class caps    16*5*16 + 2*5                   =  1,290
+    total                                         = 67,154   (68,754 with in_channels=2)
+
+The paper's smaller model (A=64, B=8, C=D=16) is quoted at about 68K parameters [recalled, unverified];
+its main model (``EMCapsNetConfig.large()``, A=B=C=D=32) at 310K, where ours has 316,394 (1 input
+channel): the difference is within what unknown details (biases, betas per type or per layer, input
+channels) explain. We do not force either number.
+
+Choices (routing choices are documented in :mod:`capsule_lib.routing.em`): valid convolutions (32 -> 14 -> 6
+-> 4, the grid sizes of the paper's figure; yl-1993 pads conv1 by 2 for 28x28 MNIST); no BatchNorm by
+default (``batch_norm=True`` adds yl-1993's); 3 EM iterations (paper; yl-1993 and IBM default to 2);
+coordinate addition with the true receptive-field centres of the ConvCaps2 positions in the image, scaled
+to (0, 1) (:func:`receptive_field_centers`); capsule transformations ~ N(0, 1/4) (variance-preserving for a
+4x4 product; the paper's truncated-normal stds are not published).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .._checks import check_tensor
+from ..routing.em import ClassCapsules, ConvCapsules, MatrixPrimaryCapsules, inverse_temperature_schedule
+from .capsnet import CapsuleOutput
+
+__all__ = ["EMCapsNetConfig", "EMCapsNet"]
+
+
+@dataclass
+class EMCapsNetConfig:
+    """EM capsule network hyper-parameters; defaults are the paper's smaller smallNORB model.
+
+    Paper letters: ``conv_channels`` = A, ``primary_types`` = B, ``caps1_types`` = C, ``caps2_types`` = D.
+    ``in_channels=1`` (one image of the smallNORB stereo pair, the common choice; 2 for both).
+    Routing options are passed to every capsule layer (see :func:`capsule_lib.routing.em.em_routing`).
+    """
+
+    in_channels: int = 1
+    image_size: int = 32
+    conv_channels: int = 64          # A
+    conv_kernel: int = 5
+    conv_stride: int = 2
+    conv_padding: int = 0            # valid: 32 -> 14 -> 6 -> 4 (yl-1993 pads 2 for 28x28 MNIST)
+    batch_norm: bool = False         # the paper has none; yl-1993 uses BatchNorm2d(eps=1e-3)
+    primary_types: int = 8           # B
+    caps1_types: int = 16            # C
+    caps2_types: int = 16            # D
+    caps_kernel: int = 3
+    caps1_stride: int = 2
+    caps2_stride: int = 1
+    n_classes: int = 5
+    pose_size: int = 4
+    iterations: int = 3
+    final_lambda: float = 1.0        # for normalize_costs=True; see inverse_temperature_schedule
+    lambda_schedule: str = "hinton"  # "hinton" | "fixed" | "linear"
+    normalize_costs: bool = True
+    normalize_over_outputs: bool = False  # yl-1993 quirk (cancels a_in), for comparison only
+    coord_add: bool = True
+    eps: float = 1e-8
+    init_std: float | None = None    # capsule transformation std; None = 1/sqrt(pose_size) (variance-preserving)
+
+    @classmethod
+    def small(cls, **overrides) -> "EMCapsNetConfig":
+        """MNIST-sized, fast variant: 1x28x28, A=32, B=C=D=8, 10 classes (28 -> 12 -> 5 -> 3 grids)."""
+        base = cls(in_channels=1, image_size=28, conv_channels=32, primary_types=8, caps1_types=8,
+                   caps2_types=8, n_classes=10)
+        return replace(base, **overrides)
+
+    @classmethod
+    def large(cls, **overrides) -> "EMCapsNetConfig":
+        """The paper's main smallNORB model, A=B=C=D=32 (quoted at 310K parameters)."""
+        return replace(cls(conv_channels=32, primary_types=32, caps1_types=32, caps2_types=32), **overrides)
+
+    @staticmethod
+    def _out(size: int, kernel: int, stride: int, padding: int = 0) -> int:
+        return (size + 2 * padding - kernel) // stride + 1
+
+    @property
+    def conv_grid(self) -> int:
+        return self._out(self.image_size, self.conv_kernel, self.conv_stride, self.conv_padding)
+
+    @property
+    def caps1_grid(self) -> int:
+        return self._out(self.conv_grid, self.caps_kernel, self.caps1_stride)
+
+    @property
+    def caps2_grid(self) -> int:
+        return self._out(self.caps1_grid, self.caps_kernel, self.caps2_stride)
+
+    @property
+    def inverse_temperatures(self) -> list[float]:
+        return inverse_temperature_schedule(self.iterations, self.final_lambda, self.lambda_schedule)
+
+
+def receptive_field_centers(cfg: EMCapsNetConfig) -> torch.Tensor:
+    """Centres of the receptive fields of the ConvCaps2 positions in the input image, scaled to ``(0, 1)``
+    as ``(pixel + 0.5) / image_size``: ``[h, w, 2]`` (row, column) for coordinate addition.
+
+    Each layer ``(kernel k, stride s, padding p)`` maps an output index ``o`` to the input centre
+    ``s*o + (k-1)/2 - p``; the maps are composed from ConvCaps2 back to the image.
+    """
+    layers = [(cfg.conv_kernel, cfg.conv_stride, cfg.conv_padding), (1, 1, 0),
+              (cfg.caps_kernel, cfg.caps1_stride, 0), (cfg.caps_kernel, cfg.caps2_stride, 0)]
+    pos = torch.arange(cfg.caps2_grid, dtype=torch.float64)  # [h]
+    for k, s, p in reversed(layers):
+        pos = s * pos + (k - 1) / 2 - p
+    c = ((pos + 0.5) / cfg.image_size).float()  # [h]
+    return torch.stack(torch.meshgrid(c, c, indexing="ij"), dim=-1)  # [h, w, 2]
+
+
+class EMCapsNet(nn.Module):
+    """Conv1 -> PrimaryCaps -> ConvCaps1 -> ConvCaps2 -> ClassCaps (EM routing, coordinate addition).
+
+    ``forward(x, return_routing=False) -> CapsuleOutput`` with ``lengths [B, K]`` = the class capsules'
+    **activations** (in (0, 1); not vector lengths, no reconstruction): use them with
+    :func:`capsule_lib.losses.spread_loss`. ``poses [B, K, 16]`` are the class pose matrices (flattened).
+    With ``return_routing=True``, ``trace`` is the class layer's :class:`RoutingTrace` and
+    ``extra["traces"]`` holds ``{"conv_caps1": ..., "conv_caps2": ..., "class_caps": ...}``.
+    ``extra["activations"]`` always holds each capsule layer's activations (grids ``[B, T, h, w]``).
+    """
+
+    def __init__(self, config: EMCapsNetConfig | None = None, **overrides) -> None:
+        super().__init__()
+        cfg = config or EMCapsNetConfig()
+        if overrides:
+            cfg = replace(cfg, **overrides)
+        if cfg.caps2_grid < 1:
+            raise ValueError(f"image_size {cfg.image_size} is too small for the conv/capsule stack")
+        self.config = cfg
+        routing = dict(iterations=cfg.iterations, inverse_temperature=cfg.inverse_temperatures,
+                       normalize_over_outputs=cfg.normalize_over_outputs, normalize_costs=cfg.normalize_costs,
+                       eps=cfg.eps, init_std=cfg.init_std)
+        P, K = cfg.pose_size, cfg.caps_kernel
+        self.conv1 = nn.Conv2d(cfg.in_channels, cfg.conv_channels, cfg.conv_kernel, cfg.conv_stride,
+                               cfg.conv_padding)
+        self.bn1 = nn.BatchNorm2d(cfg.conv_channels, eps=1e-3) if cfg.batch_norm else None
+        self.primary_caps = MatrixPrimaryCapsules(cfg.conv_channels, cfg.primary_types, P)
+        self.conv_caps1 = ConvCapsules(cfg.primary_types, cfg.caps1_types, K, cfg.caps1_stride, 0, P, **routing)
+        self.conv_caps2 = ConvCapsules(cfg.caps1_types, cfg.caps2_types, K, cfg.caps2_stride, 0, P, **routing)
+        self.class_caps = ClassCapsules(cfg.caps2_types, cfg.n_classes, P, coord_add=cfg.coord_add, **routing)
+        self.register_buffer("centers", receptive_field_centers(cfg), persistent=False)  # [h, w, 2]
+
+    def parameter_breakdown(self) -> dict[str, int]:
+        """Trainable parameters per top-level layer, plus ``"total"``."""
+        counts: dict[str, int] = {}
+        for name, module in self.named_children():
+            n = sum(p.numel() for p in module.parameters() if p.requires_grad)
+            if n:
+                counts[name] = n
+        counts["total"] = sum(counts.values())
+        return counts
+
+    def forward(self, x: torch.Tensor, return_routing: bool = False) -> CapsuleOutput:
+        c = self.config
+        check_tensor(x, "x", f"[B, {c.in_channels}, {c.image_size}, {c.image_size}]",
+                     [None, c.in_channels, c.image_size, c.image_size])
+        h = self.conv1(x)                                           # [B, A, 14, 14]
+        if self.bn1 is not None:
+            h = self.bn1(h)
+        h = F.relu(h)
+        p0, a0 = self.primary_caps(h)                               # [B, B_, 14, 14, 16], [B, B_, 14, 14]
+        traces = {}
+        if return_routing:
+            (p1, a1), traces["conv_caps1"] = self.conv_caps1(p0, a0, return_routing=True)
+            (p2, a2), traces["conv_caps2"] = self.conv_caps2(p1, a1, return_routing=True)
+            (poses, acts), traces["class_caps"] = self.class_caps(p2, a2, self.centers, return_routing=True)
+        else:
+            p1, a1 = self.conv_caps1(p0, a0)                        # [B, C, 6, 6, 16], [B, C, 6, 6]
+            p2, a2 = self.conv_caps2(p1, a1)                        # [B, D, 4, 4, 16], [B, D, 4, 4]
+            poses, acts = self.class_caps(p2, a2, self.centers)     # [B, K, 16], [B, K]
+        extra = {"activations": {"primary_caps": a0, "conv_caps1": a1, "conv_caps2": a2}}
+        if return_routing:
+            extra["traces"] = traces
+        return CapsuleOutput(acts, poses, None, traces.get("class_caps"), extra)

@@ -1,0 +1,239 @@
+"""Heinsen (2019), "An Algorithm for Routing Capsules in All Domains": the smallNORB classifier and the
+sequence (SST) classification head, both built from :class:`~capsule_lib.routing.heinsen.GenerativeMatrixRouting`.
+
+smallNORB (the default :class:`SmallNORBConfig`, 271,688 parameters)::
+
+    images       [B, 2, 96, 96]        L and R camera images, pixels in [0, 1]
+    + coords     [B, 4, 96, 96]        two coordinate channels, linspace(-1, 1) along H and along W
+    6 x [BN -> Conv3x3 (no padding) -> Swish], strides 1,2,1,2,1,2:  96 -> 94 -> 46 -> 44 -> 21 -> 19 -> 9
+    a            [B, 5184]             BN -> Conv1x1(64 -> 64); part-major, then (y, x)
+    mu           [B, 5184, 4, 4]       BN -> Conv1x1(64 -> 1024) -> [B, 64, 4, 4, 9, 9] -> [B, 64, 9, 9, 4, 4]
+    routing 1    [B, 64], [B, 64, 4, 4]        variable n_inp: W [1, 64, 4, 4] shared by all 5184 inputs
+    routing 2    [B, 5], [B, 5, 4, 4]          n_inp = 64
+
+Input preprocessing expected by :class:`SmallNORBClassifier`: the stereo pair stacked as 2 channels at the
+native 96 x 96 resolution (no resizing, no mean/std standardisation: the first BatchNorm does that), pixel
+values scaled to [0, 1] (``uint8 / 255``). The paper's training augmentation is a random shift of +-16 px with
+edge fill (``RandomCrop(96, padding=16, padding_mode='edge')``); test images are not cropped.
+
+The coordinate channels are added inside the model by default. If the data pipeline already appended them
+(``capsule_lib.data.heinsen_transform(..., coords=True)`` gives ``[B, 4, 96, 96]``, the same two channels in the
+same order), build the model with ``SmallNORBConfig(in_channels=4, coord_channels=False)``: same network, same
+parameter count, same outputs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .._checks import check_tensor
+from ..routing.heinsen import GenerativeMatrixRouting
+from .capsnet import CapsuleOutput
+
+__all__ = [
+    "coordinate_channels", "add_coordinate_channels",
+    "SmallNORBConfig", "SmallNORBClassifier",
+    "SequenceClassifierConfig", "SequenceClassifierHead",
+]
+
+
+def coordinate_channels(height: int, width: int, device: torch.device | str | None = None,
+                        dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The two coordinate channels ``[2, H, W]``: channel 0 is ``linspace(-1, 1, H)`` down the rows (constant
+    along a row), channel 1 is ``linspace(-1, 1, W)`` across the columns."""
+    ys = torch.linspace(-1.0, 1.0, height, device=device, dtype=dtype)  # [H]
+    xs = torch.linspace(-1.0, 1.0, width, device=device, dtype=dtype)  # [W]
+    return torch.stack((ys[:, None].expand(height, width), xs[None, :].expand(height, width)))  # [2, H, W]
+
+
+def add_coordinate_channels(x: torch.Tensor) -> torch.Tensor:
+    """Append the coordinate channels to images: ``[..., C, H, W] -> [..., C + 2, H, W]``."""
+    h, w = x.shape[-2:]
+    grid = coordinate_channels(h, w, x.device, x.dtype).expand(*x.shape[:-3], 2, h, w)  # [..., 2, H, W]
+    return torch.cat((x, grid), dim=-3)
+
+
+# -------------------------------------------------------------------------------------------- smallNORB
+@dataclass
+class SmallNORBConfig:
+    """Hyper-parameters of the paper's smallNORB model (the defaults)."""
+
+    n_objs: int = 5                   # object classes (class capsules)
+    n_parts: int = 64                 # part capsule types per position, and parts after routing 1
+    d_chns: int = 64                  # channels of the conv stack
+    in_channels: int = 2              # L and R images (4 if the data pipeline already added the coordinates)
+    image_size: int | None = 96       # checked on input; None accepts any size (routing 1 takes any n_inp)
+    d_pose: int = 4                   # capsules are d_pose x d_pose matrices
+    n_iters: int = 3
+    strides: tuple[int, ...] = (1, 2, 1, 2, 1, 2)
+    coord_channels: bool = True       # add the two coordinate channels inside the model (False: input has them)
+
+
+class SmallNORBClassifier(nn.Module):
+    """Heinsen's (2019) smallNORB classifier (99.1% test accuracy in the paper; 271,688 parameters).
+
+    ``forward(images [B, 2, 96, 96], return_routing=False) -> CapsuleOutput`` with
+
+    * ``lengths [B, n_objs]``: the class routing's ``a_out``. These are **logits for a (soft-target)
+      cross-entropy**, not capsule lengths; ``argmax`` gives the prediction.
+    * ``poses [B, n_objs, 16]``: the class capsules ``mu_out`` (4 x 4 pose matrices, flattened).
+    * ``extra``: ``"mu"`` ``[B, n_objs, 4, 4]``, ``"sig2"`` ``[B, n_objs, 4, 4]`` (their variances), and with
+      ``return_routing`` ``"traces"`` = ``[parts trace, class trace]``; ``trace`` is the class routing's trace.
+
+    Module names follow the original code (``convolve``, ``compute_a``, ``compute_mu``, ``routings``), so the
+    published state_dict loads. As in the original code, the six 3x3 convolutions get Kaiming-normal
+    weights and zero biases; the 1x1 heads keep PyTorch's default init.
+    """
+
+    def __init__(self, config: SmallNORBConfig | None = None, **overrides) -> None:
+        super().__init__()
+        cfg = config or SmallNORBConfig()
+        if overrides:
+            cfg = SmallNORBConfig(**{**cfg.__dict__, **overrides})
+        self.config = cfg
+        chans_in = [cfg.in_channels + (2 if cfg.coord_channels else 0)] + [cfg.d_chns] * (len(cfg.strides) - 1)
+        layers: list[nn.Module] = []
+        for c_in, stride in zip(chans_in, cfg.strides):
+            layers += [nn.BatchNorm2d(c_in), nn.Conv2d(c_in, cfg.d_chns, 3, stride), nn.SiLU()]  # SiLU = Swish
+        self.convolve = nn.Sequential(*layers)
+        self.compute_a = nn.Sequential(nn.BatchNorm2d(cfg.d_chns), nn.Conv2d(cfg.d_chns, cfg.n_parts, 1))
+        self.compute_mu = nn.Sequential(nn.BatchNorm2d(cfg.d_chns),
+                                        nn.Conv2d(cfg.d_chns, cfg.n_parts * cfg.d_pose ** 2, 1))
+        p = cfg.d_pose
+        self.routings = nn.ModuleList([
+            GenerativeMatrixRouting(d_cov=p, d_inp=p, d_out=p, n_out=cfg.n_parts, n_iters=cfg.n_iters),
+            GenerativeMatrixRouting(d_cov=p, d_inp=p, d_out=p, n_inp=cfg.n_parts, n_out=cfg.n_objs,
+                                    n_iters=cfg.n_iters),
+        ])
+        for m in self.convolve:
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight)
+                nn.init.zeros_(m.bias)
+
+    def part_capsules(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[B, 2, H, W]`` -> ``(a [B, n_parts * h * w], mu [B, n_parts * h * w, 4, 4])`` (part-major, then y, x)."""
+        c = self.config
+        s = c.image_size
+        check_tensor(images, "images", f"[B, {c.in_channels}, {s or 'H'}, {s or 'W'}]",
+                     [None, c.in_channels, s, s])
+        x = add_coordinate_channels(images) if c.coord_channels else images  # [B, 4, 96, 96]
+        x = self.convolve(x)  # [B, 64, 9, 9]
+        Bsz, _, h, w = x.shape
+        a = self.compute_a(x).reshape(Bsz, c.n_parts * h * w)  # [B, 5184]
+        mu = self.compute_mu(x).reshape(Bsz, c.n_parts, c.d_pose, c.d_pose, h, w)  # [B, 64, 4, 4, 9, 9]
+        mu = mu.permute(0, 1, 4, 5, 2, 3).reshape(Bsz, c.n_parts * h * w, c.d_pose, c.d_pose)  # [B, 5184, 4, 4]
+        return a, mu
+
+    def forward(self, images: torch.Tensor, return_routing: bool = False) -> CapsuleOutput:
+        a, mu = self.part_capsules(images)
+        traces = []
+        for routing in self.routings:
+            if return_routing:
+                (a, mu, sig2), tr = routing(a, mu, return_routing=True)
+                traces.append(tr)
+            else:
+                a, mu, sig2 = routing(a, mu)  # [B, J], [B, J, 4, 4], [B, J, 4, 4]
+        extra = {"mu": mu, "sig2": sig2}
+        if return_routing:
+            extra["traces"] = traces
+        return CapsuleOutput(a, mu.flatten(-2), None, traces[-1] if traces else None, extra)
+
+
+# --------------------------------------------------------------------------- sequence classification
+@dataclass
+class SequenceClassifierConfig:
+    """The paper's SST head (defaults: SST-5 on the 37 hidden states of GPT-2-large; use ``n_classes=2`` for
+    SST-2). ``d_depth=None`` takes one embedding per token ``[B, n, d_emb]`` and has no depth embedding."""
+
+    d_depth: int | None = 37          # embeddings per token (transformer layers incl. the input embeddings)
+    d_emb: int = 1280                 # size of each embedding
+    d_inp: int = 64                   # features computed per embedding (the input capsules' size)
+    d_cap: int = 2                    # output capsules are 1 x d_cap
+    n_parts: int = 64                 # capsules after the first routing
+    n_classes: int = 5
+    n_iters: int = 3
+
+
+class SequenceClassifierHead(nn.Module):
+    """Heinsen's (2019) sequence classifier head over variable-length token capsules (the SST model, without
+    the frozen transformer): 140,480 trainable parameters for SST-5, 138,944 for SST-2.
+
+    ``forward(embs, padding_mask=None, *, token_weights=None, return_routing=False) -> CapsuleOutput``
+
+    * ``embs``: ``[B, n, d_depth, d_emb]`` (all hidden states of every token), or ``[B, n, d_emb]`` when
+      ``config.d_depth is None``.
+    * ``padding_mask``: bool ``[B, n]``, **True = padding** (ignored). Or ``token_weights``: float ``[B, n]`` in
+      [0, 1] with 1 = token, as in the original code (mixup mixes these); the score is ``a = logit(w)``, which
+      is ``+-inf`` for exact 0/1. Without either, every position is a token.
+
+    Pipeline: ``embs + depth_emb`` -> Linear(d_emb -> d_inp, Kaiming) -> Swish -> LayerNorm(d_inp) gives
+    ``n * d_depth`` input capsules ``[B, n * d_depth, 1, d_inp]`` with scores ``a`` repeated over depth ->
+    Routing(1, d_inp, d_cap, n_out=n_parts, variable n_inp) -> Routing(1, d_cap, d_cap, n_inp=n_parts,
+    n_out=n_classes). Returns a :class:`CapsuleOutput` with ``lengths`` = class **logits** ``[B, n_classes]``,
+    ``poses [B, n_classes, d_cap]``, ``extra["sig2"]`` and, with ``return_routing``, the class routing's trace
+    (``extra["traces"]`` holds both). Module names (``depth_emb``, ``detect_parts``, ``routings``) follow the
+    original ``SSTClassifier``.
+    """
+
+    def __init__(self, config: SequenceClassifierConfig | None = None, **overrides) -> None:
+        super().__init__()
+        cfg = config or SequenceClassifierConfig()
+        if overrides:
+            cfg = SequenceClassifierConfig(**{**cfg.__dict__, **overrides})
+        self.config = cfg
+        self.depth_emb = nn.Parameter(torch.zeros(cfg.d_depth, cfg.d_emb)) if cfg.d_depth else None
+        self.detect_parts = nn.Sequential(nn.Linear(cfg.d_emb, cfg.d_inp), nn.SiLU(), nn.LayerNorm(cfg.d_inp))
+        self.routings = nn.ModuleList([
+            GenerativeMatrixRouting(d_cov=1, d_inp=cfg.d_inp, d_out=cfg.d_cap, n_out=cfg.n_parts,
+                                    n_iters=cfg.n_iters),
+            GenerativeMatrixRouting(d_cov=1, d_inp=cfg.d_cap, d_out=cfg.d_cap, n_inp=cfg.n_parts,
+                                    n_out=cfg.n_classes, n_iters=cfg.n_iters),
+        ])
+        nn.init.kaiming_normal_(self.detect_parts[0].weight)
+        nn.init.zeros_(self.detect_parts[0].bias)
+
+    def input_scores(self, embs: torch.Tensor, padding_mask: torch.Tensor | None,
+                     token_weights: torch.Tensor | None) -> torch.Tensor:
+        """Token score logits ``[B, n]``: +inf for tokens, -inf for padding (or ``logit(token_weights)``)."""
+        Bsz, n = embs.shape[:2]
+        if padding_mask is not None and token_weights is not None:
+            raise ValueError("pass either padding_mask or token_weights, not both")
+        if padding_mask is not None:
+            if not isinstance(padding_mask, torch.Tensor) or padding_mask.dtype != torch.bool \
+                    or padding_mask.shape != (Bsz, n):
+                got = tuple(padding_mask.shape) if isinstance(padding_mask, torch.Tensor) else type(padding_mask)
+                raise ValueError(f"padding_mask: expected a bool tensor of shape [B, n] = {(Bsz, n)}, got {got}")
+            inf = torch.full((), float("inf"), device=embs.device)
+            return torch.where(padding_mask, -inf, inf)  # [B, n]
+        if token_weights is not None:
+            check_tensor(token_weights, "token_weights", f"[B, n] = {(Bsz, n)}", [Bsz, n])
+            return torch.logit(token_weights.float())  # [B, n]
+        return torch.full((Bsz, n), float("inf"), device=embs.device)
+
+    def forward(self, embs: torch.Tensor, padding_mask: torch.Tensor | None = None, *,
+                token_weights: torch.Tensor | None = None, return_routing: bool = False) -> CapsuleOutput:
+        c = self.config
+        if c.d_depth:
+            check_tensor(embs, "embs", f"[B, n, d_depth={c.d_depth}, d_emb={c.d_emb}]",
+                         [None, None, c.d_depth, c.d_emb])
+        else:
+            check_tensor(embs, "embs", f"[B, n, d_emb={c.d_emb}]", [None, None, c.d_emb])
+            embs = embs.unsqueeze(-2)  # [B, n, 1, d_emb]
+        Bsz, n, depth = embs.shape[:3]
+        a = self.input_scores(embs, padding_mask, token_weights)  # [B, n]
+        a = a.unsqueeze(-1).expand(Bsz, n, depth).reshape(Bsz, n * depth)  # [B, n * depth]
+        x = embs + self.depth_emb if self.depth_emb is not None else embs  # [B, n, depth, d_emb]
+        mu = self.detect_parts(x).reshape(Bsz, n * depth, 1, c.d_inp)  # [B, n * depth, 1, d_inp]
+        traces = []
+        for routing in self.routings:
+            if return_routing:
+                (a, mu, sig2), tr = routing(a, mu, return_routing=True)
+                traces.append(tr)
+            else:
+                a, mu, sig2 = routing(a, mu)  # [B, J], [B, J, 1, d_cap], [B, J, 1, d_cap]
+        extra = {"sig2": sig2.flatten(-2)}
+        if return_routing:
+            extra["traces"] = traces
+        return CapsuleOutput(a, mu.flatten(-2), None, traces[-1] if traces else None, extra)

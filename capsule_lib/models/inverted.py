@@ -1,0 +1,343 @@
+"""Capsule network with inverted dot-product attention routing (Tsai et al., ICLR 2020).
+
+"Capsules with Inverted Dot-Product Attention Routing"; official code ``apple/ml-capsules-inverted-attention-routing``
+(``src/capsule_model.py``, ``src/layers.py``, ``configs/resnet_backbone_CIFAR{10,100}.json``).
+
+Shapes for the CIFAR-10 configuration (the default, ``CapsModelConfig.cifar10()``)::
+
+    x              [B, 3, 32, 32]
+    backbone       [B, 128, 16, 16]        "resnet" (conv-BN-ReLU, 3 BasicBlocks(64), 4 BasicBlocks(128, s2))
+                                           or "simple" (conv3x3 s2 p1 + ReLU)
+    primary        [B, 32, 16, 16, 16]     conv1x1 (no bias), channels-last split into (32, d), LayerNorm_d
+    CONV caps 1    [B, 32, 7, 7, 16]       k3 s2, 4x4 matrix poses
+    CONV caps 2    [B, 32, 5, 5, 16]       k3 s1
+    class caps     [B, 10, 16]             FC from the 800 = 32*5*5 capsules (type-major)
+    logits         [B, 10]                 final_fc: one Linear(d -> 1) shared by every class
+
+CIFAR-100 (``CapsModelConfig.cifar100()``) uses d = 36 (6x6 poses) and an extra FC layer (800 -> 20)
+before the class capsules (20 -> 100).
+
+Every capsule layer performs one routing update per call; ``num_routing`` = T and ``sequential_routing``
+choose how the updates of the layers are interleaved (see :meth:`CapsModel.route`).
+
+Differences from the official code (the paper is silent on all of them):
+
+* the CONV windows are gathered correctly (``unfold``); ``expansion="official_bug"`` reproduces the official
+  ``input_expansion`` (apple PR #1) for comparison;
+* the logits are ``final_fc(poses).squeeze(-1)``, so they stay ``[B, K]`` at batch size 1 (the official
+  ``out.squeeze()`` returns ``[K]`` there);
+* ``num_routing`` defaults to 2 (the README's recommendation, "num_routing should > 1", and its best results)
+  whereas the command line default is 1 (no agreement step at all).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .._checks import check_tensor
+from ..routing.inverted import EXPANSIONS, InvertedConvCapsules, InvertedFCCapsules
+from ..routing.trace import RoutingTrace
+from .capsnet import CapsuleOutput
+
+__all__ = [
+    "CapsLayerSpec",
+    "CapsModelConfig",
+    "CapsModel",
+    "BasicBlock",
+    "ResNetBackbone",
+    "SimpleBackbone",
+    "InvertedPrimaryCapsules",
+]
+
+_BACKBONES = ("resnet", "simple")
+
+
+# ------------------------------------------------------------------------------------------- backbones
+class BasicBlock(nn.Module):
+    """CIFAR ResNet basic block: ``relu(BN(conv3x3(relu(BN(conv3x3(x))))) + shortcut(x))``, convs without
+    bias; the shortcut is a 1x1 conv (no bias) + BN when the stride or the width changes, else identity.
+    ``[B, in_planes, H, W] -> [B, planes, H', W']``."""
+
+    expansion = 1
+
+    def __init__(self, in_planes: int, planes: int, stride: int = 1) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_planes, planes, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, stride=1, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or in_planes != planes:
+            self.shortcut = nn.Sequential(nn.Conv2d(in_planes, planes, 1, stride=stride, bias=False),
+                                          nn.BatchNorm2d(planes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return F.relu(out + self.shortcut(x))
+
+
+class ResNetBackbone(nn.Module):
+    """The official ``resnet_backbone``: conv3x3(in -> stem, s1, p1, no bias) -> BN -> ReLU ->
+    ``blocks[0]`` BasicBlocks(stem, s1) -> ``blocks[1]`` BasicBlocks(channels, first with ``stride``).
+    ``[B, 3, 32, 32] -> [B, 128, 16, 16]`` with the defaults."""
+
+    def __init__(self, in_channels: int = 3, channels: int = 128, stride: int = 2, stem: int = 64,
+                 blocks: tuple[int, int] = (3, 4)) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [nn.Conv2d(in_channels, stem, 3, stride=1, padding=1, bias=False),
+                                   nn.BatchNorm2d(stem), nn.ReLU()]
+        in_planes = stem
+        for planes, n_blocks, first_stride in ((stem, blocks[0], 1), (channels, blocks[1], stride)):
+            for st in [first_stride] + [1] * (n_blocks - 1):
+                layers.append(BasicBlock(in_planes, planes, st))
+                in_planes = planes
+        self.pre_caps = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.pre_caps(x)
+
+
+class SimpleBackbone(nn.Module):
+    """The official ``simple_backbone``: conv(in -> channels, k, stride, padding, with bias) + ReLU.
+    ``[B, 3, 32, 32] -> [B, 128, 16, 16]`` with the defaults (k3, s2, p1)."""
+
+    def __init__(self, in_channels: int = 3, channels: int = 128, kernel_size: int = 3, stride: int = 2,
+                 padding: int = 1) -> None:
+        super().__init__()
+        self.pre_caps = nn.Sequential(nn.Conv2d(in_channels, channels, kernel_size, stride, padding), nn.ReLU())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.pre_caps(x)
+
+
+class InvertedPrimaryCapsules(nn.Module):
+    """Primary capsules of Tsai et al.: conv1x1 (no bias) to ``n_types * d`` channels, channels-last split into
+    ``(n_types, d)`` (type ``c`` owns channels ``c*d .. c*d+d-1``), then LayerNorm over ``d`` (no squash).
+    ``[B, C, H, W] -> [B, n_types, H, W, d]``."""
+
+    def __init__(self, in_channels: int = 128, n_types: int = 32, pose_dim: int = 16, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.in_channels, self.n_types, self.pose_dim = in_channels, n_types, pose_dim
+        self.conv = nn.Conv2d(in_channels, n_types * pose_dim, 1, bias=False)
+        self.norm = nn.LayerNorm(pose_dim, eps=eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        check_tensor(x, "x", f"[B, C={self.in_channels}, H, W]", [None, self.in_channels, None, None])
+        u = self.conv(x)  # [B, N*d, H, W]
+        B, _, H, W = u.shape
+        u = u.permute(0, 2, 3, 1).reshape(B, H, W, self.n_types, self.pose_dim)  # [B, H, W, N, d]
+        u = u.permute(0, 3, 1, 2, 4)  # [B, N, H, W, d]
+        acc = torch.float64 if u.dtype == torch.float64 else torch.float32  # LayerNorm statistics in fp32+
+        return F.layer_norm(u.to(acc), (self.pose_dim,), self.norm.weight.to(acc), self.norm.bias.to(acc),
+                            self.norm.eps).to(u.dtype)
+
+
+# ---------------------------------------------------------------------------------------------- config
+@dataclass(frozen=True)
+class CapsLayerSpec:
+    """One capsule layer between the primary and the class capsules: ``kind`` is ``"conv"`` (valid ``k x k``
+    windows with ``stride``) or ``"fc"``; ``n_caps`` is the number of output types (CONV) or capsules (FC)."""
+
+    kind: str
+    n_caps: int
+    kernel_size: int = 3
+    stride: int = 1
+
+
+@dataclass
+class CapsModelConfig:
+    """Hyper-parameters of :class:`CapsModel`; the defaults are the official CIFAR-10 resnet configuration.
+
+    Use the presets ``CapsModelConfig.cifar10(backbone="resnet"|"simple", **overrides)`` and
+    ``CapsModelConfig.cifar100(...)`` (``configs/resnet_backbone_CIFAR{10,100}.json``).
+    """
+
+    n_classes: int = 10
+    in_channels: int = 3
+    image_size: int = 32
+    backbone: str = "resnet"             # "resnet" | "simple"
+    backbone_channels: int = 128         # backbone output channels (primary-capsule input)
+    backbone_stride: int = 2             # stride of the first block of the 2nd resnet stage / of the simple conv
+    backbone_kernel: int = 3             # simple backbone only
+    backbone_padding: int = 1            # simple backbone only
+    resnet_stem: int = 64
+    resnet_blocks: tuple[int, int] = (3, 4)
+    primary_types: int = 32
+    pose_dim: int = 16                   # d = s*s (4x4 matrix poses for CIFAR-10, 6x6 for CIFAR-100)
+    capsules: tuple[CapsLayerSpec, ...] = (CapsLayerSpec("conv", 32, 3, 2), CapsLayerSpec("conv", 32, 3, 1))
+    num_routing: int = 2                 # T >= 1 (official CLI default 1; README: "should > 1")
+    sequential_routing: bool = False     # False: concurrent (Jacobi) schedule, the official default
+    dropout: float = 0.0                 # --dp, on the vote sum before each LayerNorm
+    expansion: str = "unfold"            # "official_bug": the official CONV window expansion (apple PR #1)
+    norm_eps: float = 1e-5
+
+    @classmethod
+    def cifar10(cls, backbone: str = "resnet", **overrides) -> "CapsModelConfig":
+        """CIFAR-10: 2 CONV capsule layers (32 types, k3 s2 then k3 s1), d = 16, 10 class capsules."""
+        return cls(**{"n_classes": 10, "backbone": backbone, "pose_dim": 16,
+                      "capsules": (CapsLayerSpec("conv", 32, 3, 2), CapsLayerSpec("conv", 32, 3, 1)),
+                      **overrides})
+
+    @classmethod
+    def cifar100(cls, backbone: str = "resnet", **overrides) -> "CapsModelConfig":
+        """CIFAR-100: the same CONV layers with d = 36, an FC layer (800 -> 20), then 100 class capsules."""
+        return cls(**{"n_classes": 100, "backbone": backbone, "pose_dim": 36,
+                      "capsules": (CapsLayerSpec("conv", 32, 3, 2), CapsLayerSpec("conv", 32, 3, 1),
+                                   CapsLayerSpec("fc", 20)),
+                      **overrides})
+
+    @property
+    def backbone_grid(self) -> int:
+        """Side of the backbone's output grid (16 for 32x32 inputs)."""
+        if self.backbone == "resnet":
+            return (self.image_size + 2 - 3) // self.backbone_stride + 1
+        return (self.image_size + 2 * self.backbone_padding - self.backbone_kernel) // self.backbone_stride + 1
+
+
+# ----------------------------------------------------------------------------------------------- model
+class CapsModel(nn.Module):
+    """Backbone -> primary capsules -> capsule layers -> class capsules -> shared ``final_fc`` logits.
+
+    ``forward(x, return_routing=False) -> CapsuleOutput`` with
+
+    * ``lengths [B, K]``: the **logits** ``w . p_k + b`` of the shared ``final_fc`` (not capsule lengths; train
+      with cross-entropy on them, as the paper does);
+    * ``poses [B, K, d]``: the class capsules after the last update;
+    * ``trace`` (``return_routing=True``): the class layer's :class:`RoutingTrace`, one entry per update of that
+      layer (``T`` entries, the last is the final update; coefficients ``[B, n_inp, K]``), with
+      ``extra["layers"]`` the traces of the other capsule layers in order (CONV coefficients
+      ``[B, h, w, N*k*k, M]``), ``extra["poses"]`` the final poses of every level ``[P_0, ..., P_L]`` and
+      ``extra["schedule"]``.
+
+    Initialisation follows the official code: capsule weights Gaussian (std ``sqrt(M/(s N))`` FC,
+    ``sqrt(M/(s N k^2))`` CONV), LayerNorms gamma 1 / beta 0, everything else PyTorch defaults.
+    """
+
+    def __init__(self, config: CapsModelConfig | None = None, **overrides) -> None:
+        super().__init__()
+        cfg = config or CapsModelConfig()
+        if overrides:
+            cfg = replace(cfg, **overrides)
+        if cfg.backbone not in _BACKBONES:
+            raise ValueError(f"backbone must be one of {_BACKBONES}, got {cfg.backbone!r}")
+        if cfg.num_routing < 1:
+            raise ValueError(f"num_routing must be >= 1, got {cfg.num_routing}")
+        if cfg.expansion not in EXPANSIONS:
+            raise ValueError(f"expansion must be one of {EXPANSIONS}, got {cfg.expansion!r}")
+        s = math.isqrt(cfg.pose_dim)
+        if s * s != cfg.pose_dim:
+            raise ValueError(f"pose_dim must be a square (matrix poses), got {cfg.pose_dim}")
+        self.config = cfg
+        if cfg.backbone == "resnet":
+            self.backbone = ResNetBackbone(cfg.in_channels, cfg.backbone_channels, cfg.backbone_stride,
+                                           cfg.resnet_stem, cfg.resnet_blocks)
+        else:
+            self.backbone = SimpleBackbone(cfg.in_channels, cfg.backbone_channels, cfg.backbone_kernel,
+                                           cfg.backbone_stride, cfg.backbone_padding)
+        self.primary = InvertedPrimaryCapsules(cfg.backbone_channels, cfg.primary_types, cfg.pose_dim, cfg.norm_eps)
+
+        d = cfg.pose_dim
+        layers: list[nn.Module] = []
+        n_prev, grid = cfg.primary_types, cfg.backbone_grid  # grid is None once the capsules are flat
+        for spec in cfg.capsules:
+            if spec.kind == "conv":
+                if grid is None:
+                    raise ValueError("a CONV capsule layer cannot follow an FC capsule layer")
+                layer = InvertedConvCapsules(n_prev, spec.n_caps, d, spec.kernel_size, spec.stride,
+                                             dropout=cfg.dropout, expansion=cfg.expansion, eps=cfg.norm_eps)
+                grid = layer.output_size(grid)
+                if grid < 1:
+                    raise ValueError(f"image_size {cfg.image_size} is too small for the CONV capsule layers")
+                n_prev = spec.n_caps
+            elif spec.kind == "fc":
+                n_inp = n_prev * grid * grid if grid is not None else n_prev
+                layer = InvertedFCCapsules(n_inp, spec.n_caps, d, dropout=cfg.dropout, eps=cfg.norm_eps)
+                n_prev, grid = spec.n_caps, None
+            else:
+                raise ValueError(f"capsule layer kind must be 'conv' or 'fc', got {spec.kind!r}")
+            layers.append(layer)
+        n_inp = n_prev * grid * grid if grid is not None else n_prev
+        layers.append(InvertedFCCapsules(n_inp, cfg.n_classes, d, dropout=cfg.dropout, eps=cfg.norm_eps))
+        self.capsule_layers = nn.ModuleList(layers)
+        self.final_fc = nn.Linear(d, 1)  # shared by all classes
+
+    @property
+    def class_capsules(self) -> InvertedFCCapsules:
+        return self.capsule_layers[-1]
+
+    def primary_capsules(self, x: torch.Tensor) -> torch.Tensor:
+        """``[B, 3, 32, 32] -> [B, 32, 16, 16, d]`` (post-LayerNorm primary poses ``P_0``)."""
+        c = self.config
+        check_tensor(x, "x", f"[B, {c.in_channels}, {c.image_size}, {c.image_size}]",
+                     [None, c.in_channels, c.image_size, c.image_size])
+        return self.primary(self.backbone(x))
+
+    def route(self, p0: torch.Tensor, return_routing: bool = False):
+        """Run the routing schedule from the primary poses ``p0``; returns the final poses of every level
+        ``[P_0, P_1, ..., P_L]`` (``P_L`` = class capsules ``[B, K, d]``) and, with ``return_routing``, one
+        :class:`RoutingTrace` per capsule layer (one entry per update of that layer).
+
+        With ``L_l(P_in, P_prev)`` one update of capsule layer ``l`` and ``T = num_routing``:
+
+        * concurrent (default): ``P_l^(1) = L_l(P_{l-1}^(1))`` (uniform feed-forward pass), then for
+          ``t = 2..T`` every layer updates from the *previous iteration's* values (Jacobi):
+          ``P_l^(t) = L_l(P_{l-1}^(t-1), P_l^(t-1))``; ``P_0`` stays fixed;
+        * sequential: layer by layer, ``P_l <- L_l(P_{l-1})`` then ``T-1`` times ``P_l <- L_l(P_{l-1}, P_l)``
+          with the final ``P_{l-1}``.
+
+        Both schedules coincide for ``T = 1``.
+        """
+        layers, T = self.capsule_layers, self.config.num_routing
+        traces = [RoutingTrace("inverted") for _ in layers] if return_routing else None
+
+        def update(idx: int, p_in: torch.Tensor, p_prev: torch.Tensor | None) -> torch.Tensor:
+            if traces is None:
+                return layers[idx](p_in, p_prev)
+            out, tr = layers[idx](p_in, p_prev, return_routing=True)
+            traces[idx].coefficients += tr.coefficients
+            traces[idx].agreements += tr.agreements
+            traces[idx].outputs += tr.outputs
+            return out
+
+        if not self.config.sequential_routing:
+            values = [p0]
+            for idx in range(len(layers)):  # iteration 1: uniform feed-forward pass
+                values.append(update(idx, values[idx], None))
+            for _ in range(T - 1):  # iterations 2..T: all layers in parallel from the previous iteration
+                values = [p0] + [update(idx, values[idx], values[idx + 1]) for idx in range(len(layers))]
+        else:
+            values = [p0]
+            for idx in range(len(layers)):
+                v = update(idx, values[idx], None)
+                for _ in range(T - 1):
+                    v = update(idx, values[idx], v)
+                values.append(v)
+        if traces is not None:
+            return values, traces
+        return values
+
+    def forward(self, x: torch.Tensor, return_routing: bool = False) -> CapsuleOutput:
+        p0 = self.primary_capsules(x)  # [B, 32, 16, 16, d]
+        if return_routing:
+            values, traces = self.route(p0, return_routing=True)
+        else:
+            values, traces = self.route(p0), None
+        poses = values[-1]  # [B, K, d]
+        logits = self.final_fc(poses).squeeze(-1)  # [B, K] (also for B = 1)
+        trace = None
+        if traces is not None:
+            trace = traces[-1]
+            trace.extra.update(layers=traces[:-1], poses=values,
+                               schedule="sequential" if self.config.sequential_routing else "concurrent")
+        return CapsuleOutput(lengths=logits, poses=poses, reconstruction=None, trace=trace)
+
+    def extra_repr(self) -> str:
+        c = self.config
+        return (f"backbone={c.backbone!r}, n_classes={c.n_classes}, pose_dim={c.pose_dim}, "
+                f"num_routing={c.num_routing}, sequential_routing={c.sequential_routing}, "
+                f"expansion={c.expansion!r}")

@@ -1,0 +1,145 @@
+"""Registry of the checkpoints shipped with the book: file + sha256 + metrics + how it was trained.
+
+``capsule_lib/checkpoints/registry.json`` maps a name to an entry::
+
+    {"file": "capsnet_mnist.pt", "sha256": "...", "model": "capsnet", "config": {...},
+     "metrics": {"test_acc": 0.996, ...}, "training": {"epochs": 15, "hardware": "...", ...},
+     "history": "capsnet_mnist.history.json", "notes": "..."}
+
+:func:`load_pretrained` checks the file's sha256 before loading and refuses a mismatch.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, fields, is_dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from .training import History
+
+__all__ = ["CHECKPOINT_DIR", "ChecksumMismatchError", "registry", "sha256_file", "load_pretrained",
+           "load_pretrained_history", "export_checkpoint", "build_model", "MODEL_BUILDERS"]
+
+CHECKPOINT_DIR = Path(__file__).resolve().parent / "checkpoints"
+
+
+class ChecksumMismatchError(RuntimeError):
+    """A shipped checkpoint's bytes do not match the sha256 in the registry."""
+
+
+def _builders() -> dict[str, Callable[[dict[str, Any]], nn.Module]]:
+    from .models.baselines import BaselineCNN, BaselineCNNConfig
+    from .models.capsnet import CapsNet, CapsNetConfig
+
+    out: dict[str, Callable[[dict[str, Any]], nn.Module]] = {
+        "capsnet": lambda c: CapsNet(_from_dict(CapsNetConfig, c)),
+        "baseline_cnn": lambda c: BaselineCNN(_from_dict(BaselineCNNConfig, c)),
+    }
+    try:
+        from .models.efficient import EfficientCapsNet, EfficientCapsNetConfig
+
+        out["efficient_capsnet"] = lambda c: EfficientCapsNet(_from_dict(EfficientCapsNetConfig, c))
+    except ImportError:  # pragma: no cover - optional while the module is being written
+        pass
+    return out
+
+
+MODEL_BUILDERS = _builders
+
+
+def _from_dict(cls: type, d: dict[str, Any]) -> Any:
+    names = {f.name: f for f in fields(cls)}
+    kw = {}
+    for k, v in d.items():
+        if k in names:
+            kw[k] = tuple(v) if isinstance(v, list) else v
+    return cls(**kw)
+
+
+def build_model(kind: str, config: dict[str, Any]) -> nn.Module:
+    """Instantiate a model of ``kind`` (``"capsnet"``, ``"baseline_cnn"``, ``"efficient_capsnet"``)."""
+    builders = _builders()
+    if kind not in builders:
+        raise ValueError(f"unknown model kind {kind!r}; known: {sorted(builders)}")
+    return builders[kind](config)
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(chunk), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def registry(directory: str | os.PathLike | None = None) -> dict[str, dict[str, Any]]:
+    """The registry as a dict ``name -> entry`` (empty if none is shipped)."""
+    p = Path(directory or CHECKPOINT_DIR) / "registry.json"
+    return json.loads(p.read_text()) if p.exists() else {}
+
+
+def _entry(name: str, directory: Path) -> dict[str, Any]:
+    reg = registry(directory)
+    if name not in reg:
+        raise KeyError(f"no shipped checkpoint named {name!r}; available: {sorted(reg) or 'none'}")
+    return reg[name]
+
+
+def load_pretrained(name: str, map_location: str | torch.device = "cpu", directory: str | os.PathLike | None = None,
+                    ) -> tuple[nn.Module, dict[str, Any]]:
+    """Build the model of a shipped checkpoint and load its weights (as float32), after checking sha256.
+
+    Returns ``(model in eval mode, registry entry)``.
+    """
+    d = Path(directory or CHECKPOINT_DIR)
+    entry = _entry(name, d)
+    path = d / entry["file"]
+    if not path.exists():
+        raise FileNotFoundError(f"checkpoint file {path} for {name!r} is missing (is the repository complete? "
+                                f"git-lfs is not used; the file should be in the repo)")
+    got = sha256_file(path)
+    if got != entry["sha256"]:
+        raise ChecksumMismatchError(f"checkpoint {name!r} ({path}): sha256 mismatch: registry says {entry['sha256']}, "
+                                    f"file has {got}. The file is corrupted or was replaced; restore it from the "
+                                    f"repository or re-export it with capsule_lib.pretrained.export_checkpoint.")
+    model = build_model(entry["model"], entry.get("config", {}))
+    state = torch.load(path, map_location=map_location, weights_only=True)
+    model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})
+    return model.to(map_location).eval(), entry
+
+
+def load_pretrained_history(name: str, directory: str | os.PathLike | None = None) -> History:
+    """The training history shipped with a checkpoint."""
+    d = Path(directory or CHECKPOINT_DIR)
+    entry = _entry(name, d)
+    return History.from_dict(json.loads((d / entry["history"]).read_text()))
+
+
+def export_checkpoint(model: nn.Module, name: str, kind: str, config: Any, *, metrics: dict[str, Any],
+                      training: dict[str, Any], history: History | dict | None = None, notes: str = "",
+                      half: bool = True, directory: str | os.PathLike | None = None) -> dict[str, Any]:
+    """Write ``<name>.pt`` (fp16 weights by default), ``<name>.history.json`` and the registry entry."""
+    d = Path(directory or CHECKPOINT_DIR)
+    d.mkdir(parents=True, exist_ok=True)
+    state = {k: (v.detach().half() if half and v.is_floating_point() else v.detach()).cpu().contiguous()
+             for k, v in model.state_dict().items()}
+    file = d / f"{name}.pt"
+    torch.save(state, file)
+    entry: dict[str, Any] = {
+        "file": file.name, "sha256": sha256_file(file), "model": kind,
+        "config": asdict(config) if is_dataclass(config) else dict(config),
+        "dtype": "float16" if half else "float32", "metrics": metrics, "training": training, "notes": notes,
+    }
+    if history is not None:
+        hist = history.to_dict() if isinstance(history, History) else history
+        (d / f"{name}.history.json").write_text(json.dumps(hist, indent=1))
+        entry["history"] = f"{name}.history.json"
+    reg = registry(d)
+    reg[name] = json.loads(json.dumps(entry, default=str))
+    (d / "registry.json").write_text(json.dumps(reg, indent=1, sort_keys=True))
+    return reg[name]

@@ -1,0 +1,371 @@
+"""Inverted dot-product attention routing (Tsai, Srivastava, Goh & Salakhutdinov, 2020).
+
+"Capsules with Inverted Dot-Product Attention Routing", ICLR 2020; official code
+``apple/ml-capsules-inverted-attention-routing`` (``src/layers.py``: ``CapsuleFC``, ``CapsuleCONV``).
+Only the configuration the paper trains is implemented: **matrix poses**, ``d = s*s`` with the same ``d``
+for children and parents.
+
+Index names used in every einsum below::
+
+    b  batch                  i / n  input (child) capsule (type)    j / m  output (parent) capsule (type)
+    a  pose row               x      pose column of a child, row of W   e  pose column of a vote / parent
+    k, l  kernel row, column  h, w   output position (CONV)             d  flattened pose (d = s*s)
+
+One routing **update** ``L(P_in, P_out_prev)`` (the layer's ``forward``)::
+
+    V_{i->j}  = P_i . W_ij                           s x s matrix product, flattened row-major to d
+    a_ij      = <V_{i->j}, P_j^prev> / sqrt(d)       (first pass, no P_prev: a_ij = 0, i.e. r_ij = 1/J)
+    r_ij      = softmax_j(a_ij);  r_ij /= sum_j r_ij + 1e-10    sums to 1 over the PARENTS j
+    P_j       = LayerNorm_d( Dropout( sum_i r_ij V_{i->j} ) )   plain sum over children, no /I
+
+Nothing is detached; there is no bias and no squash; ``P_prev`` is the post-LayerNorm output of the previous
+update of the same layer. How updates of different layers are interleaved (the concurrent/Jacobi and the
+sequential schedules) is the model's business: see :class:`capsule_lib.models.inverted.CapsModel`.
+
+CONV layers route each output position ``(h, w)`` from its own ``k x k`` window of children (valid windows,
+no padding, ``h_out = (H - k) // stride + 1``); the softmax runs over the output types at that position
+only, so a child that lies in several overlapping windows is routed independently in each of them.
+
+``expansion="unfold"`` (default) gathers the windows correctly. ``expansion="official_bug"`` reproduces the
+official ``CapsuleCONV.input_expansion``, which stacks the window slices along the **last** axis,
+``[B, N, k, k, d, h_out*w_out]``, and then ``view``s that memory as ``[B, N, k, k, h_out, w_out, d]``, mixing
+pose entries and output positions (reported in apple PR #1, closed unmerged; the author's fork
+``yaohungt/Capsules-Inverted-Attention-Routing`` switched to ``unfold``). It is here only so the book can
+compare; which expansion produced the published numbers is unknown.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .._checks import check_tensor
+from .trace import RoutingTrace
+
+__all__ = [
+    "matrix_votes",
+    "conv_windows",
+    "conv_matrix_votes",
+    "inverted_attention_update",
+    "inverted_fc_update",
+    "inverted_conv_update",
+    "InvertedFCCapsules",
+    "InvertedConvCapsules",
+    "EXPANSIONS",
+]
+
+EXPANSIONS = ("unfold", "official_bug")
+_RENORM_EPS = 1e-10  # the official r / (sum_j r + 1e-10)
+
+
+def _acc_dtype(x: torch.Tensor) -> torch.dtype:
+    """Dtype for logits, softmaxes and LayerNorm statistics: fp32, or fp64 for fp64 inputs."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def _side(d: int) -> int:
+    """Side ``s`` of a square matrix pose with ``d = s*s`` entries (ValueError otherwise)."""
+    s = math.isqrt(d)
+    if s * s != d:
+        raise ValueError(f"matrix poses need a square pose size d = s*s, got d={d}")
+    return s
+
+
+# ----------------------------------------------------------------------------------------------- votes
+def matrix_votes(poses: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """FC votes ``V_{i->j} = P_i . W_ij``: ``poses [B, n_inp, d]``, ``weight [n_inp, s, s, n_out]``
+    -> ``[B, n_inp, n_out, d]`` (each pose read as an ``s x s`` matrix, row-major)."""
+    V = _fc_votes(poses, weight)  # [B, I, J, s, s]
+    return V.flatten(-2)  # [B, I, J, d]
+
+
+def _fc_votes(poses: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``[B, I, d], [I, s, s, J] -> [B, I, J, s, s]`` (votes kept as matrices)."""
+    I, s, _, J = weight.shape
+    P = poses.reshape(poses.shape[0], I, s, s)  # [B, I, s, s]  (a, x)
+    return torch.einsum("biax,ixej->bijae", P, weight)  # [B, I, J, s, s]
+
+
+def conv_windows(poses: torch.Tensor, kernel_size: int, stride: int = 1,
+                 expansion: str = "unfold") -> torch.Tensor:
+    """Valid ``k x k`` windows of a capsule grid: ``[B, N, H, W, d] -> [B, N, k, k, h_out, w_out, d]``
+    (the official layout), with ``h_out = (H - k) // stride + 1``.
+
+    ``expansion="unfold"``: ``out[b, n, k, l, h, w] = poses[b, n, h*stride + k, w*stride + l]`` (a strided
+    view, no copy). ``expansion="official_bug"``: the official ``input_expansion`` (slices stacked on the last
+    axis, then ``view``ed as ``[..., h_out, w_out, d]``), reproduced without its Python loop over positions.
+    """
+    if expansion not in EXPANSIONS:
+        raise ValueError(f"expansion must be one of {EXPANSIONS}, got {expansion!r}")
+    check_tensor(poses, "poses", "[B, N, H, W, d]", [None, None, None, None, None])
+    B, N, H, W, D = poses.shape
+    if H < kernel_size or W < kernel_size:
+        raise ValueError(f"poses: a {kernel_size}x{kernel_size} valid window needs H, W >= {kernel_size}, "
+                         f"got shape {tuple(poses.shape)} ([B, N, H, W, d])")
+    u = poses.unfold(2, kernel_size, stride).unfold(3, kernel_size, stride)  # [B, N, h, w, d, k, l]
+    h, w = u.shape[2], u.shape[3]
+    if expansion == "unfold":
+        return u.permute(0, 1, 5, 6, 2, 3, 4)  # [B, N, k, l, h, w, d]
+    # official: torch.stack([slice(i, j) for i in range(h) for j in range(w)], -1) -> [B, N, k, l, d, h*w],
+    # i.e. stacked[b, n, k, l, e, i*w + j] = poses[b, n, i*stride + k, j*stride + l, e]; then .view(...)
+    stacked = u.permute(0, 1, 5, 6, 4, 2, 3).reshape(B, N, kernel_size, kernel_size, D * h * w)  # [B,N,k,l,d*h*w]
+    return stacked.reshape(B, N, kernel_size, kernel_size, h, w, D)  # [B, N, k, l, h, w, d] (scrambled), = .view
+
+
+def conv_matrix_votes(windows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """CONV votes ``V_{(n,k,l)->m}(h, w) = P_n(h*stride+k, w*stride+l) . W_{k,l,n,m}``:
+    ``windows [B, N, k, k, h, w, d]`` (from :func:`conv_windows`), ``weight [k, k, N, s, s, M]``
+    -> ``[B, h, w, N*k*k, M, d]``; the window children are ordered ``i = n*k*k + k_row*k + k_col``."""
+    return _conv_votes(windows, weight).flatten(-2)  # [B, h, w, I, M, d]
+
+
+def _conv_votes(windows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``[B, N, k, k, h, w, d], [k, k, N, s, s, M] -> [B, h, w, N*k*k, M, s, s]`` (votes kept as matrices,
+    so that merging ``(n, k, l)`` is usually a view rather than a copy of the largest tensor of the layer)."""
+    K, _, N, s, _, M = weight.shape
+    B, _, _, _, h, w, _ = windows.shape
+    P = windows.reshape(B, N, K, K, h, w, s, s)  # [B, N, k, l, h, w, s, s]  (a, x)
+    V = torch.einsum("bnklhwax,klnxem->bhwnklmae", P, weight)  # [B, h, w, N, k, l, M, s, s]
+    return V.reshape(B, h, w, N * K * K, M, s, s)  # [B, h, w, I, M, s, s]
+
+
+# ------------------------------------------------------------------------------------- routing pieces
+def _attend(votes: torch.Tensor, prev_pose: torch.Tensor):
+    """Agreement, routing probabilities and weighted vote sum for votes ``[B, ..., I, J, A, E]`` (matrix votes,
+    ``A = E = s``; or ``A = 1, E = d``) and ``prev_pose [B, ..., J, d = A*E]``;
+    returns ``(s [B, ..., J, d], r [B, ..., I, J], a [B, ..., I, J])``."""
+    A, E = votes.shape[-2:]
+    Q = prev_pose.to(votes.dtype).reshape(*prev_pose.shape[:-1], A, E)  # [B, ..., J, A, E]
+    a = torch.einsum("...ijae,...jae->...ij", votes, Q)  # [B, ..., I, J]  <V_ij, P_j^prev>
+    a = a.to(_acc_dtype(votes)) * (1.0 / math.sqrt(A * E))  # / sqrt(d); fp32 (fp64 for fp64 votes)
+    r = torch.softmax(a, dim=-1)  # [B, ..., I, J], over the parents j
+    r = r / (r.sum(dim=-1, keepdim=True) + _RENORM_EPS)  # official renormalisation (a no-op up to rounding)
+    s = torch.einsum("...ij,...ijae->...jae", r.to(votes.dtype), votes)  # [B, ..., J, s, s]
+    return s.flatten(-2), r, a  # [B, ..., J, d]
+
+
+def _pose_norm(s: torch.Tensor, norm_weight, norm_bias, eps: float, dropout: float, training: bool,
+               dtype: torch.dtype) -> torch.Tensor:
+    """``LayerNorm_d(Dropout(s))`` computed in fp32 (fp64 for fp64), cast to ``dtype``: ``[..., d] -> [..., d]``."""
+    s = F.dropout(s, dropout, training)
+    acc = _acc_dtype(s)
+    w = None if norm_weight is None else norm_weight.to(acc)
+    b = None if norm_bias is None else norm_bias.to(acc)
+    return F.layer_norm(s.to(acc), (s.shape[-1],), w, b, eps).to(dtype)
+
+
+def _one_step_trace(r: torch.Tensor, a: torch.Tensor, out: torch.Tensor, **extra) -> RoutingTrace:
+    trace = RoutingTrace("inverted")
+    trace.coefficients.append(r)
+    trace.agreements.append(a)
+    trace.outputs.append(out)
+    trace.extra.update(extra)
+    return trace
+
+
+def inverted_attention_update(
+    votes: torch.Tensor,
+    prev_pose: torch.Tensor | None = None,
+    *,
+    norm_weight: torch.Tensor | None = None,
+    norm_bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
+    dropout: float = 0.0,
+    training: bool = False,
+    return_routing: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, RoutingTrace]:
+    """One inverted-attention routing update from precomputed votes.
+
+    ``votes [B, ..., n_inp, n_out, d]`` (any number of position axes ``...``), ``prev_pose [B, ..., n_out, d]``
+    (post-LayerNorm output of the previous update, or ``None`` for the first, uniform pass)
+    -> new poses ``[B, ..., n_out, d]`` = ``LayerNorm_d(Dropout(sum_i r_ij V_ij))`` with LayerNorm affine
+    parameters ``norm_weight``/``norm_bias`` (``[d]`` or ``None``).
+
+    With ``return_routing=True`` also returns a one-iteration :class:`RoutingTrace`: ``coefficients``
+    ``r [B, ..., n_inp, n_out]`` (sum to 1 over the last axis, the parents), ``agreements`` = the scaled dot
+    products ``a_ij`` that produced them (zeros for the uniform pass; unlike dynamic routing the logits are
+    recomputed from scratch at each update, never accumulated), ``outputs`` the new poses.
+    """
+    check_tensor(votes, "votes", "[B, ..., n_inp, n_out, d]", [None, None, None], min_leading=1)
+    I, J, D = votes.shape[-3:]
+    if prev_pose is None:
+        s = votes.sum(dim=-3) * (1.0 / J)  # [B, ..., J, d], r_ij = 1/J
+        r = votes.new_full(votes.shape[:-1], 1.0 / J, dtype=_acc_dtype(votes))  # [B, ..., I, J]
+        a = torch.zeros_like(r)
+    else:
+        want = tuple(votes.shape[:-3]) + (J, D)
+        check_tensor(prev_pose, "prev_pose", f"[B, ..., n_out={J}, d={D}] = {want}", list(want))
+        s, r, a = _attend(votes.unsqueeze(-2), prev_pose)  # votes as [B, ..., I, J, 1, d]
+    out = _pose_norm(s, norm_weight, norm_bias, eps, dropout, training, votes.dtype)
+    if return_routing:
+        return out, _one_step_trace(r, a, out)
+    return out
+
+
+def inverted_fc_update(
+    poses: torch.Tensor,
+    weight: torch.Tensor,
+    prev_pose: torch.Tensor | None = None,
+    *,
+    norm_weight: torch.Tensor | None = None,
+    norm_bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
+    dropout: float = 0.0,
+    training: bool = False,
+    return_routing: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, RoutingTrace]:
+    """Functional form of :class:`InvertedFCCapsules`: ``poses [B, n_inp, d]`` (or a grid
+    ``[B, N, h, w, d]``, flattened type-major ``i = n*h*w + y*w + x``), ``weight [n_inp, s, s, n_out]``,
+    ``prev_pose [B, n_out, d]`` or ``None`` -> ``[B, n_out, d]`` (plus the trace when asked).
+
+    The uniform first pass is computed as ``(1/J) sum_i P_i . W_ij`` without materialising the votes.
+    """
+    I, s, _, J = weight.shape
+    D = s * s
+    if poses.dim() == 5:
+        check_tensor(poses, "poses", f"[B, N, h, w, d={D}] with N*h*w = n_inp = {I}",
+                     [None, None, None, None, D])
+        poses = poses.reshape(poses.shape[0], -1, D)  # [B, N*h*w, d], type-major
+    check_tensor(poses, "poses", f"[B, n_inp={I}, d={D}]", [None, I, D])
+    B = poses.shape[0]
+    if prev_pose is None:
+        P = poses.reshape(B, I, s, s)  # [B, I, s, s]
+        s_sum = torch.einsum("biax,ixej->bjae", P, weight).reshape(B, J, D) * (1.0 / J)  # [B, J, d]
+        r = poses.new_full((B, I, J), 1.0 / J, dtype=_acc_dtype(poses))  # [B, I, J]
+        a = torch.zeros_like(r)
+    else:
+        check_tensor(prev_pose, "prev_pose", f"[B={B}, n_out={J}, d={D}]", [B, J, D])
+        s_sum, r, a = _attend(_fc_votes(poses, weight), prev_pose)  # [B, J, d], [B, I, J] x2
+    out = _pose_norm(s_sum, norm_weight, norm_bias, eps, dropout, training, poses.dtype)  # [B, J, d]
+    if return_routing:
+        return out, _one_step_trace(r, a, out)
+    return out
+
+
+def inverted_conv_update(
+    poses: torch.Tensor,
+    weight: torch.Tensor,
+    prev_pose: torch.Tensor | None = None,
+    *,
+    stride: int = 1,
+    expansion: str = "unfold",
+    norm_weight: torch.Tensor | None = None,
+    norm_bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
+    dropout: float = 0.0,
+    training: bool = False,
+    return_routing: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, RoutingTrace]:
+    """Functional form of :class:`InvertedConvCapsules`: ``poses [B, N, H, W, d]``,
+    ``weight [k, k, N, s, s, M]``, ``prev_pose [B, M, h_out, w_out, d]`` or ``None``
+    -> ``[B, M, h_out, w_out, d]`` (plus the trace when asked).
+
+    Trace shapes: ``coefficients``/``agreements`` ``[B, h_out, w_out, N*k*k, M]`` (window child
+    ``i = n*k*k + k_row*k + k_col``; sum to 1 over ``M`` at each position), ``outputs`` ``[B, M, h_out, w_out, d]``.
+    """
+    K, _, N, s, _, M = weight.shape
+    D = s * s
+    check_tensor(poses, "poses", f"[B, N={N}, H, W, d={D}]", [None, N, None, None, D])
+    B = poses.shape[0]
+    windows = conv_windows(poses, K, stride, expansion)  # [B, N, k, l, h, w, d]
+    h, w = windows.shape[4], windows.shape[5]
+    if prev_pose is None:
+        P = windows.reshape(B, N, K, K, h, w, s, s)  # [B, N, k, l, h, w, s, s]
+        s_sum = torch.einsum("bnklhwax,klnxem->bhwmae", P, weight).reshape(B, h, w, M, D) * (1.0 / M)  # [B,h,w,M,d]
+        r = poses.new_full((B, h, w, N * K * K, M), 1.0 / M, dtype=_acc_dtype(poses))  # [B, h, w, I, M]
+        a = torch.zeros_like(r)
+    else:
+        check_tensor(prev_pose, "prev_pose", f"[B={B}, M={M}, h_out={h}, w_out={w}, d={D}]", [B, M, h, w, D])
+        votes = _conv_votes(windows, weight)  # [B, h, w, I, M, s, s]
+        s_sum, r, a = _attend(votes, prev_pose.permute(0, 2, 3, 1, 4))  # [B, h, w, M, d], [B, h, w, I, M] x2
+    out = _pose_norm(s_sum, norm_weight, norm_bias, eps, dropout, training, poses.dtype)  # [B, h, w, M, d]
+    out = out.permute(0, 3, 1, 2, 4).contiguous()  # [B, M, h, w, d]
+    if return_routing:
+        return out, _one_step_trace(r, a, out)
+    return out
+
+
+# -------------------------------------------------------------------------------------------- modules
+class InvertedFCCapsules(nn.Module):
+    """Fully-connected capsule layer with one inverted-attention update per call (``CapsuleFC``,
+    ``matrix_pose=True``): ``[B, n_inp, d] -> [B, n_out, d]``.
+
+    Parameters: ``weight [n_inp, s, s, n_out]``, one ``s x s`` matrix per (input, output) pair, Gaussian with
+    std ``sqrt(n_out / (s * n_inp))`` (official init); ``norm`` = ``LayerNorm(d)`` (gamma 1, beta 0).
+    ``forward(P_in, P_out_prev=None, return_routing=False)``: ``P_in [B, n_inp, d]`` or a CONV layer's
+    grid ``[B, N, h, w, d]`` (flattened type-major, ``N*h*w = n_inp``); ``P_out_prev [B, n_out, d]`` is the
+    post-LayerNorm output of this layer's previous update (``None``: uniform first pass).
+    """
+
+    def __init__(self, n_inp: int, n_out: int, pose_dim: int = 16, *, dropout: float = 0.0,
+                 eps: float = 1e-5) -> None:
+        super().__init__()
+        s = _side(pose_dim)
+        self.n_inp, self.n_out, self.pose_dim, self.side = n_inp, n_out, pose_dim, s
+        self.dropout = dropout
+        self.init_std = math.sqrt(n_out / (s * n_inp))
+        self.weight = nn.Parameter(torch.randn(n_inp, s, s, n_out) * self.init_std)
+        self.norm = nn.LayerNorm(pose_dim, eps=eps)
+
+    def votes(self, P_in: torch.Tensor) -> torch.Tensor:
+        """``[B, n_inp, d] -> [B, n_inp, n_out, d]``."""
+        check_tensor(P_in, "P_in", f"[B, n_inp={self.n_inp}, d={self.pose_dim}]", [None, self.n_inp, self.pose_dim])
+        return matrix_votes(P_in, self.weight)
+
+    def forward(self, P_in: torch.Tensor, P_out_prev: torch.Tensor | None = None, return_routing: bool = False):
+        return inverted_fc_update(
+            P_in, self.weight, P_out_prev, norm_weight=self.norm.weight, norm_bias=self.norm.bias,
+            eps=self.norm.eps, dropout=self.dropout, training=self.training, return_routing=return_routing,
+        )
+
+    def extra_repr(self) -> str:
+        return (f"n_inp={self.n_inp}, n_out={self.n_out}, pose_dim={self.pose_dim} ({self.side}x{self.side}), "
+                f"dropout={self.dropout}, init_std={self.init_std:.4g}")
+
+
+class InvertedConvCapsules(nn.Module):
+    """Convolutional capsule layer with one inverted-attention update per call (``CapsuleCONV``,
+    ``matrix_pose=True``): ``[B, n_inp, H, W, d] -> [B, n_out, h_out, w_out, d]``, valid windows,
+    ``h_out = (H - k) // stride + 1``.
+
+    Parameters: ``weight [k, k, n_inp, s, s, n_out]`` shared over positions, Gaussian with std
+    ``sqrt(n_out / (s * n_inp * k^2))`` (official init); ``norm`` = ``LayerNorm(d)``.
+    ``expansion="unfold"`` gathers windows correctly; ``"official_bug"`` reproduces the official
+    ``input_expansion`` (see the module docstring), for comparison only.
+    """
+
+    def __init__(self, n_inp: int, n_out: int, pose_dim: int = 16, kernel_size: int = 3, stride: int = 1, *,
+                 dropout: float = 0.0, expansion: str = "unfold", eps: float = 1e-5) -> None:
+        super().__init__()
+        if expansion not in EXPANSIONS:
+            raise ValueError(f"expansion must be one of {EXPANSIONS}, got {expansion!r}")
+        s = _side(pose_dim)
+        self.n_inp, self.n_out, self.pose_dim, self.side = n_inp, n_out, pose_dim, s
+        self.kernel_size, self.stride, self.dropout, self.expansion = kernel_size, stride, dropout, expansion
+        self.init_std = math.sqrt(n_out / (s * n_inp * kernel_size * kernel_size))
+        self.weight = nn.Parameter(torch.randn(kernel_size, kernel_size, n_inp, s, s, n_out) * self.init_std)
+        self.norm = nn.LayerNorm(pose_dim, eps=eps)
+
+    def output_size(self, size: int) -> int:
+        """Valid-window output size for an input grid of side ``size``."""
+        return (size - self.kernel_size) // self.stride + 1
+
+    def votes(self, P_in: torch.Tensor) -> torch.Tensor:
+        """``[B, n_inp, H, W, d] -> [B, h_out, w_out, n_inp*k*k, n_out, d]``."""
+        check_tensor(P_in, "P_in", f"[B, n_inp={self.n_inp}, H, W, d={self.pose_dim}]",
+                     [None, self.n_inp, None, None, self.pose_dim])
+        return conv_matrix_votes(conv_windows(P_in, self.kernel_size, self.stride, self.expansion), self.weight)
+
+    def forward(self, P_in: torch.Tensor, P_out_prev: torch.Tensor | None = None, return_routing: bool = False):
+        return inverted_conv_update(
+            P_in, self.weight, P_out_prev, stride=self.stride, expansion=self.expansion,
+            norm_weight=self.norm.weight, norm_bias=self.norm.bias, eps=self.norm.eps, dropout=self.dropout,
+            training=self.training, return_routing=return_routing,
+        )
+
+    def extra_repr(self) -> str:
+        return (f"n_inp={self.n_inp}, n_out={self.n_out}, pose_dim={self.pose_dim} ({self.side}x{self.side}), "
+                f"kernel_size={self.kernel_size}, stride={self.stride}, expansion={self.expansion!r}, "
+                f"dropout={self.dropout}, init_std={self.init_std:.4g}")

@@ -1,0 +1,51 @@
+import json
+
+import pytest
+import torch
+
+from capsule_lib.models.capsnet import CapsNet, CapsNetConfig
+from capsule_lib.pretrained import (ChecksumMismatchError, export_checkpoint, load_pretrained,
+                                    load_pretrained_history, registry, sha256_file)
+from capsule_lib.training import History
+
+TINY = CapsNetConfig(conv_channels=8, primary_types=4, class_dim=8, decoder_hidden=(16, 32))
+
+
+def test_export_load_roundtrip(tmp_path):
+    model = CapsNet(TINY).eval()
+    hist = History([{"epoch": 1, "val_acc": 0.5}], {"seed": 0})
+    entry = export_checkpoint(model, "tiny", "capsnet", TINY, metrics={"test_acc": 0.1}, training={"epochs": 1},
+                              history=hist, directory=tmp_path)
+    assert entry["sha256"] == sha256_file(tmp_path / "tiny.pt")
+    loaded, e = load_pretrained("tiny", directory=tmp_path)
+    assert e["metrics"]["test_acc"] == 0.1 and not loaded.training
+    x = torch.rand(2, 1, 28, 28)
+    with torch.no_grad():
+        a, b = model(x).lengths, loaded(x).lengths
+    assert torch.allclose(a, b, atol=2e-3)  # weights stored in fp16
+    assert load_pretrained_history("tiny", directory=tmp_path).records == hist.records
+
+
+def test_hash_mismatch_is_refused(tmp_path):
+    export_checkpoint(CapsNet(TINY), "tiny", "capsnet", TINY, metrics={}, training={}, directory=tmp_path)
+    p = tmp_path / "tiny.pt"
+    data = bytearray(p.read_bytes())
+    data[-10] ^= 0xFF
+    p.write_bytes(bytes(data))
+    with pytest.raises(ChecksumMismatchError, match="sha256 mismatch"):
+        load_pretrained("tiny", directory=tmp_path)
+
+
+def test_unknown_name(tmp_path):
+    with pytest.raises(KeyError, match="no shipped checkpoint"):
+        load_pretrained("nope", directory=tmp_path)
+
+
+def test_shipped_registry_files_match_their_hashes():
+    reg = registry()
+    for name, entry in reg.items():
+        from capsule_lib.pretrained import CHECKPOINT_DIR
+
+        assert sha256_file(CHECKPOINT_DIR / entry["file"]) == entry["sha256"], name
+        assert (CHECKPOINT_DIR / entry["file"]).stat().st_size < 20_000_000, name
+        json.dumps(entry)
