@@ -22,7 +22,7 @@ from torch import nn
 
 from .training import History
 
-__all__ = ["CHECKPOINT_DIR", "ChecksumMismatchError", "registry", "sha256_file", "load_pretrained",
+__all__ = ["CHECKPOINT_DIR", "ChecksumMismatchError", "registry", "sha256_file", "load_pretrained", "export_run",
            "load_pretrained_history", "export_checkpoint", "build_model", "MODEL_BUILDERS"]
 
 CHECKPOINT_DIR = Path(__file__).resolve().parent / "checkpoints"
@@ -143,3 +143,56 @@ def export_checkpoint(model: nn.Module, name: str, kind: str, config: Any, *, me
     reg[name] = json.loads(json.dumps(entry, default=str))
     (d / "registry.json").write_text(json.dumps(reg, indent=1, sort_keys=True))
     return reg[name]
+
+
+def export_run(run_dir: str | os.PathLike, name: str, *, data_root: str | None = None, notes: str = "",
+               directory: str | os.PathLike | None = None, device: str = "cpu") -> dict[str, Any]:
+    """Export the best-validation weights of a :class:`~capsule_lib.training.Trainer` run directory.
+
+    The model is rebuilt from the run's ``history.json`` metadata, its weights are rounded to fp16 (what is
+    shipped), and the **rounded** model is evaluated on the validation and test splits of the run's dataset,
+    so the registry's metrics are those of the file readers load.
+    """
+    from .data import get_dataset
+    from .evaluation import accuracy, predict
+
+    run = Path(run_dir)
+    hist = History.from_dict(json.loads((run / "history.json").read_text()))
+    meta = hist.meta
+    kind = {"capsnet": "capsnet", "efficient": "efficient_capsnet", "baseline_cnn": "baseline_cnn"}[meta["recipe"]]
+    config = meta["config"]["model"]
+    model = build_model(kind, config)
+    best = torch.load(run / "best.pt", map_location="cpu", weights_only=False)
+    model.load_state_dict({k: v.half().float() if v.is_floating_point() else v for k, v in best["model"].items()})
+    model.to(device).eval()
+    metrics: dict[str, Any] = {"selected_epoch": best["epoch"], "selected_by": "val_acc"}
+    for split in ("val", "test"):
+        ds = get_dataset(meta["dataset"], data_root, split)
+        res = predict(model, ds.images, device=device)
+        metrics[f"{split}_acc"] = accuracy(res["scores"], ds.labels)
+        metrics[f"{split}_errors"] = int((res["scores"].argmax(1) != ds.labels).sum())
+        metrics[f"{split}_size"] = len(ds)
+    recs = hist.records
+    training = {"epochs": len(recs), "wall_time_s": recs[-1]["wall_time"] if recs else None,
+                "hardware": meta.get("hardware"), "device": meta.get("device"), "seed": meta.get("seed"),
+                "torch": meta.get("torch"), "train_images": meta.get("train_images"), "dataset": meta.get("dataset"),
+                "recipe": meta["config"]}
+    return export_checkpoint(model, name, kind, config, metrics=metrics, training=training, history=hist,
+                             notes=notes, directory=directory)
+
+
+def _main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    p = argparse.ArgumentParser(description="Export a training run as a shipped checkpoint (fp16 + registry entry).")
+    p.add_argument("run_dir")
+    p.add_argument("name")
+    p.add_argument("--data-root", default=None)
+    p.add_argument("--notes", default="")
+    a = p.parse_args(argv)
+    entry = export_run(a.run_dir, a.name, data_root=a.data_root, notes=a.notes)
+    print(json.dumps({k: entry[k] for k in ("file", "sha256", "metrics")}, indent=1))
+
+
+if __name__ == "__main__":
+    _main()

@@ -68,6 +68,7 @@ class CapsNetConfig:
     decoder: bool = True
     decoder_hidden: tuple[int, ...] = (512, 1024)
     mask_k: int = 1                # capsules kept for reconstruction at test time (2 for MultiMNIST)
+    primary_conv: str = "standard"  # "bf16_gemm": faster CPU training of the primary-capsule conv (bf16 numerics)
 
     @property
     def primary_grid(self) -> int:
@@ -97,7 +98,7 @@ class CapsNet(nn.Module):
         self.config = cfg
         self.conv1 = nn.Conv2d(cfg.in_channels, cfg.conv_channels, cfg.conv_kernel)
         self.primary = PrimaryCapsules(cfg.conv_channels, cfg.primary_types, cfg.primary_dim,
-                                       cfg.primary_kernel, cfg.primary_stride)
+                                       cfg.primary_kernel, cfg.primary_stride, conv=cfg.primary_conv)
         self.digits = DynamicRouting(cfg.n_primary, cfg.n_classes, cfg.primary_dim, cfg.class_dim,
                                      cfg.iterations, bias=cfg.routing_bias, leaky=cfg.leaky,
                                      coupling=cfg.coupling, init_std=cfg.init_std)
