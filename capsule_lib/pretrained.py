@@ -160,7 +160,9 @@ def export_run(run_dir: str | os.PathLike, name: str, *, data_root: str | None =
     hist = History.from_dict(json.loads((run / "history.json").read_text()))
     meta = hist.meta
     kind = {"capsnet": "capsnet", "efficient": "efficient_capsnet", "baseline_cnn": "baseline_cnn"}[meta["recipe"]]
-    config = meta["config"]["model"]
+    config = dict(meta["config"]["model"])
+    if config.get("primary_conv") == "bf16_gemm":  # a training-speed option; readers run the standard conv
+        config["primary_conv"] = "standard"
     model = build_model(kind, config)
     best = torch.load(run / "best.pt", map_location="cpu", weights_only=False)
     model.load_state_dict({k: v.half().float() if v.is_floating_point() else v for k, v in best["model"].items()})

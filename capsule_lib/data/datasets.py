@@ -235,12 +235,42 @@ def _cifar_from_npz(folder: Path, split: str) -> tuple[torch.Tensor, torch.Tenso
     return x, y, extra
 
 
+_CIFAR_BATCHES = {
+    10: ("cifar-10-batches-py", [f"data_batch_{k}" for k in range(1, 6)], ["test_batch"], b"labels"),
+    100: ("cifar-100-python", ["train"], ["test"], b"fine_labels"),
+}
+
+
+def _cifar_from_batches(folder: Path, split: str, n_classes: int) -> tuple[torch.Tensor, torch.Tensor, dict] | None:
+    """The python-pickle batches of the official archive (torchvision's layout, e.g.
+    ``cifar-10-batches-py/data_batch_1..5`` and ``test_batch``): ``data`` uint8 ``[N, 3072]`` (R, G, B
+    planes of 32x32) and ``labels`` (CIFAR-10) or ``fine_labels`` (CIFAR-100)."""
+    import pickle
+
+    sub, train, test, key = _CIFAR_BATCHES[n_classes]
+    files = [folder / sub / f for f in (test if split == "test" else train)]
+    if not all(f.exists() for f in files):
+        return None
+    xs, ys = [], []
+    for f in files:
+        with open(f, "rb") as fh:
+            d = pickle.load(fh, encoding="bytes")
+        data = np.asarray(d[b"data"], dtype=np.uint8)
+        if data.ndim != 2 or data.shape[1] != 3072:
+            raise ValueError(f"{f}: expected data of shape [N, 3072], got {data.shape}")
+        xs.append(data.reshape(-1, 3, 32, 32))
+        ys.append(np.asarray(d[key], dtype=np.int64))
+    return torch.from_numpy(np.concatenate(xs)), torch.from_numpy(np.concatenate(ys)), {}
+
+
 def _load_cifar(dataset: str, sub: str, cls_name: str, script: str, n_classes: int):
     def load(root: Path, split: str, download: bool, val_size: int = 5000, **_: Any) -> ImageDataset:
         _check_split(split)
         folder = root / sub
         part = "test" if split == "test" else "train"
         got = _cifar_from_npz(folder, part)
+        if got is None:
+            got = _cifar_from_batches(folder, part, n_classes)
         if got is None:
             try:
                 import torchvision.datasets as tvd
