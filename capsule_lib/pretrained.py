@@ -159,7 +159,8 @@ def export_run(run_dir: str | os.PathLike, name: str, *, data_root: str | None =
     run = Path(run_dir)
     hist = History.from_dict(json.loads((run / "history.json").read_text()))
     meta = hist.meta
-    kind = {"capsnet": "capsnet", "efficient": "efficient_capsnet", "baseline_cnn": "baseline_cnn"}[meta["recipe"]]
+    kind = {"capsnet": "capsnet", "efficient": "efficient_capsnet", "baseline_cnn": "baseline_cnn",
+            "efficient_multimnist": "efficient_capsnet"}[meta["recipe"]]
     config = dict(meta["config"]["model"])
     if config.get("primary_conv") == "bf16_gemm":  # a training-speed option; readers run the standard conv
         config["primary_conv"] = "standard"

@@ -23,7 +23,7 @@ from .losses import margin_loss, reconstruction_loss
 
 __all__ = [
     "seed_everything", "select_device", "TensorLoader", "StepOutput", "CapsuleObjective", "ClassifierObjective",
-    "History", "Trainer", "load_history",
+    "MultiDigitObjective", "History", "Trainer", "load_history", "time_training_step",
 ]
 
 
@@ -145,6 +145,68 @@ class CapsuleObjective:
             parts["recon"] = recon.item()
         correct = (out.lengths.argmax(1) == y).sum().item()
         return StepOutput(loss, parts, correct, y.shape[0])
+
+
+class MultiDigitObjective:
+    """Two-digit images (MultiMNIST): batches ``(x, labels [B, 2], source_a, source_b)``.
+
+    Margin loss against the two-hot target, plus ``recon_weight`` x the reconstruction error of **each**
+    digit decoded on its own from its capsule (the model must put per-digit decodes in
+    ``out.extra["reconstructions"] [B, 2, C, H, W]``, e.g. ``EfficientCapsNet`` with ``decode_separately``;
+    Efficient-CapsNet weights each 0.196 with ``recon_reduction="mean"``). ``correct`` counts images whose
+    two labels are the two longest capsules (Sabour et al.'s strict metric).
+    """
+
+    def __init__(self, recon_weight: float = 0.196, recon_reduction: str = "mean") -> None:
+        self.recon_weight, self.recon_reduction = recon_weight, recon_reduction
+
+    def __call__(self, model: nn.Module, batch: tuple[torch.Tensor, ...], train: bool) -> StepOutput:
+        x, y2, src_a, src_b = batch[:4]
+        out = model(x, y2)
+        target = torch.zeros_like(out.lengths, dtype=torch.float32).scatter_(1, y2.long(), 1.0)
+        margin = margin_loss(out.lengths, target)
+        parts = {"margin": margin.item()}
+        loss = margin
+        recons = out.extra.get("reconstructions")
+        if self.recon_weight > 0 and recons is not None:
+            ra = reconstruction_loss(recons[:, 0], src_a, self.recon_reduction)
+            rb = reconstruction_loss(recons[:, 1], src_b, self.recon_reduction)
+            loss = loss + self.recon_weight * (ra + rb)
+            parts["recon"] = (ra + rb).item() / 2
+        top2 = out.lengths.topk(2, dim=1).indices
+        both = (top2.sort(1).values == y2.long().sort(1).values).all(1)
+        return StepOutput(loss, parts, both.sum().item(), x.shape[0])
+
+
+def time_training_step(model: nn.Module, objective: Callable[..., StepOutput], batch: tuple[torch.Tensor, ...],
+                       optimizer: torch.optim.Optimizer | None = None, repeats: int = 3, warmup: int = 1) -> float:
+    """Median wall time (seconds) of one training step (forward, loss, backward, optimizer step) on ``batch``.
+
+    Works on a copy of the model's state and restores it afterwards, so the model is unchanged."""
+    import copy
+
+    state = copy.deepcopy(model.state_dict())
+    opt = optimizer or torch.optim.Adam(model.parameters(), 1e-4)
+    opt_state = copy.deepcopy(opt.state_dict())
+    device = next(model.parameters()).device
+    model.train()
+    times = []
+    for k in range(warmup + repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        out = objective(model, batch, True)
+        opt.zero_grad(set_to_none=True)
+        out.loss.backward()
+        opt.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if k >= warmup:
+            times.append(time.perf_counter() - t0)
+    model.load_state_dict(state)
+    opt.load_state_dict(opt_state)
+    model.eval()
+    return float(np.median(times))
 
 
 # -------------------------------------------------------------------------------------------- history

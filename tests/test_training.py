@@ -153,3 +153,63 @@ def test_bf16_autocast_training_step_is_finite(glyphs):
     trainer.amp = "bf16"
     rec = trainer.train_epoch(tl)
     assert torch.isfinite(torch.tensor(rec["train_loss"]))
+
+
+def test_multidigit_objective_and_multimnist_loader():
+    from capsule_lib.models.efficient import EfficientCapsNet, EfficientCapsNetConfig
+    from capsule_lib.recipes import MultiMNISTLoader
+    from capsule_lib.training import MultiDigitObjective
+
+    src = get_dataset("glyph_digits", split="train", n=200)
+    loader = MultiMNISTLoader(src, 64, 32, "efficient", seed=0)
+    loader.set_epoch(0)
+    x, y2, a, b = next(iter(loader))
+    assert x.shape == (32, 1, 36, 36) and y2.shape == (32, 2) and a.shape == b.shape == x.shape
+    assert torch.all(y2[:, 0] != y2[:, 1])  # partners of different classes
+    assert torch.allclose(x, (a + b).clamp(max=1.0), atol=1 / 255 + 1e-6)
+    loader.set_epoch(1)
+    x1 = next(iter(loader))[0]
+    assert not torch.equal(x, x1)  # fresh pairs every epoch
+    fixed = MultiMNISTLoader(src, 64, 32, "efficient", fresh=False, shuffle=False)
+    fixed.set_epoch(0)
+    f0 = next(iter(fixed))[0]
+    fixed.set_epoch(5)
+    assert torch.equal(f0, next(iter(fixed))[0])
+
+    torch.manual_seed(0)
+    model = EfficientCapsNet(EfficientCapsNetConfig.multimnist())
+    out = MultiDigitObjective()(model, (x, y2, a, b), True)
+    assert torch.isfinite(out.loss) and set(out.parts) == {"margin", "recon"}
+    assert 0 <= out.correct <= 32 and out.n == 32
+    out.loss.backward()
+
+
+def test_time_training_step_leaves_model_unchanged(glyphs):
+    from capsule_lib.training import time_training_step
+
+    tr, _ = glyphs
+    model = CapsNet(TINY)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    t = time_training_step(model, CapsuleObjective(), (tr.float_images()[:16], tr.labels[:16]), repeats=1)
+    assert t > 0
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+
+
+def test_recipes_smoke(tmp_path):
+    """Each recipe runs end to end on a few generated images and writes a resumable run directory."""
+    from capsule_lib.models.baselines import BaselineCNNConfig
+    from capsule_lib.recipes import (BaselineCNNRecipe, CapsNetRecipe, EfficientMultiMNISTRecipe, train_baseline_cnn,
+                                     train_capsnet, train_efficient_multimnist)
+
+    _, tr = train_capsnet(CapsNetRecipe(epochs=1, dataset="glyph_digits", train_subset=64, eval_subset=64,
+                                        device="cpu", model=TINY), tmp_path / "caps", progress=False, test=False)
+    assert (tmp_path / "caps" / "history.json").exists() and tr.history.meta["parameters"] > 0
+    _, tr = train_baseline_cnn(BaselineCNNRecipe(epochs=1, dataset="glyph_digits", train_subset=64, eval_subset=64,
+                                                 device="cpu", model=BaselineCNNConfig(channels=(4, 4, 4))),
+                               tmp_path / "cnn", progress=False, test=False)
+    assert tr.history.records[0]["val_acc"] >= 0
+    _, tr = train_efficient_multimnist(EfficientMultiMNISTRecipe(epochs=1, pairs_per_epoch=64, val_pairs=32,
+                                                                 device="cpu"),
+                                       tmp_path / "emm", progress=False, test=False, dataset="glyph_digits")
+    assert "both digits" in tr.history.meta["accuracy"]

@@ -68,8 +68,21 @@ def rasterize_polylines(points: torch.Tensor, segs: torch.Tensor, width: torch.T
     return img.view(-1, size, size)
 
 
+_CACHE: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+
+
 def glyph_digits(n: int = 10000, seed: int = 0, size: int = 28, chunk: int = 2000) -> tuple[torch.Tensor, torch.Tensor]:
-    """``n`` generated digits (balanced classes, shuffled): ``uint8 [n, 1, size, size]``, ``int64 [n]``."""
+    """``n`` generated digits (balanced classes, shuffled): ``uint8 [n, 1, size, size]``, ``int64 [n]``.
+
+    Deterministic in ``(n, seed, size)``; results are memoised (returned as fresh clones)."""
+    key = (n, seed, size)
+    if key not in _CACHE:
+        _CACHE[key] = _glyph_digits(n, seed, size, chunk)
+    x, y = _CACHE[key]
+    return x.clone(), y.clone()
+
+
+def _glyph_digits(n: int, seed: int, size: int, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     skel = [_segments(s) for s in digit_skeletons()]
     labels = torch.arange(n) % 10

@@ -18,6 +18,7 @@ __all__ = [
     "coupling_grid", "routing_contributions", "coupling_entropy", "plot_routing_step", "plot_routing_iterations",
     "plot_coupling_sharpening", "plot_reconstructions", "perturb_poses", "plot_perturbation",
     "plot_perturbation_grid", "plot_lengths", "plot_segmentation", "plot_image_grid", "to_numpy_image",
+    "plot_self_attention",
 ]
 
 
@@ -317,5 +318,42 @@ def plot_image_grid(images: torch.Tensor, titles: Sequence[str] | None = None, c
                 ax.set_title(titles[k], fontsize=8)
         else:
             ax.axis("off")
+    fig.tight_layout()
+    return fig
+
+
+def plot_self_attention(image: torch.Tensor, trace: RoutingTrace, sample: int, parent: int | None = None,
+                        classes: Sequence[str] | None = None) -> Figure:
+    """Self-attention routing (Mazzia et al. 2021) for one image: the attention matrix ``A_j = U_j U_j^T``
+    between the votes for class ``parent`` (default: the predicted class), the routing coefficients
+    ``softmax_j(rowsum(A_j)/sqrt(D))`` of every primary capsule over the classes, the same after adding the
+    learned log-prior bias, and the output lengths."""
+    v = trace.outputs[-1][sample].float()
+    lengths = capsule_lengths(v).numpy()
+    parent = int(lengths.argmax()) if parent is None else parent
+    names = list(classes) if classes is not None else [str(k) for k in range(len(lengths))]
+    attn = trace.extra["attention"][sample, parent].float().numpy()  # [I, I]
+    c = trace.coefficients[-1][sample].float().numpy()  # [I, J]
+    cb = trace.extra["coefficients_with_prior"][sample].float().numpy()  # [I, J]
+    fig, axes = plt.subplots(1, 5, figsize=(16, 3.4), gridspec_kw={"width_ratios": [1, 1.3, 1.3, 1.3, 1.3]})
+    axes[0].imshow(to_numpy_image(image), cmap="gray")
+    axes[0].set_title("input")
+    axes[0].set_xticks([])
+    axes[0].set_yticks([])
+    lim = float(np.abs(attn).max()) or 1.0
+    im = axes[1].imshow(attn, cmap="RdBu_r", vmin=-lim, vmax=lim)
+    axes[1].set_title(f"attention between votes for '{names[parent]}'", fontsize=9)
+    axes[1].set_xlabel("primary capsule k")
+    axes[1].set_ylabel("primary capsule i")
+    fig.colorbar(im, ax=axes[1], fraction=0.046)
+    for ax, mat, title in ((axes[2], c, "coupling c (softmax over classes)"),
+                           (axes[3], cb, "c + log-prior bias (used)")):
+        im = ax.imshow(mat, cmap="viridis", aspect="auto")
+        ax.set_title(title, fontsize=9)
+        ax.set_xticks(range(len(names)), names, fontsize=7)
+        ax.set_xlabel("class j")
+        ax.set_ylabel("primary capsule i")
+        fig.colorbar(im, ax=ax, fraction=0.046)
+    plot_lengths(axes[4], lengths, parent, classes)
     fig.tight_layout()
     return fig
