@@ -1,0 +1,48 @@
+# Capsule Networks, an interactive book. Two commands (see README.md):
+#   make book   create .venv if needed and build the HTML book into _build/html
+#   make test   unit tests, nbval, papermill, strict book build (.ci/make_test.sh)
+SHELL := /bin/bash
+.DEFAULT_GOAL := book
+
+PYTHON ?= python3
+VENV   := .venv
+STAMP  := $(VENV)/.capsule-installed
+
+# One data root for builds and tests: $CAPSULE_DATA if set, else ../shared/data if it exists, else ./data.
+ifeq ($(strip $(CAPSULE_DATA)),)
+CAPSULE_DATA := $(if $(wildcard ../shared/data/.),$(abspath ../shared/data),$(abspath data))
+endif
+export CAPSULE_DATA
+export PATH := $(abspath $(VENV))/bin:$(PATH)
+
+.PHONY: venv book test screenshots clean
+
+## venv: create .venv and install requirements.txt + capsule_lib (editable); redone when they change
+venv: $(STAMP)
+
+$(STAMP): requirements.txt pyproject.toml
+	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install -r requirements.txt
+	$(VENV)/bin/python -m pip install -e .
+	@touch $@
+
+## book: build the HTML book (chapters executed with TRAIN off, cached in _build/.jupyter_cache)
+book: $(STAMP)
+	@echo "make book: data root $(CAPSULE_DATA)"
+	$(VENV)/bin/python book/_tools/cache_guard.py
+	$(VENV)/bin/jupyter-book build .
+	@echo
+	@echo "Book built. Open: file://$(CURDIR)/_build/html/index.html"
+
+## test: pytest tests, nbval, papermill, book build with -W (see .ci/make_test.sh)
+test: $(STAMP)
+	@bash .ci/make_test.sh
+
+## screenshots: full-page screenshots of the built pages into _build/screenshots (headless chromium)
+screenshots: $(STAMP)
+	@test -f _build/html/index.html || $(MAKE) book
+	$(VENV)/bin/python book/_tools/screenshots.py --html _build/html --out _build/screenshots
+
+## clean: remove _build (keeps .venv)
+clean:
+	rm -rf _build

@@ -1,0 +1,119 @@
+"""Full-page screenshots of the built book with headless Chromium, plus an offline check.
+
+    .venv/bin/python book/_tools/screenshots.py [--html _build/html] [--out _build/screenshots] [page.html ...]
+
+For every page (default: every page under ``book/`` plus ``genindex.html``) it opens the ``file://`` URL in
+Debian's Chromium through Playwright, waits for MathJax and the widget renderer, saves
+``<out>/<page path with / -> __>.png`` and reports:
+
+* every request that left the machine (anything but ``file:``, ``data:``, ``blob:``, ``about:``),
+* math that MathJax did not typeset (raw ``\\(`` or ``$$`` left in ``.math`` elements),
+* widget views in the saved state that did not render, and JavaScript errors.
+
+Exits 1 if any page made a network request, left math untypeset or failed to render a widget.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+CHROMIUM = "/usr/bin/chromium"
+LOCAL_SCHEMES = ("file:", "data:", "blob:", "about:", "chrome-error:")
+
+_PROBE = """() => {
+  const math = Array.from(document.querySelectorAll('.math, span.math, div.math'));
+  const raw = math.filter(e => !e.querySelector('mjx-container') && /\\\\\\(|\\\\\\[|\\$\\$/.test(e.textContent)).length;
+  const typeset = document.querySelectorAll('mjx-container').length;
+  const views = document.querySelectorAll('script[type="application/vnd.jupyter.widget-view+json"]').length;
+  const rendered = document.querySelectorAll('.widget-subarea .jupyter-widgets, .widget-subarea .lm-Widget').length;
+  const imgs = Array.from(document.querySelectorAll('img')).filter(i => i.complete && i.naturalWidth > 0).length;
+  const brokenImgs = Array.from(document.querySelectorAll('img')).filter(i => i.complete && i.naturalWidth === 0).map(i => i.getAttribute('src'));
+  return {math: math.length, raw_math: raw, typeset, widget_views: views, widgets_rendered: rendered, images: imgs, broken_images: brokenImgs};
+}"""
+
+
+def default_pages(html: Path) -> list[Path]:
+    pages = sorted((html / "book").rglob("*.html"))
+    return pages + [p for p in (html / "genindex.html",) if p.exists()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--html", default="_build/html")
+    ap.add_argument("--out", default="_build/screenshots")
+    ap.add_argument("--width", type=int, default=1280)
+    ap.add_argument("--max-height", type=int, default=20000, help="crop taller pages (the API reference) here")
+    ap.add_argument("pages", nargs="*", help="pages relative to --html (default: all chapter pages)")
+    args = ap.parse_args(argv)
+
+    html, out = Path(args.html).resolve(), Path(args.out)
+    if not (html / "index.html").exists():
+        print(f"no built book at {html} (run `make book` first)", file=sys.stderr)
+        return 2
+    if not Path(CHROMIUM).exists():
+        print(f"{CHROMIUM} not found: install Debian's chromium (apt-get install -y chromium)", file=sys.stderr)
+        return 2
+    from playwright.sync_api import sync_playwright
+
+    pages = [html / p for p in args.pages] if args.pages else default_pages(html)
+    out.mkdir(parents=True, exist_ok=True)
+    failures: list[str] = []
+    report: dict[str, dict] = {}
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                     args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"])
+        try:
+            for page_path in pages:
+                rel = page_path.relative_to(html).as_posix()
+                ctx = browser.new_context(viewport={"width": args.width, "height": 900})
+                page = ctx.new_page()
+                remote: list[str] = []
+                errors: list[str] = []
+                page.on("request", lambda r, remote=remote: None if r.url.startswith(LOCAL_SCHEMES) else remote.append(r.url))
+                page.on("pageerror", lambda e, errors=errors: errors.append(str(e)))
+                page.goto(page_path.as_uri(), wait_until="load", timeout=60_000)
+                page.wait_for_function("() => !window.MathJax || !window.MathJax.startup || "
+                                       "window.MathJax.startup.promise !== undefined", timeout=30_000)
+                page.evaluate("() => window.MathJax && MathJax.startup && MathJax.startup.promise")
+                page.wait_for_timeout(1500)  # let the widget manager render saved widget state
+                info = page.evaluate(_PROBE)
+                info.update(remote_requests=remote, js_errors=errors)
+                shot = out / (rel.replace("/", "__").removesuffix(".html") + ".png")
+                height = page.evaluate("() => document.documentElement.scrollHeight")
+                clip = ({"x": 0, "y": 0, "width": args.width, "height": args.max_height}
+                        if height > args.max_height else None)
+                page.screenshot(path=str(shot), full_page=True, clip=clip)
+                info["height"], info["cropped"] = height, clip is not None
+                info["screenshot"] = str(shot)
+                report[rel] = info
+                problems = []
+                if remote:
+                    problems.append(f"network requests: {remote}")
+                if info["raw_math"]:
+                    problems.append(f"{info['raw_math']} math element(s) not typeset")
+                if info["widget_views"] and not info["widgets_rendered"]:
+                    problems.append(f"{info['widget_views']} widget view(s) in the page, none rendered")
+                if info["broken_images"]:
+                    problems.append(f"broken images: {info['broken_images']}")
+                status = "PROBLEM: " + "; ".join(problems) if problems else "ok"
+                print(f"{rel}: math {info['typeset']}/{info['math']} typeset, images {info['images']}, widgets "
+                      f"{info['widgets_rendered']} rendered of {info['widget_views']} views, "
+                      f"{len(errors)} JS error(s) -> {shot} [{status}]")
+                for e in errors:
+                    print(f"    JS error: {e[:300]}")
+                failures += [f"{rel}: {p}" for p in problems]
+                ctx.close()
+        finally:
+            browser.close()
+    (out / "report.json").write_text(json.dumps(report, indent=1))
+    if failures:
+        print("screenshots: problems found:\n  " + "\n  ".join(failures), file=sys.stderr)
+        return 1
+    print(f"screenshots: {len(pages)} page(s) in {out}, no network requests, all math typeset")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

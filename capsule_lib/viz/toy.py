@@ -1,0 +1,258 @@
+"""Toy 2-D routing problems and their figures (the primer chapter).
+
+:func:`toy_votes` builds votes ``[B, n_inp, n_out, 2]`` where groups of children agree on one parent each
+and a few outliers agree with nobody. The figures consume a :class:`~capsule_lib.routing.RoutingTrace`
+recorded once (``return_routing=True``); they never re-run routing. Iterations are 1-based: panel ``t``
+shows the coefficients used in iteration ``t`` and the parents they produced.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+from ..functional import capsule_lengths
+from ..routing.dynamic import dynamic_routing
+from ..routing.trace import RoutingTrace
+from .plots import _np, _unit_circle
+
+__all__ = ["ToyVotes", "toy_votes", "draw_routing_panel", "plot_routing_state", "plot_routing_iterations",
+           "routing_readout", "group_shares", "outlier_sweep", "plot_outlier_sweep"]
+
+PARENT_NAMES = "ABCDEFGH"
+_GROUP_COLORS = ["tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink"]
+_OUTLIER_COLOR = "0.45"
+
+
+@dataclass
+class ToyVotes:
+    """Votes of a toy routing problem.
+
+    ``votes``: ``[B, n_inp, n_out, 2]``, the vote of child ``i`` for parent ``j``.
+    ``group``: ``[n_inp]``, the parent each child agrees on (``-1`` for outliers).
+    ``centers``: ``[n_out, 2]``, the pose each group of children agrees on.
+    """
+
+    votes: torch.Tensor
+    group: torch.Tensor
+    centers: torch.Tensor
+
+    @property
+    def n_children(self) -> int:
+        return self.votes.shape[1]
+
+    @property
+    def n_parents(self) -> int:
+        return self.votes.shape[2]
+
+    def parent_names(self) -> list[str]:
+        return list(PARENT_NAMES[: self.n_parents])
+
+    def child_labels(self) -> list[str]:
+        """``"A1"``, ``"A2"``, ... for group members, ``"o1"``, ... for outliers."""
+        counts: dict[int, int] = {}
+        out = []
+        for g in self.group.tolist():
+            counts[g] = counts.get(g, 0) + 1
+            out.append(f"{PARENT_NAMES[g] if g >= 0 else 'o'}{counts[g]}")
+        return out
+
+
+def toy_votes(groups: Sequence[int] = (5, 3), n_outliers: int = 2, spread: float = 0.12,
+              length: float = 0.9, outlier_length: tuple[float, float] = (0.3, 1.1), batch: int = 1,
+              seed: int = 0) -> ToyVotes:
+    """Votes from ``sum(groups) + n_outliers`` children for ``len(groups)`` parents.
+
+    The ``groups[j]`` children of group ``j`` vote for parent ``j`` near a common pose (a vector of length
+    ``length`` at angle ``2*pi*j/len(groups) + 0.5``), with Gaussian noise ``spread``; all their other
+    votes, and every vote of an outlier, point in uniformly random directions with lengths uniform in
+    ``outlier_length``. Deterministic for a given ``seed``; ``batch`` independent draws share the groups.
+    """
+    if len(groups) < 1 or any(g < 0 for g in groups) or n_outliers < 0:
+        raise ValueError(f"groups must be non-negative sizes (at least one) and n_outliers >= 0, got {groups}, "
+                         f"{n_outliers}")
+    n_out = len(groups)
+    n_inp = sum(groups) + n_outliers
+    if n_inp < 1:
+        raise ValueError("at least one child is needed")
+    g = torch.Generator().manual_seed(seed)
+    group = torch.tensor([j for j, k in enumerate(groups) for _ in range(k)] + [-1] * n_outliers)  # [I]
+    angles = torch.arange(n_out, dtype=torch.float32) * (2 * np.pi / n_out) + 0.5
+    centers = length * torch.stack([angles.cos(), angles.sin()], dim=-1)  # [J, 2]
+    lo, hi = outlier_length
+    theta = torch.rand(batch, n_inp, n_out, generator=g) * (2 * np.pi)
+    radius = lo + (hi - lo) * torch.rand(batch, n_inp, n_out, generator=g)
+    votes = radius.unsqueeze(-1) * torch.stack([theta.cos(), theta.sin()], dim=-1)  # [B, I, J, 2] scattered
+    noise = spread * torch.randn(batch, n_inp, 2, generator=g)  # [B, I, 2]
+    for j in range(n_out):  # loop over parents (2-3), not over capsules
+        members = group == j  # [I]
+        votes[:, members, j] = centers[j] + noise[:, members]
+    return ToyVotes(votes, group, centers)
+
+
+def group_shares(toy: ToyVotes, trace: RoutingTrace, t: int, sample: int = 0) -> np.ndarray:
+    """Mean coefficient each group of children sends to each parent in iteration ``t``:
+    ``[n_groups (+1 row for outliers, if any), n_out]``; rows follow ``toy.group`` values 0, 1, ..., -1."""
+    c = _np(trace.coefficients[t - 1][sample])  # [I, J]
+    grp = toy.group.numpy()
+    keys = sorted(k for k in set(grp.tolist()) if k >= 0) + ([-1] if (grp < 0).any() else [])
+    return np.stack([c[grp == k].mean(axis=0) for k in keys])
+
+
+def _check_t(trace: RoutingTrace, t: int) -> None:
+    if not 1 <= t <= trace.n_iters:
+        raise ValueError(f"iteration {t} out of range 1..{trace.n_iters}")
+
+
+def draw_routing_panel(ax: Axes, toy: ToyVotes, trace: RoutingTrace, t: int, j: int, sample: int = 0,
+                       label_parent: bool = True) -> None:
+    """One parent ``j`` in iteration ``t``: its votes (dot size and opacity = coefficient ``c_ij``,
+    colour = the child's group, grey = outlier) and the parent capsule ``v_j`` (black arrow).
+
+    The title gives the iteration and ``|v_j|``; ``label_parent`` names the parent on the y axis.
+    """
+    _check_t(trace, t)
+    u = _np(toy.votes[sample, :, j])  # [I, 2]
+    c = _np(trace.coefficients[t - 1][sample, :, j])  # [I]
+    v = _np(trace.outputs[t - 1][sample, j])  # [2]
+    _unit_circle(ax)
+    colors = [(_GROUP_COLORS[g % len(_GROUP_COLORS)] if g >= 0 else _OUTLIER_COLOR) for g in toy.group.tolist()]
+    for k in range(u.shape[0]):
+        ax.scatter(u[k, 0], u[k, 1], s=15 + 200 * c[k], color=colors[k], alpha=0.25 + 0.75 * float(c[k]),
+                   edgecolors="none", zorder=2)
+    ax.annotate("", xy=(v[0], v[1]), xytext=(0, 0),
+                arrowprops=dict(arrowstyle="-|>", color="black", lw=2.0), zorder=3)
+    name = PARENT_NAMES[j]
+    ax.set_title(f"iteration {t}: $|v_{name}|$ = {np.hypot(*v):.2f}", fontsize="medium")
+    if label_parent:
+        ax.set_ylabel(f"parent {name}", fontsize="medium")
+    ax.set(xlim=(-1.3, 1.3), ylim=(-1.3, 1.3), aspect="equal", xticks=[-1, 0, 1], yticks=[-1, 0, 1])
+    ax.tick_params(labelsize="small")
+
+
+def _group_legend(fig: Figure, toy: ToyVotes) -> None:
+    from matplotlib.lines import Line2D
+
+    keys = sorted(k for k in set(toy.group.tolist()) if k >= 0)
+    handles = [Line2D([], [], ls="", marker="o", color=_GROUP_COLORS[k % len(_GROUP_COLORS)],
+                      label=f"votes of group {PARENT_NAMES[k]}") for k in keys]
+    if (toy.group < 0).any():
+        handles.append(Line2D([], [], ls="", marker="o", color=_OUTLIER_COLOR, label="votes of outliers"))
+    handles.append(Line2D([], [], color="black", lw=2, label="parent capsule $v_j$"))
+    fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 2), fontsize="small")
+
+
+def _draw_shares(ax: Axes, toy: ToyVotes, trace: RoutingTrace, t: int, sample: int) -> None:
+    c = _np(trace.coefficients[t - 1][sample])  # [I, J]
+    labels = toy.child_labels()
+    bottom = np.zeros(c.shape[0])
+    for j in range(c.shape[1]):
+        ax.bar(range(c.shape[0]), c[:, j], bottom=bottom, color=_GROUP_COLORS[j % len(_GROUP_COLORS)],
+               label=f"to {PARENT_NAMES[j]}", width=0.8)
+        bottom += c[:, j]
+    ax.set_xticks(range(c.shape[0]), labels, fontsize="x-small")
+    ax.set(ylim=(0, 1.18), yticks=np.linspace(0, 1, 6), ylabel=r"$c_{ij}$",
+           title=f"coefficients used in iteration {t}")
+    ax.title.set_fontsize("small")
+    ax.grid(False)
+    ax.legend(fontsize="x-small", loc="upper right", ncol=c.shape[1])
+
+
+def plot_routing_state(toy: ToyVotes, trace: RoutingTrace, t: int, sample: int = 0) -> Figure:
+    """The state of routing in iteration ``t``: one panel per parent plus each child's coefficients.
+
+    The static twin of :func:`capsule_lib.viz.widgets.routing_explorer` (the slider sets ``t``).
+    """
+    _check_t(trace, t)
+    J = toy.n_parents
+    fig, axes = plt.subplots(1, J + 1, figsize=(3.2 * J + 4.0, 3.6), constrained_layout=True,
+                             gridspec_kw={"width_ratios": [1] * J + [1.3]})
+    for j in range(J):
+        draw_routing_panel(axes[j], toy, trace, t, j, sample)
+    _draw_shares(axes[J], toy, trace, t, sample)
+    _group_legend(fig, toy)
+    return fig
+
+
+def plot_routing_iterations(toy: ToyVotes, trace: RoutingTrace, iterations: Sequence[int] | None = None,
+                            sample: int = 0) -> Figure:
+    """All requested iterations side by side: rows = parents, columns = iterations (default: all).
+
+    Each panel is the one :func:`plot_routing_state` draws for that iteration and parent.
+    """
+    its = list(iterations) if iterations is not None else list(range(1, trace.n_iters + 1))
+    for t in its:
+        _check_t(trace, t)
+    J = toy.n_parents
+    fig, axes = plt.subplots(J, len(its), figsize=(0.4 + 2.3 * len(its), 0.5 + 2.3 * J), squeeze=False,
+                             constrained_layout=True)
+    for col, t in enumerate(its):
+        for j in range(J):
+            draw_routing_panel(axes[j][col], toy, trace, t, j, sample, label_parent=col == 0)
+    _group_legend(fig, toy)
+    return fig
+
+
+def routing_readout(toy: ToyVotes, trace: RoutingTrace, t: int, sample: int = 0) -> str:
+    """One short line for iteration ``t``: parent lengths and the share each group sends to its parent,
+    ``"iteration <t>: |v_A|=<length> |v_B|=...; A→A <share>%, B→B ...; outliers→A/B <shares>%"``."""
+    _check_t(trace, t)
+    v = trace.outputs[t - 1][sample]  # [J, 2]
+    lengths = torch.linalg.vector_norm(v.float(), dim=-1).tolist()
+    names = toy.parent_names()
+    head = f"iteration {t}: " + " ".join(f"|v_{n}|={x:.2f}" for n, x in zip(names, lengths))
+    shares = group_shares(toy, trace, t, sample)
+    keys = sorted(k for k in set(toy.group.tolist()) if k >= 0)
+    parts = [head, ", ".join(f"{names[k]}→{names[k]} {100 * shares[row, k]:.0f}%" for row, k in enumerate(keys))]
+    if (toy.group < 0).any():
+        parts.append(f"outliers→{'/'.join(names)} " + "/".join(f"{100 * x:.0f}" for x in shares[-1]) + "%")
+    return "; ".join(p for p in parts if p)
+
+
+def outlier_sweep(n_outliers: Sequence[int] = tuple(range(0, 13, 2)), group: int = 4,
+                  iterations: Sequence[int] = (1, 3), problems: int = 500, seed: int = 0,
+                  progress: bool = True) -> dict[str, np.ndarray]:
+    """Mean parent lengths when one group of ``group`` children agrees on parent A, nobody agrees on B,
+    and ``m`` outliers vote at random, for each ``m`` in ``n_outliers``.
+
+    For every ``m``, ``problems`` random problems (one batch) are routed with plain and leaky dynamic
+    routing for each number of ``iterations``. Returns ``{"n_outliers": [M], "iterations": [T],
+    "leaky": [2], "lengths": [M, 2 (plain, leaky), T, 2 (A, B)]}``. Shows a ``tqdm.auto`` bar if
+    ``progress``.
+    """
+    from tqdm.auto import tqdm
+
+    ms, its = list(n_outliers), list(iterations)
+    out = np.zeros((len(ms), 2, len(its), 2))
+    for a, m in enumerate(tqdm(ms, desc="outlier counts", disable=not progress)):
+        toy = toy_votes(groups=(group, 0), n_outliers=m, batch=problems, seed=seed + m)
+        for b, leaky in enumerate((False, True)):
+            for k, T in enumerate(its):
+                v = dynamic_routing(toy.votes, T, leaky=leaky)  # [P, 2, 2]
+                out[a, b, k] = _np(capsule_lengths(v).mean(dim=0))  # [2]
+    return {"n_outliers": np.array(ms), "iterations": np.array(its), "leaky": np.array([False, True]),
+            "lengths": out}
+
+
+def plot_outlier_sweep(sweep: dict[str, np.ndarray]) -> Figure:
+    """Two panels (plain / leaky routing): mean length of parent A (agreed on) and parent B (agreed on by
+    nobody) against the number of outliers, one line style per number of iterations."""
+    fig, axes = plt.subplots(1, 2, figsize=(7.0, 3.6), sharey=True, constrained_layout=True)
+    styles = ["-o", "--s", ":^", "-.v"]
+    for b, (ax, name) in enumerate(zip(axes, ("plain routing", "leaky routing"))):
+        for k, T in enumerate(sweep["iterations"]):
+            st = styles[k % len(styles)]
+            ax.plot(sweep["n_outliers"], sweep["lengths"][:, b, k, 0], st, color=_GROUP_COLORS[0], ms=4,
+                    label=f"$|v_A|$, {T} it.")
+            ax.plot(sweep["n_outliers"], sweep["lengths"][:, b, k, 1], st, color=_GROUP_COLORS[1], ms=4,
+                    label=f"$|v_B|$, {T} it.")
+        ax.set(title=name, xlabel="number of outliers", ylim=(0, 1))
+    axes[0].set_ylabel("mean parent length")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=len(labels), fontsize="small")
+    return fig

@@ -1,0 +1,293 @@
+"""The book's structure and conventions: clean notebooks, chapter conventions, table of contents, citations,
+offline configuration, and the helpers of the build (cache guard, offline check)."""
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+BOOK = REPO / "book"
+def _pages(pattern: str) -> list[Path]:
+    """Book pages: files under book/ except checkpoints and the build assets in book/_* folders."""
+    return sorted(p for p in BOOK.rglob(pattern)
+                  if ".ipynb_checkpoints" not in p.parts and not any(part.startswith("_") for part in
+                                                                      p.relative_to(BOOK).parts[:-1]))
+
+
+NOTEBOOKS = _pages("*.ipynb")
+MARKDOWN = _pages("*.md")
+CONFIG = yaml.safe_load((REPO / "_config.yml").read_text())
+TOC = yaml.safe_load((REPO / "_toc.yml").read_text())
+PARAMETERS = {"SMOKE": bool, "TRAIN": bool, "EPOCHS": int, "DEVICE": str, "DATA_ROOT": str}
+REQUIRED_BIB = ["sabour2017dynamic", "hinton2018matrix", "heinsen2019algorithm", "heinsen2022algorithm",
+                "tsai2020capsules", "mazzia2021efficient", "lecun1998gradient", "lecun1998mnist", "krizhevsky2009learning",
+                "lecun2004learning", "tieleman2013affnist", "socher2013recursive", "he2016deep", "kingma2015adam",
+                "zhang2018mixup", "liu2020variance"]
+
+
+def nb_json(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def src(cell: dict) -> str:
+    s = cell.get("source", "")
+    return "".join(s) if isinstance(s, list) else s
+
+
+def tags(cell: dict) -> list[str]:
+    return list(cell.get("metadata", {}).get("tags", []))
+
+
+def code_cells(nb: dict) -> list[dict]:
+    return [c for c in nb["cells"] if c["cell_type"] == "code"]
+
+
+def python_of(cell: dict) -> str:
+    """The cell's source with IPython magics/shell lines blanked, so it parses as Python."""
+    return "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in src(cell).splitlines())
+
+
+def nb_id(p: Path) -> str:
+    return p.relative_to(REPO).as_posix()
+
+
+def test_there_are_chapters():
+    assert NOTEBOOKS, "no notebooks under book/"
+
+
+# ------------------------------------------------------------------------------------- clean notebooks
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=nb_id)
+def test_notebook_is_committed_without_outputs(path):
+    nb = nb_json(path)
+    dirty = [i for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code"
+             and (c.get("outputs") or c.get("execution_count") is not None)]
+    assert not dirty, (f"{nb_id(path)}: code cells {dirty} have outputs or execution counts; notebooks are "
+                       f"committed clean (the book executes them). Clear them, e.g. "
+                       f"`jupyter nbconvert --clear-output --inplace {nb_id(path)}`")
+    assert "widgets" not in nb.get("metadata", {}), f"{nb_id(path)}: saved widget state in the metadata"
+
+
+# --------------------------------------------------------------------------------- chapter conventions
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=nb_id)
+def test_notebook_conventions(path):
+    nb = nb_json(path)
+    name = nb_id(path)
+    assert nb["metadata"].get("kernelspec", {}).get("name") == "python3", f"{name}: kernelspec python3 missing"
+    cells = code_cells(nb)
+    assert cells, f"{name}: no code cells"
+
+    first = src(cells[0])
+    assert '"google.colab" in sys.modules' in first and "pip" in first, \
+        f"{name}: the first code cell must install capsule_lib in Colab only"
+
+    params = [i for i, c in enumerate(cells) if "parameters" in tags(c)]
+    assert len(params) == 1, f"{name}: expected exactly one cell tagged 'parameters', found {len(params)}"
+    p = params[0]
+    found: dict[str, object] = {}
+    for stmt in ast.parse(src(cells[p])).body:
+        assert isinstance(stmt, (ast.Assign, ast.AnnAssign)), \
+            f"{name}: the parameters cell may only assign plain literals (papermill), found {ast.dump(stmt)[:80]}"
+        target = stmt.targets[0] if isinstance(stmt, ast.Assign) else stmt.target
+        assert isinstance(target, ast.Name) and isinstance(stmt.value, ast.Constant), \
+            f"{name}: parameters must be `NAME = <literal>` (papermill cannot parse expressions)"
+        found[target.id] = stmt.value.value
+    for key, typ in PARAMETERS.items():
+        assert key in found, f"{name}: parameter {key} missing from the parameters cell"
+        assert type(found[key]) is typ, f"{name}: parameter {key} should be a {typ.__name__} literal"
+    assert p + 1 < len(cells) and re.search(r"settings\(\s*SMOKE,\s*TRAIN,\s*EPOCHS,\s*DEVICE,\s*DATA_ROOT",
+                                             src(cells[p + 1])), \
+        f"{name}: the cell after the parameters must call settings(SMOKE, TRAIN, EPOCHS, DEVICE, DATA_ROOT)"
+
+    for i, cell in enumerate(cells):
+        code = python_of(cell)
+        tree = ast.parse(code)
+        for node in ast.walk(tree):
+            assert not isinstance(node, ast.ClassDef), \
+                f"{name}, code cell {i}: defines class {node.name}; layers/models belong in capsule_lib"
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                assert node.name != "forward", f"{name}, code cell {i}: defines forward(); belongs in capsule_lib"
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                assert node.func.attr not in ("backward", "zero_grad"), \
+                    f"{name}, code cell {i}: calls .{node.func.attr}(); training loops belong in capsule_lib"
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                for m in mods:
+                    assert m.split(".")[0] not in ("plotly", "bokeh", "altair", "seaborn"), \
+                        f"{name}: figures are drawn with matplotlib (found import {m})"
+                    if m.split(".")[0] == "tqdm":
+                        assert m == "tqdm.auto", f"{name}: progress bars come from tqdm.auto (found {m})"
+
+
+# ---------------------------------------------------------------------------------- table of contents
+def toc_files() -> list[str]:
+    files = [TOC["root"]]
+
+    def walk(entries):
+        for e in entries or []:
+            if "file" in e:
+                files.append(e["file"])
+            walk(e.get("sections"))
+            walk(e.get("chapters"))
+
+    for part in TOC.get("parts", []):
+        assert part.get("chapters"), f"_toc.yml: part {part.get('caption')!r} is empty; omit empty parts"
+        walk(part["chapters"])
+    walk(TOC.get("chapters"))
+    return files
+
+
+def test_toc_entries_exist_and_every_page_is_listed():
+    listed = toc_files()
+    assert len(listed) == len(set(listed)), "_toc.yml lists a file twice"
+    for f in listed:
+        assert any((REPO / f).with_suffix(s).exists() for s in (".md", ".ipynb")), f"_toc.yml: {f} does not exist"
+    pages = {p.relative_to(REPO).with_suffix("").as_posix() for p in NOTEBOOKS + MARKDOWN}
+    missing = sorted(pages - set(listed))
+    assert not missing, f"pages under book/ not in _toc.yml (add them, or delete them): {missing}"
+
+
+def test_toc_parts_are_known():
+    allowed = ["Introduction", "Foundations", "Routing algorithms", "Comparison", "Appendix"]
+    captions = [p["caption"] for p in TOC.get("parts", [])]
+    assert all(c in allowed for c in captions), captions
+    assert captions == sorted(captions, key=allowed.index), f"parts out of order: {captions}"
+
+
+# ---------------------------------------------------------------------------------------- citations
+def bib_keys() -> set[str]:
+    return set(re.findall(r"@\w+\{([^,\s]+),", (REPO / "references.bib").read_text()))
+
+
+def cited_keys() -> set[str]:
+    texts = [p.read_text() for p in MARKDOWN]
+    for p in NOTEBOOKS:
+        texts += [src(c) for c in nb_json(p)["cells"] if c["cell_type"] == "markdown"]
+    keys: set[str] = set()
+    for t in texts:
+        for group in re.findall(r"\{cite(?::[a-z]+)?\}`([^`]+)`", t):
+            keys.update(k.strip() for k in group.split(","))
+    return keys
+
+
+def test_every_citation_is_in_references_bib():
+    unknown = sorted(cited_keys() - bib_keys())
+    assert not unknown, f"cited but not in references.bib: {unknown}"
+
+
+def test_references_bib_has_every_paper_of_the_book():
+    missing = [k for k in REQUIRED_BIB if k not in bib_keys()]
+    assert not missing, f"references.bib lacks {missing}"
+
+
+# ------------------------------------------------------------------------------------------- config
+def test_config_serves_everything_locally():
+    sphinx = CONFIG["sphinx"]["config"]
+    assert sphinx["html_static_path"] == ["book/_vendor"]
+    assert not (REPO / "_static").exists(), "a top-level _static/ is injected into every page by JB1; use book/_vendor/"
+    assert (REPO / "book" / "_vendor" / sphinx["mathjax_path"]).is_file(), "vendored MathJax missing"
+    for sub in ("output/chtml/fonts/woff-v2", "input/tex/extensions", "a11y", "ui"):
+        assert (REPO / "book" / "_vendor" / "mathjax" / sub).is_dir(), f"MathJax component {sub} missing"
+    for path, attrs in sphinx["nb_ipywidgets_js"].items():
+        assert not re.match(r"^(https?:)?//", path), f"nb_ipywidgets_js loads {path} from the network"
+        assert (REPO / "book" / "_vendor" / path).is_file(), f"vendored {path} missing"
+        for v in (attrs or {}).values():
+            assert not re.match(r"^(https?:)?//", str(v)), f"nb_ipywidgets_js attribute points at {v}"
+    assert "offline_book" in CONFIG["sphinx"]["local_extensions"]
+
+
+def test_config_execution_and_metadata():
+    ex = CONFIG["execute"]
+    assert ex["execute_notebooks"] == "cache" and ex["allow_errors"] is False and ex["timeout"] >= 600
+    assert CONFIG["only_build_toc_files"] is True
+    assert CONFIG["title"] == "Capsule Networks, an interactive book" and CONFIG["author"] and CONFIG["copyright"]
+    assert CONFIG["launch_buttons"]["colab_url"] and CONFIG["launch_buttons"]["binderhub_url"]
+    assert CONFIG["repository"]["url"].startswith("https://github.com/")
+    assert CONFIG["html"]["use_repository_button"] is True
+    assert all((REPO / f).is_file() for f in CONFIG["bibtex_bibfiles"])
+    for ext in ("sphinx.ext.autodoc", "sphinx.ext.napoleon"):
+        assert ext in CONFIG["sphinx"]["extra_extensions"]
+
+
+def test_project_files():
+    readme = (REPO / "README.md").read_text().splitlines()
+    head = "\n".join(readme[:15])
+    assert "make book" in head and "make test" in head, "README.md must start with the two commands"
+    assert "MIT" in (REPO / "LICENSE").read_text()
+    cff = yaml.safe_load((REPO / "CITATION.cff").read_text())
+    assert cff["cff-version"] == "1.2.0" and cff["title"] and cff["authors"]
+    ci = REPO / ".ci" / "run"
+    assert os.access(ci, os.X_OK) and re.search(r"^make test$", ci.read_text(), re.M)
+
+
+# ------------------------------------------------------------------------------------ build helpers
+def _load(path: Path, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_offline_check_finds_network_resources(tmp_path):
+    mod = _load(REPO / "book" / "_ext" / "offline_book.py", "offline_book")
+    (tmp_path / "ok.html").write_text(
+        '<script src="_static/a.js"></script><a href="https://example.org">link</a>'
+        '<script type="application/vnd.jupyter.widget-state+json">{"u": "https://cdn.jsdelivr.net/x"}</script>')
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "bad.html").write_text(
+        '<script src="https://cdn.jsdelivr.net/npm/x.js"></script>'
+        '<link rel="stylesheet" href="//fonts.googleapis.com/css">'
+        '<script>const THEBE_JS_URL = "https://unpkg.com/thebe@0.8.2/lib/index.js"</script>'
+        '<script data-jupyter-widgets-cdn="https://cdn.jsdelivr.net/npm/" src="_static/w.js"></script>')
+    found = mod.network_findings(tmp_path)
+    assert list(found) == ["sub/bad.html"]
+    assert len(found["sub/bad.html"]) == 4
+
+
+def test_cache_guard_clears_the_cache_when_code_or_environment_change(tmp_path, monkeypatch):
+    mod = _load(REPO / "book" / "_tools" / "cache_guard.py", "cache_guard")
+    repo = tmp_path / "repo"
+    (repo / "capsule_lib").mkdir(parents=True)
+    (repo / "capsule_lib" / "a.py").write_text("x = 1\n")
+    (repo / "requirements.txt").write_text("torch\n")
+    (repo / "pyproject.toml").write_text("[project]\n")
+    monkeypatch.setattr(mod, "REPO", repo)
+    monkeypatch.delenv("CAPSULE_OFFLINE", raising=False)
+    build = tmp_path / "_build"
+    cache = build / ".jupyter_cache"
+
+    def run():
+        for d in (cache, build / ".doctrees"):
+            d.mkdir(parents=True, exist_ok=True)
+            (d / "marker").write_text("cached")
+        mod.main(["--build", str(build)])
+        kept = [(d / "marker").exists() for d in (cache, build / ".doctrees")]
+        assert kept[0] == kept[1], "the execution cache and Sphinx's environment must be cleared together"
+        return kept[0]
+
+    run()  # first run: no key yet
+    assert run() is True  # nothing changed: cache kept
+    (repo / "capsule_lib" / "a.py").write_text("x = 2\n")
+    assert run() is False  # library changed: cache cleared
+    assert run() is True
+    monkeypatch.setenv("CAPSULE_OFFLINE", "1")
+    assert run() is False  # environment changed: cache cleared
+
+
+def test_api_docstring_fields_are_normalised():
+    mod = _load(REPO / "book" / "_ext" / "capsule_api.py", "capsule_api")
+    doc = ["Route votes.", "", "Parameters", "----------", "votes: the votes ``[B, I, J, E]``.",
+           "iterations: how many", "    iterations (>= 1).", "x : int", "    NumPy style, kept.", "",
+           "Nothing is detached.", "", "Returns", "-------", "out: kept as is outside parameter sections."]
+    assert mod.normalize_fields(doc) == [
+        "Route votes.", "", "Nothing is detached.", "", "Parameters", "----------", "votes",
+        "    the votes ``[B, I, J, E]``.", "iterations", "    how many", "    iterations (>= 1).", "x : int",
+        "    NumPy style, kept.", "", "Returns", "-------", "out: kept as is outside parameter sections."]

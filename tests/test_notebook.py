@@ -1,0 +1,136 @@
+"""capsule_lib.notebook: the settings every chapter applies in its first cells."""
+from pathlib import Path
+
+import pytest
+import torch
+
+from capsule_lib.data import DatasetUnavailableError
+from capsule_lib.notebook import Settings, chapter_dataset, default_data_root, env_flag, in_colab, settings
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch):
+    for k in ("CAPSULE_SMOKE", "CAPSULE_OFFLINE", "CAPSULE_DATA"):
+        monkeypatch.delenv(k, raising=False)
+
+
+def test_env_flag(monkeypatch):
+    for value, expected in [("1", True), ("true", True), ("Yes", True), ("on", True), ("0", False), ("", False)]:
+        monkeypatch.setenv("CAPSULE_X", value)
+        assert env_flag("CAPSULE_X") is expected
+    monkeypatch.delenv("CAPSULE_X")
+    assert env_flag("CAPSULE_X") is False
+
+
+def test_defaults_and_banner(capsys, tmp_path):
+    cfg = settings(DATA_ROOT=str(tmp_path))
+    assert isinstance(cfg, Settings)
+    assert (cfg.smoke, cfg.train, cfg.epochs, cfg.offline, cfg.seed) == (False, False, 1, False, 0)
+    assert cfg.device == torch.device("cpu") or cfg.device.type in ("cuda", "mps")
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out == [cfg.banner()]
+    assert "full run" in out[0] and "TRAIN off" in out[0] and str(tmp_path) in out[0]
+
+
+def test_smoke_from_environment_caps_epochs(monkeypatch, capsys):
+    monkeypatch.setenv("CAPSULE_SMOKE", "1")
+    cfg = settings(SMOKE=False, TRAIN=True, EPOCHS=15, quiet=True)
+    assert cfg.smoke and cfg.train and cfg.epochs == 1
+    assert "SMOKE run" in cfg.banner() and "TRAIN on (1 epoch)" in cfg.banner()
+    assert capsys.readouterr().out == ""  # quiet
+    assert settings(SMOKE=True, EPOCHS=15, smoke_epochs=2, quiet=True).epochs == 2
+
+
+def test_full_mode_keeps_epochs():
+    cfg = settings(TRAIN=True, EPOCHS=15, quiet=True)
+    assert not cfg.smoke and cfg.epochs == 15 and "15 epochs" in cfg.banner()
+
+
+def test_bad_epochs():
+    with pytest.raises(ValueError, match="EPOCHS"):
+        settings(EPOCHS=0, quiet=True)
+
+
+def test_data_root_precedence(monkeypatch, tmp_path):
+    import os
+
+    env_root = tmp_path / "env"
+    monkeypatch.setenv("CAPSULE_DATA", str(env_root))
+    assert settings(quiet=True).data_root == env_root.resolve()  # "" -> $CAPSULE_DATA
+    param = tmp_path / "param"
+    cfg = settings(DATA_ROOT=str(param), quiet=True)  # the parameter wins
+    assert cfg.data_root == param.resolve()
+    assert os.environ["CAPSULE_DATA"] == str(param.resolve())  # written back for get_dataset
+
+
+def test_default_data_root_is_repo_data_inside_the_repository(tmp_path):
+    assert default_data_root(REPO / "book") == REPO / "data"
+    assert default_data_root(tmp_path) == tmp_path.resolve() / "data"
+
+
+def test_offline_flag_and_device(monkeypatch):
+    monkeypatch.setenv("CAPSULE_OFFLINE", "1")
+    cfg = settings(DEVICE="cpu", quiet=True)
+    assert cfg.offline and cfg.device == torch.device("cpu")
+    assert "offline" in cfg.banner()
+
+
+def test_seeding_is_applied():
+    settings(quiet=True, seed=123)
+    a = torch.rand(3)
+    settings(quiet=True, seed=123)
+    assert torch.equal(a, torch.rand(3))
+
+
+def test_style_is_applied():
+    import matplotlib.pyplot as plt
+
+    plt.rcParams["axes.spines.top"] = True
+    settings(quiet=True)
+    assert plt.rcParams["axes.spines.top"] is False
+    plt.rcParams["axes.spines.top"] = True
+    settings(quiet=True, style=False)
+    assert plt.rcParams["axes.spines.top"] is True
+
+
+def test_in_colab(monkeypatch):
+    import sys
+    import types
+
+    assert not in_colab()
+    monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
+    assert in_colab()
+
+
+def test_chapter_dataset_falls_back_to_standin_in_smoke_mode(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("CAPSULE_OFFLINE", "1")  # never touch the network from a test
+    cfg = settings(SMOKE=True, DATA_ROOT=str(tmp_path), quiet=True)
+    ds = chapter_dataset("mnist", "train", cfg, n_smoke=64)
+    out = capsys.readouterr().out
+    assert ds.generated and len(ds) == 64 and ds.name == "glyph_digits"
+    assert "[GENERATED stand-in data] mnist is not available" in out
+    assert "NOT mnist results" in out
+
+
+def test_chapter_dataset_raises_the_clear_error_without_fallback(tmp_path, monkeypatch):
+    monkeypatch.setenv("CAPSULE_OFFLINE", "1")  # get_dataset must not download ...
+    cfg = Settings(smoke=False, train=False, epochs=1, device=torch.device("cpu"), data_root=tmp_path,
+                   offline=False, seed=0)  # ... but the chapter is not in offline mode: no fallback
+    with pytest.raises(DatasetUnavailableError, match="data_scripts/mnist.py"):
+        chapter_dataset("mnist", "test", cfg)
+
+
+def test_chapter_dataset_without_standin(tmp_path, monkeypatch):
+    monkeypatch.setenv("CAPSULE_OFFLINE", "1")
+    cfg = settings(SMOKE=True, DATA_ROOT=str(tmp_path), quiet=True)
+    with pytest.raises(DatasetUnavailableError, match="no generated stand-in"):
+        chapter_dataset("cifar10", "test", cfg)
+
+
+def test_chapter_dataset_uses_real_data_when_present(shared_data, capsys):
+    cfg = settings(SMOKE=True, DATA_ROOT=str(shared_data), quiet=True)
+    ds = chapter_dataset("mnist", "test", cfg, n_smoke=32)
+    assert not ds.generated and len(ds) == 32
+    assert "[real data]" in capsys.readouterr().out
