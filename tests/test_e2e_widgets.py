@@ -22,7 +22,7 @@ Each case moves its slider by ``steps``, waits for the readout (and ``readout_pa
 image, then moves back and requires exactly the first image and readout again: a lost or out-of-order redraw
 fails the test.
 
-For example, the perturbation explorer (16 sliders, a sample picker, a reset button) would add::
+For example, the perturbation explorer (16 sliders, a sample picker, a reset button) adds::
 
     ExplorerCase("dynamic_routing.ipynb", slider="dim 3", steps=5, reset_button="reset",
                  readout_pattern=r"^capsule lengths: ")
@@ -80,6 +80,9 @@ class ExplorerCase:
 
 EXPLORERS = [
     ExplorerCase("primer.ipynb", slider="iterations", steps=3, readout_pattern=r"^iteration {value}: \|v_A\|="),
+    # the capsule-dimension perturbation explorer of the dynamic-routing chapter (16 sliders, sample, reset)
+    ExplorerCase("dynamic_routing.ipynb", slider="dim 3", steps=5, readout_pattern=r"^capsule lengths: ",
+                 reset_button="reset"),
 ]
 
 RUN_TIMEOUT_S = 600  # running a whole chapter in smoke mode on a busy 2-core machine
@@ -381,7 +384,9 @@ def test_explorer_slider_redraws_figure(case: ExplorerCase, jupyterlab, browser)
         wait_for_readout_change(page, box, "", back, pattern=f"^{re.escape(first_readout)}$")
         wait_for_image_change(page, box, first_hash, back, want_equal=True)
 
-        if case.reset_button:
+        if case.reset_button:  # move away again, then the button alone must restore the first state
+            move_slider(page, case.slider, case.steps)
+            wait_for_image_change(page, box, first_hash, f"{case}: moved again before reset")
             click_button(page, case.reset_button)
             wait_for_image_change(page, box, first_hash, f"{case}: after reset", want_equal=True)
             wait_for_readout_change(page, box, "", f"{case}: after reset", pattern=f"^{re.escape(first_readout)}$")

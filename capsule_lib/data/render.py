@@ -52,9 +52,10 @@ TEST_INSTANCES = (0, 1, 2, 3, 5)
 ELEVATIONS_DEG = tuple(30 + 5 * k for k in range(9))
 AZIMUTHS_DEG = tuple(20 * k for k in range(18))
 N_LIGHTINGS = 6
-#: Hinton, Sabour & Frosst (2018), novel-viewpoint experiments: train on azimuths 300, 320, 340, 0, 20, 40
+#: Hinton, Sabour & Frosst (2018), novel-viewpoint experiments. Train on azimuths 300, 320, 340, 0, 20, 40
 #: degrees (indices below) or on the 3 lowest elevations, test on the rest.
 HINTON_AZIMUTHS_FAMILIAR = (15, 16, 17, 0, 1, 2)
+#: The familiar elevation indices of the same experiments (the 3 lowest elevations, 30-40 degrees).
 HINTON_ELEVATIONS_FAMILIAR = (0, 1, 2)
 
 ELLIPSOID, BOX, CYLINDER = 0, 1, 2

@@ -271,6 +271,7 @@ class EfficientNorbTransform:
     3. Training: random ``crop`` (48) crop, random brightness ``+ U(-2, 2)`` (``tf.image.random_brightness``
        with ``max_delta=2.0``), random contrast ``(x - mean) * U(0.5, 1.5) + mean`` with the per-image,
        per-channel mean (``tf.image.random_contrast``). Test: centre crop (offset 8).
+
     Standardising before the (linear) resize equals the official order.
     """
 

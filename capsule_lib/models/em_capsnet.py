@@ -28,7 +28,7 @@ Choices (routing choices are documented in :mod:`capsule_lib.routing.em`): valid
 -> 4, the grid sizes of the paper's figure; yl-1993 pads conv1 by 2 for 28x28 MNIST); no BatchNorm by
 default (``batch_norm=True`` adds yl-1993's); 3 EM iterations (paper; yl-1993 and IBM default to 2);
 coordinate addition with the true receptive-field centres of the ConvCaps2 positions in the image, scaled
-to (0, 1) (:func:`receptive_field_centers`); capsule transformations ~ N(0, 1/4) (variance-preserving for a
+to (0, 1) (``receptive_field_centers``); capsule transformations ~ N(0, 1/4) (variance-preserving for a
 4x4 product; the paper's truncated-normal stds are not published).
 """
 from __future__ import annotations

@@ -149,7 +149,8 @@ def em_routing(
     ----------
     votes: ``V_ij``, flattened pose votes (``d = 16`` for 4x4 poses; any ``d`` works).
     a_in: input activations in ``[0, 1]`` (not checked: data-dependent checks break ``torch.compile``).
-    beta_u, beta_a: per output type ``[n_out]``: the cost per pose entry of a parent's spread, and the
+    beta_u, beta_a
+        per output type ``[n_out]``: the cost per pose entry of a parent's spread, and the
         activation threshold.
     iterations: EM iterations ``T >= 1`` (the paper uses 3; yl-1993 finds 2 best).
     inverse_temperature: ``lambda``; a float (fixed), one float per iteration, or ``None`` for

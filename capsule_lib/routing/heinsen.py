@@ -157,7 +157,8 @@ def generative_matrix_routing(
     mu_inp: input capsules, ``d_cov x d_inp`` matrices.
     W: ``[I or 1, J, d_inp, d_out]`` transformation matrices (first size 1 = shared by all inputs).
     B: ``[I or 1, J, d_cov, d_out]`` vote biases.
-    beta_use, beta_ign: ``[I or 1, J]`` net benefit of using / net cost of ignoring a unit of data.
+    beta_use, beta_ign
+        ``[I or 1, J]`` net benefit of using / net cost of ignoring a unit of data.
     n_iters: routing iterations ``T`` (>= 1; the paper uses 3).
     p_model: ``"gaussian"`` (Gaussian mixture) or ``"skm"`` (soft k-means) for ``log p_ij``.
     eps: added to ``sum_i D_use_ij`` and to the variances.
@@ -357,15 +358,24 @@ def efficient_vector_routing(
 ):
     """Heinsen (2022) efficient vector routing: ``x_inp [..., I, d_inp] -> x_out [..., J, d_out]``.
 
-    Parameters (``I' = I``, or 1 when shared by a variable number of inputs)
+    In the shapes of the parameters, ``I' = I``, or 1 when shared by a variable number of inputs.
+
+    Parameters
     ----------
-    W_A ``[I', d_inp]``, B_A ``[I']``: input activations ``a_i = x~_i . W_A,i + B_A,i`` with ``x~ = x / sqrt(I)``.
-    W_F1 ``[J, d_inp]``, W_F2 ``[d_inp, d_out]``, B_F2 ``[J, d_out]``: votes
+    W_A, B_A
+        W_A ``[I', d_inp]``, B_A ``[I']``: input activations ``a_i = x~_i . W_A,i + B_A,i`` with
+        ``x~ = x / sqrt(I)``.
+    W_F1, W_F2, B_F2
+        W_F1 ``[J, d_inp]``, W_F2 ``[d_inp, d_out]``, B_F2 ``[J, d_out]``: votes
         ``V_ij = (x~_i * W_F1,j) W_F2 + B_F2,j``.
-    W_G1 ``[d_out, d_inp]``, W_G2 ``[J, d_inp]``, B_G2 ``[J, d_inp]``: predictions of the inputs
+    W_G1, W_G2, B_G2
+        W_G1 ``[d_out, d_inp]``, W_G2 ``[J, d_inp]``, B_G2 ``[J, d_inp]``: predictions of the inputs
         ``pred_j = (N(x_out_j) W_G1) * W_G2,j + B_G2,j``.
-    W_S ``[I', J]``, B_S ``[I', J]``: agreements ``S_ij = log sigmoid((x_i . pred_j) W_S,ij + B_S,ij)`` (unscaled x).
-    beta_use, beta_ign: ``[I, J]`` or per example ``[..., I, J]`` (``Linear(d_inp -> J)`` of x when ``n_inp = -1``).
+    W_S, B_S
+        W_S ``[I', J]``, B_S ``[I', J]``: agreements ``S_ij = log sigmoid((x_i . pred_j) W_S,ij + B_S,ij)``
+        (unscaled x).
+    beta_use, beta_ign
+        ``[I, J]`` or per example ``[..., I, J]`` (``Linear(d_inp -> J)`` of x when ``n_inp = -1``).
     n_iters: iterations (>= 1; the paper uses 2). ``n_iters=1`` works here, trace included (the public
         ``return_dict=True`` path raises ``UnboundLocalError`` for ``n_iters=1``).
     normalize: apply ``N`` (LayerNorm without affine, identity when ``d_out = 1``) to the final outputs.

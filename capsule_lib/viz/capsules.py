@@ -248,32 +248,38 @@ def plot_perturbation_grid(model: torch.nn.Module, poses: torch.Tensor, label: i
                            values: Sequence[float] = tuple(np.round(np.arange(-0.25, 0.2501, 0.05), 2)),
                            dims: Sequence[int] | None = None, image: torch.Tensor | None = None) -> Figure:
     """The paper's Figure 4: one row per pose dimension, one column per perturbation value; each cell is
-    the reconstruction after adding that value to that dimension of the ``label`` capsule."""
+    the reconstruction after adding that value to that dimension of the ``label`` capsule. With ``image``,
+    a first row shows the input next to the unperturbed reconstruction."""
     D = poses.shape[-1]
     dims = list(range(D)) if dims is None else list(dims)
-    vals = torch.tensor(list(values), dtype=poses.dtype)
-    batch = poses[None].repeat(len(dims) * len(vals), 1, 1)  # [R*V, K, D]
+    vals = torch.tensor([float(v) + 0.0 for v in values], dtype=poses.dtype)  # + 0.0 turns -0.0 into 0.0
+    batch = poses[None].repeat(len(dims) * len(vals) + 1, 1, 1)  # [R*V + 1, K, D]; the last is unperturbed
     for r, d in enumerate(dims):
         batch[r * len(vals):(r + 1) * len(vals), label, d] += vals.to(poses.device)
-    recons = _decode(model, batch, label).cpu()  # [R*V, C, H, W]
-    extra = 1 if image is not None else 0
-    fig, axes = plt.subplots(len(dims), len(vals) + extra, figsize=(0.75 * (len(vals) + extra), 0.78 * len(dims)),
-                             squeeze=False)
+    recons = _decode(model, batch, label).cpu()  # [R*V + 1, C, H, W]
+    top = 1 if image is not None else 0
+    nrows, ncols = len(dims) + top, len(vals) + 1
+    fig, axes = plt.subplots(nrows, ncols, figsize=(0.75 * ncols, 0.78 * nrows), squeeze=False)
+    for ax in axes.flat:
+        ax.set_xticks([])
+        ax.set_yticks([])
+        ax.axis("off")
+    if top:
+        for col, (img, title) in enumerate(((image, "input"), (recons[-1], "recon."))):
+            ax = axes[0, 1 + col]
+            ax.axis("on")
+            ax.imshow(to_numpy_image(img), cmap="gray", vmin=0, vmax=1)
+            ax.set_title(title, fontsize=8)
     for r, d in enumerate(dims):
+        axes[top + r, 0].text(0.95, 0.5, f"dim {d}", ha="right", va="center", fontsize=8,
+                              transform=axes[top + r, 0].transAxes)
         for c in range(len(vals)):
-            ax = axes[r, c + extra]
+            ax = axes[top + r, c + 1]
+            ax.axis("on")
             ax.imshow(to_numpy_image(recons[r * len(vals) + c]), cmap="gray", vmin=0, vmax=1)
-            ax.set_xticks([])
-            ax.set_yticks([])
-            if r == 0:
-                ax.set_title(f"{float(vals[c]):+.2f}", fontsize=8)
-        if extra:
-            axes[r, 0].axis("off")
-        axes[r, extra].set_ylabel(f"dim {d}", fontsize=8, rotation=0, ha="right", va="center")
-    if extra:
-        axes[0, 0].imshow(to_numpy_image(image), cmap="gray")
-        axes[0, 0].set_title("input", fontsize=8)
-    fig.subplots_adjust(wspace=0.05, hspace=0.05)
+            if r == len(dims) - 1:
+                ax.set_xlabel(f"{float(vals[c]):+.2f}", fontsize=8)
+    fig.subplots_adjust(wspace=0.05, hspace=0.08)
     return fig
 
 
