@@ -1,6 +1,6 @@
 """Dynamic routing between capsules (Sabour, Frosst & Hinton, 2017).
 
-Index names used in every einsum below::
+Index names (in the einsum and the shape comments below)::
 
     b  batch            i  input (child) capsule      j  output (parent) capsule
     d  input capsule dimension                         e  output capsule dimension
@@ -37,13 +37,13 @@ def capsule_votes(u: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 def _coupling(logits: torch.Tensor, coupling: str, leaky: bool) -> torch.Tensor:
-    """Softmax of ``logits [B, I, J]`` over parents (or children), optionally leaky."""
+    """Softmax of ``logits [B, J, I]`` (parent-major) over parents (or children), optionally leaky."""
     if coupling == "children":
-        return torch.softmax(logits, dim=1)  # sums to 1 over i (the bug)
+        return torch.softmax(logits, dim=2)  # sums to 1 over i (the bug)
     if leaky:  # an extra all-zero "orphan" parent absorbs votes that agree with nobody
-        padded = torch.cat([torch.zeros_like(logits[..., :1]), logits], dim=-1)  # [B, I, J+1]
-        return torch.softmax(padded, dim=-1)[..., 1:]  # [B, I, J]
-    return torch.softmax(logits, dim=-1)  # [B, I, J]
+        padded = torch.cat([torch.zeros_like(logits[:, :1]), logits], dim=1)  # [B, J+1, I]
+        return torch.softmax(padded, dim=1)[:, 1:]  # [B, J, I]
+    return torch.softmax(logits, dim=1)  # [B, J, I]
 
 
 def dynamic_routing(
@@ -69,7 +69,9 @@ def dynamic_routing(
         agreements ``[B, I, J]`` and outputs ``[B, J, E]``; ``extra`` holds the final ``logits`` and the
         ``votes``.
 
-    Nothing is detached: gradients flow through every iteration, as in the official code.
+    Nothing is detached: gradients flow through every iteration, as in the official code. Internally the
+    votes are laid out parent-major, ``[B, J, I, E]`` (one copy), so that both per-iteration contractions
+    are contiguous batched matrix products; the trace's tensors are ``[B, I, J]`` views of that layout.
     """
     check_tensor(votes, "votes", "[B, n_inp, n_out, d_out]", [None, None, None, None])
     if iterations < 1:
@@ -80,25 +82,26 @@ def dynamic_routing(
     if bias is not None:
         check_tensor(bias, "bias", f"[n_out={J}, d_out={E}]", [J, E])
     trace = RoutingTrace("dynamic") if return_routing else None
-    logits = votes.new_zeros(B, I, J, dtype=torch.float32)  # b_ij, kept in fp32
+    vj = votes.transpose(1, 2).contiguous()  # [B, J, I, E]
+    logits = votes.new_zeros(B, J, I, dtype=torch.float32)  # b_ij (parent-major), kept in fp32
     v = votes.new_zeros(B, J, E)
     for t in range(iterations):
-        c = _coupling(logits, coupling, leaky)  # [B, I, J]
-        s = torch.einsum("bij,bije->bje", c.to(votes.dtype), votes)  # [B, J, E]
+        c = _coupling(logits, coupling, leaky)  # [B, J, I]
+        s = torch.matmul(c.to(vj.dtype).unsqueeze(2), vj).squeeze(2)  # [B, J, 1, I] @ [B, J, I, E] -> [B, J, E]
         if bias is not None:
             s = s + bias.to(s.dtype)
         v = squash(s, squash_kind)  # [B, J, E]
         last = t == iterations - 1
         if not last or trace is not None:
-            agree = torch.einsum("bije,bje->bij", votes, v).float()  # [B, I, J]
+            agree = torch.matmul(vj, v.unsqueeze(-1)).squeeze(-1).float()  # u_hat_{j|i} . v_j: [B, J, I]
             if not last:
                 logits = logits + agree
         if trace is not None:
-            trace.coefficients.append(c)
-            trace.agreements.append(agree)
+            trace.coefficients.append(c.transpose(1, 2))  # [B, I, J]
+            trace.agreements.append(agree.transpose(1, 2))  # [B, I, J]
             trace.outputs.append(v)
     if trace is not None:
-        trace.extra["logits"] = logits  # [B, I, J] final routing logits
+        trace.extra["logits"] = logits.transpose(1, 2)  # [B, I, J] final routing logits
         trace.extra["votes"] = votes  # [B, I, J, E] (a reference, no copy), for "who votes for whom" figures
         return v, trace
     return v

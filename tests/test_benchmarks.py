@@ -1,0 +1,123 @@
+"""benchmarks/bench.py: the smoke configuration runs, writes every case, and each re-created original agrees
+numerically with capsule_lib wherever the benchmark documents it as comparable (what makes the timings a
+comparison of the same computation)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+BENCH = REPO / "benchmarks" / "bench.py"
+
+#: the cases the issue asks for (papers' shapes in the full run)
+REQUIRED = {
+    "routing_dynamic", "routing_em_convcaps1", "routing_heinsen_smallnorb", "routing_inverted_conv",
+    "routing_inverted_fc", "routing_self_attention_b16", "routing_self_attention_b128", "model_capsnet_mnist",
+    "model_efficient_mnist_b16", "model_efficient_mnist_b64", "model_inverted_cifar10", "model_heinsen_smallnorb",
+    "model_em_smallnorb",
+}
+#: originals documented as "not comparable numerically" (different models, see bench.py)
+NOT_COMPARABLE = {("model_capsnet_mnist", "gram_ai"), ("model_em_smallnorb", "yl1993")}
+#: originals compared on the forward pass only (XifengGuo detaches the votes in non-final iterations)
+FORWARD_ONLY = {("routing_dynamic", "xifengguo")}
+
+
+def _load_bench():
+    spec = importlib.util.spec_from_file_location("capsule_bench", BENCH)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return _load_bench()
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench") / "cpu_quick.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([sys.executable, str(BENCH), "--quick", "--device", "cpu", "--threads", "1", "--out", str(out)],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
+    assert r.returncode == 0, (r.stdout[-4000:], r.stderr[-4000:])
+    return json.loads(out.read_text())
+
+
+def test_quick_run_has_every_case(quick, bench):
+    assert set(quick["cases"]) == set(bench.CASES)
+    assert REQUIRED <= set(quick["cases"])
+    meta = quick["meta"]
+    assert meta["quick"] is True and meta["device"] == "cpu" and meta["torch_threads"] == 1
+    assert meta["check_dtype"] == "float64"
+
+
+def test_quick_run_timings_are_positive(quick):
+    for name, case in quick["cases"].items():
+        assert "error" not in case, (name, case.get("error"))
+        assert case["batch"] > 0
+        variants = case["variants"]
+        assert len(variants) >= 2 and case["ours"] == next(iter(variants)), name
+        for vname, v in variants.items():
+            assert len(v["times_s"]) == case["repeat"] == quick["meta"]["repeat"], (name, vname)
+            assert all(t > 0 for t in v["times_s"]), (name, vname)
+            assert v["median_s"] > 0 and v["samples_per_s"] > 0, (name, vname)
+            assert isinstance(v["peak_mem_bytes"], int) and v["peak_mem_bytes"] >= 0, (name, vname)
+            if vname == case["ours"]:
+                assert v["speedup_of_ours"] is None
+            else:
+                assert v["speedup_of_ours"] > 0 and case["speedups"][vname] == v["speedup_of_ours"]
+
+
+def test_originals_agree_with_capsule_lib(quick):
+    """Every original is either documented as not comparable, or agrees with capsule_lib (in its compatible mode)
+    to 1e-6 relative in float64, outputs and input gradients."""
+    seen_not_comparable = set()
+    for name, case in quick["cases"].items():
+        for vname in case["variants"]:
+            if vname == case["ours"]:
+                continue
+            a = case["agreement"][vname]
+            if not a["comparable"]:
+                seen_not_comparable.add((name, vname))
+                assert a["note"], (name, vname)
+                continue
+            assert a["dtype"] == "float64", (name, vname)
+            assert a["agree"], (name, vname, a)
+            assert a["outputs_rel_diff"] <= 1e-6, (name, vname, a)
+            if (name, vname) in FORWARD_ONLY:
+                assert a["grads_rel_diff"] is None
+            else:
+                assert a["grads_rel_diff"] is not None and a["grads_rel_diff"] <= 1e-6, (name, vname, a)
+    assert seen_not_comparable == NOT_COMPARABLE
+
+
+def test_markdown_table(quick, bench):
+    table = bench.markdown_table(quick)
+    n_rows = sum(len(c["variants"]) for c in quick["cases"].values())
+    assert len(table.splitlines()) == n_rows + 2
+    assert "not comparable numerically" in table
+
+
+def test_peak_memory_counts_a_known_allocation(bench):
+    x = torch.randn(1024, 256, requires_grad=True)  # 1 MiB
+
+    def step():
+        y = x.repeat(4, 1) * 2.0  # 4 MiB kept alive for the backward
+        y.sum().backward()
+
+    peak = bench.peak_memory(step, torch.device("cpu"))
+    assert 4 * 2 ** 20 <= peak < 64 * 2 ** 20
+
+
+def test_only_selects_cases(bench):
+    assert bench._select("routing_self_attention_*") == ["routing_self_attention_b16", "routing_self_attention_b128"]
+    with pytest.raises(SystemExit):
+        bench._select("no_such_case")
