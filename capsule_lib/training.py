@@ -266,6 +266,8 @@ class Trainer:
     * ``callbacks``: callables ``cb(trainer, record)`` run after each epoch (e.g. :class:`~capsule_lib.viz.LivePlot`).
     * Every epoch reseeds torch from ``(seed, epoch)``, so a resumed run repeats exactly what the
       uninterrupted run would have done.
+    * Resuming with a different recipe (``meta["config"]``) is allowed and recorded in
+      ``history.meta["changes"]`` as ``{"from_epoch": ..., "config": ...}``.
     """
 
     def __init__(self, model: nn.Module, objective: Callable[..., StepOutput], optimizer: torch.optim.Optimizer,
@@ -285,6 +287,7 @@ class Trainer:
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.scaler = torch.amp.GradScaler("cuda", enabled=(amp == "fp16" and self.device.type == "cuda"))
         self.history = History(meta=dict(meta or {}))
+        self._meta = dict(meta or {})
         self.epoch = 0  # number of completed epochs
         self.best_metric = -math.inf
         self._t0 = 0.0
@@ -402,8 +405,12 @@ class Trainer:
         """Train until ``epochs`` epochs are complete (counting epochs done before a resume)."""
         if self.out_dir is not None:
             self.out_dir.mkdir(parents=True, exist_ok=True)
-            if resume:
-                self.resume()
+            if resume and self.resume() and self._meta.get("config") not in (None, self.history.meta.get("config")):
+                # the run continues with a different recipe: record what changed and from which epoch on
+                changes = self.history.meta.setdefault("changes", [])
+                latest = changes[-1]["config"] if changes else self.history.meta.get("config")
+                if latest != self._meta["config"]:
+                    changes.append({"from_epoch": self.epoch + 1, "config": self._meta["config"]})
         self._wall_before = self.history.records[-1]["wall_time"] if self.history.records else 0.0
         self._t0 = time.time()
         self.history.meta.setdefault("device", str(self.device))

@@ -32,6 +32,7 @@ FORWARD_ONLY = {("routing_dynamic", "xifengguo")}
 def _load_bench():
     spec = importlib.util.spec_from_file_location("capsule_bench", BENCH)
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses resolve annotations through sys.modules
     spec.loader.exec_module(mod)
     return mod
 

@@ -213,3 +213,16 @@ def test_recipes_smoke(tmp_path):
                                                                  device="cpu"),
                                        tmp_path / "emm", progress=False, test=False, dataset="glyph_digits")
     assert "both digits" in tr.history.meta["accuracy"]
+
+
+def test_resume_with_changed_recipe_is_recorded(tmp_path, glyphs):
+    tl, vl = loaders(glyphs)
+    first = make_trainer(tmp_path)
+    first.history.meta["config"] = {"lr_decay": 0.95}
+    first._meta = {"config": {"lr_decay": 0.95}}
+    first.fit(tl, vl, epochs=1)
+    again = make_trainer(tmp_path)
+    again._meta = {"config": {"lr_decay": 0.9}}
+    again.fit(tl, vl, epochs=2)
+    assert again.history.meta["config"] == {"lr_decay": 0.95}
+    assert again.history.meta["changes"] == [{"from_epoch": 2, "config": {"lr_decay": 0.9}}]
