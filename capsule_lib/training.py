@@ -411,6 +411,10 @@ class Trainer:
                 latest = changes[-1]["config"] if changes else self.history.meta.get("config")
                 if latest != self._meta["config"]:
                     changes.append({"from_epoch": self.epoch + 1, "config": self._meta["config"]})
+                if isinstance(self.scheduler, torch.optim.lr_scheduler.LambdaLR):  # new schedule applies now
+                    for group, base, fn in zip(self.optimizer.param_groups, self.scheduler.base_lrs,
+                                               self.scheduler.lr_lambdas):
+                        group["lr"] = base * fn(self.scheduler.last_epoch)
         self._wall_before = self.history.records[-1]["wall_time"] if self.history.records else 0.0
         self._t0 = time.time()
         self.history.meta.setdefault("device", str(self.device))

@@ -226,3 +226,15 @@ def test_resume_with_changed_recipe_is_recorded(tmp_path, glyphs):
     again.fit(tl, vl, epochs=2)
     assert again.history.meta["config"] == {"lr_decay": 0.95}
     assert again.history.meta["changes"] == [{"from_epoch": 2, "config": {"lr_decay": 0.9}}]
+
+
+def test_resume_applies_a_changed_lambda_schedule_at_once(tmp_path, glyphs):
+    tl, vl = loaders(glyphs)
+    first = make_trainer(tmp_path)
+    first._meta = first.history.meta = {"config": {"decay": 0.95}}
+    first.fit(tl, vl, epochs=1)  # 4 batches: lr = 1e-3 * 0.95**4 afterwards
+    again = make_trainer(tmp_path)
+    again._meta = {"config": {"decay": 0.5}}
+    again.scheduler = torch.optim.lr_scheduler.LambdaLR(again.optimizer, lambda s: 0.5 ** s)
+    again.fit(tl, vl, epochs=2)
+    assert again.history.records[1]["lr"] == pytest.approx(1e-3 * 0.5 ** 4)
