@@ -33,7 +33,11 @@ def _load_bench():
     spec = importlib.util.spec_from_file_location("capsule_bench", BENCH)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(mod)
+    saved = list(sys.path)
+    try:
+        spec.loader.exec_module(mod)  # bench.py puts benchmarks/ on sys.path to import originals.py
+    finally:
+        sys.path[:] = saved
     return mod
 
 
