@@ -146,12 +146,15 @@ def export_checkpoint(model: nn.Module, name: str, kind: str, config: Any, *, me
 
 
 def export_run(run_dir: str | os.PathLike, name: str, *, data_root: str | None = None, notes: str = "",
-               directory: str | os.PathLike | None = None, device: str = "cpu") -> dict[str, Any]:
+               directory: str | os.PathLike | None = None, device: str = "cpu",
+               max_epoch: int | None = None) -> dict[str, Any]:
     """Export the best-validation weights of a :class:`~capsule_lib.training.Trainer` run directory.
 
     The model is rebuilt from the run's ``history.json`` metadata, its weights are rounded to fp16 (what is
     shipped), and the **rounded** model is evaluated on the validation and test splits of the run's dataset,
-    so the registry's metrics are those of the file readers load.
+    so the registry's metrics are those of the file readers load. ``max_epoch`` limits the budget: the best
+    validation epoch among the first ``max_epoch`` is exported (needs the run's ``epoch_NNN.pt`` snapshots
+    unless that epoch is the run's ``best.pt``); the history is cut there too.
     """
     from .data import get_dataset
     from .evaluation import accuracy, predict
@@ -166,6 +169,11 @@ def export_run(run_dir: str | os.PathLike, name: str, *, data_root: str | None =
         config["primary_conv"] = "standard"
     model = build_model(kind, config)
     best = torch.load(run / "best.pt", map_location="cpu", weights_only=False)
+    if max_epoch is not None:
+        hist = History([r for r in hist.records if r["epoch"] <= max_epoch], hist.meta)
+        want = hist.best("val_acc")["epoch"]
+        if best["epoch"] != want:
+            best = torch.load(run / f"epoch_{want:03d}.pt", map_location="cpu", weights_only=False)
     model.load_state_dict({k: v.half().float() if v.is_floating_point() else v for k, v in best["model"].items()})
     model.to(device).eval()
     metrics: dict[str, Any] = {"selected_epoch": best["epoch"], "selected_by": "val_acc"}
@@ -192,8 +200,9 @@ def _main(argv: list[str] | None = None) -> None:
     p.add_argument("name")
     p.add_argument("--data-root", default=None)
     p.add_argument("--notes", default="")
+    p.add_argument("--max-epoch", type=int, default=None, help="export the best epoch among the first N")
     a = p.parse_args(argv)
-    entry = export_run(a.run_dir, a.name, data_root=a.data_root, notes=a.notes)
+    entry = export_run(a.run_dir, a.name, data_root=a.data_root, notes=a.notes, max_epoch=a.max_epoch)
     print(json.dumps({k: entry[k] for k in ("file", "sha256", "metrics")}, indent=1))
 
 

@@ -215,7 +215,8 @@ def train_baseline_cnn(recipe: BaselineCNNRecipe | None = None, out_dir: str | P
             "torch": torch.__version__, "train_images": len(tr), "dataset": tr.name, "generated_data": tr.generated,
             "parameters": sum(p.numel() for p in model.parameters())}
     trainer = Trainer(model, ClassifierObjective(), opt, sched, scheduler_step="batch", device=device, amp=r.amp,
-                      out_dir=out_dir, seed=r.seed, callbacks=callbacks, progress=progress, meta=meta)
+                      out_dir=out_dir, seed=r.seed, callbacks=callbacks, progress=progress, meta=meta,
+                      keep_epochs=True)
     trainer.fit(train_loader, val_loader, r.epochs, test_loader=test_loader)
     trainer.load_best()
     return model, trainer

@@ -264,6 +264,7 @@ class Trainer:
     * ``scheduler_step``: ``"epoch"`` or ``"batch"`` (when to call ``scheduler.step()``).
     * ``amp``: ``None``, ``"bf16"`` or ``"fp16"`` (fp16 uses a GradScaler; CUDA only).
     * ``callbacks``: callables ``cb(trainer, record)`` run after each epoch (e.g. :class:`~capsule_lib.viz.LivePlot`).
+    * ``keep_epochs``: also keep every epoch's weights as ``epoch_NNN.pt`` (to compare budgets afterwards).
     * Every epoch reseeds torch from ``(seed, epoch)``, so a resumed run repeats exactly what the
       uninterrupted run would have done.
     * Resuming with a different recipe (``meta["config"]``) is allowed and recorded in
@@ -274,7 +275,8 @@ class Trainer:
                  scheduler: Any = None, *, scheduler_step: str = "epoch", device: str | torch.device | None = "auto",
                  amp: str | None = None, out_dir: str | os.PathLike | None = None, seed: int = 0,
                  grad_clip: float | None = None, callbacks: Iterable[Callable[["Trainer", dict], None]] = (),
-                 progress: bool = True, select_metric: str = "val_acc", meta: dict[str, Any] | None = None) -> None:
+                 progress: bool = True, select_metric: str = "val_acc", meta: dict[str, Any] | None = None,
+                 keep_epochs: bool = False) -> None:
         if scheduler_step not in ("epoch", "batch"):
             raise ValueError("scheduler_step must be 'epoch' or 'batch'")
         if amp not in (None, "bf16", "fp16"):
@@ -284,6 +286,7 @@ class Trainer:
         self.objective, self.optimizer, self.scheduler = objective, optimizer, scheduler
         self.scheduler_step, self.amp, self.seed, self.grad_clip = scheduler_step, amp, seed, grad_clip
         self.callbacks, self.progress, self.select_metric = list(callbacks), progress, select_metric
+        self.keep_epochs = keep_epochs
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.scaler = torch.amp.GradScaler("cuda", enabled=(amp == "fp16" and self.device.type == "cuda"))
         self.history = History(meta=dict(meta or {}))
@@ -442,9 +445,11 @@ class Trainer:
                 self.best_metric = metric
             rec["best"] = improved
             if self.out_dir is not None:
+                snapshot = {"model": self.model.state_dict(), "epoch": self.epoch, "record": rec}
                 if improved:
-                    _atomic_save({"model": self.model.state_dict(), "epoch": self.epoch, "record": rec},
-                                 self.out_dir / "best.pt")
+                    _atomic_save(snapshot, self.out_dir / "best.pt")
+                if self.keep_epochs:
+                    _atomic_save(snapshot, self.out_dir / f"epoch_{self.epoch:03d}.pt")
                 _atomic_save(self.state_dict(), self.out_dir / "last.pt")
                 self.history.save(self.out_dir / "history.json")
             for cb in self.callbacks:
