@@ -49,3 +49,20 @@ def test_shipped_registry_files_match_their_hashes():
         assert sha256_file(CHECKPOINT_DIR / entry["file"]) == entry["sha256"], name
         assert (CHECKPOINT_DIR / entry["file"]).stat().st_size < 20_000_000, name
         json.dumps(entry)
+
+
+def test_export_run_at_an_epoch_budget(tmp_path):
+    from capsule_lib.models.baselines import BaselineCNNConfig
+    from capsule_lib.pretrained import export_run
+    from capsule_lib.recipes import BaselineCNNRecipe, train_baseline_cnn
+
+    run = tmp_path / "run"
+    train_baseline_cnn(BaselineCNNRecipe(epochs=2, dataset="glyph_digits", train_subset=64, eval_subset=64,
+                                         device="cpu", model=BaselineCNNConfig(channels=(4, 4, 4))),
+                       run, progress=False, test=False)
+    assert (run / "epoch_001.pt").exists() and (run / "epoch_002.pt").exists()
+    entry = export_run(run, "cnn1", max_epoch=1, directory=tmp_path / "ck")
+    assert entry["metrics"]["selected_epoch"] == 1 and entry["training"]["epochs"] == 1
+    model, e = load_pretrained("cnn1", directory=tmp_path / "ck")
+    assert e["sha256"] == sha256_file(tmp_path / "ck" / "cnn1.pt")
+    assert 0.0 <= e["metrics"]["test_acc"] <= 1.0 and e["metrics"]["test_size"] == 2000
