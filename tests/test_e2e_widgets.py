@@ -212,20 +212,28 @@ def run_all_cells(page, timeout_s: float = RUN_TIMEOUT_S) -> None:
     """Run every cell of the current notebook and wait until all code cells have executed; fail with the
     error output if a cell raised."""
     page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+    # Errors are read from the cell models, not the DOM: JupyterLab 4 does not render cells scrolled out of
+    # view, and after an error the remaining cells never run, so waiting for "all done" alone would time out.
+    errors_js = """() => window.jupyterapp.shell.currentWidget.content.widgets
+                      .filter(c => c.model.type === 'code')
+                      .flatMap(c => c.model.outputs.toJSON())
+                      .filter(o => o.output_type === 'error')
+                      .map(o => o.ename + ': ' + o.evalue)"""
     try:
         page.wait_for_function(
             """() => { const nb = window.jupyterapp.shell.currentWidget.content;
-                       const done = nb.widgets.every(c => c.model.type !== 'code'
-                                                     || (c.model.executionCount !== null && !c.promptNode?.textContent.includes('*')));
+                       const code = nb.widgets.filter(c => c.model.type === 'code');
+                       if (code.some(c => c.model.outputs.toJSON().some(o => o.output_type === 'error'))) return true;
+                       const done = code.every(c => c.model.executionCount !== null
+                                                    && !c.promptNode?.textContent.includes('*'));
                        const k = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel;
-                       return (done && k.status === 'idle')
-                              || document.querySelector('[data-mime-type="application/vnd.jupyter.error"]'); }""",
+                       return done && k.status === 'idle'; }""",
             timeout=timeout_s * 1000, polling=500)
     except Exception as e:  # playwright TimeoutError
         pytest.fail(f"notebook did not finish running within {timeout_s} s ({type(e).__name__})")
-    errors = page.locator('[data-mime-type="application/vnd.jupyter.error"]')
-    if errors.count():
-        pytest.fail("a cell raised an error:\n" + errors.first.inner_text()[:3000])
+    errors = page.evaluate(errors_js)
+    if errors:
+        pytest.fail("a cell raised an error:\n" + "\n".join(errors)[:3000])
 
 
 def _exactly(label: str) -> re.Pattern:
