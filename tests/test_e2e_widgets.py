@@ -83,6 +83,9 @@ EXPLORERS = [
     # the capsule-dimension perturbation explorer of the dynamic-routing chapter (16 sliders, sample, reset)
     ExplorerCase("dynamic_routing.ipynb", slider="dim 3", steps=5, readout_pattern=r"^capsule lengths: ",
                  reset_button="reset"),
+    # the same explorer in the Efficient-CapsNet chapter (the original repository's ±0.30 range)
+    ExplorerCase("efficient_capsnet.ipynb", slider="dim 4", steps=4, readout_pattern=r"^capsule lengths: ",
+                 reset_button="reset"),
 ]
 
 RUN_TIMEOUT_S = 600  # running a whole chapter in smoke mode on a busy 2-core machine
@@ -126,7 +129,7 @@ class Lab:
     root: Path
 
     def url(self, notebook: str) -> str:
-        return f"{self.base}/lab/tree/{notebook}?token={self.token}"
+        return f"{self.base}/lab/tree/{notebook}?reset&token={self.token}"  # reset: no restored tabs
 
 
 @pytest.fixture(scope="module")
@@ -200,12 +203,15 @@ def open_notebook(page, lab: Lab, notebook: str, timeout_s: float = 120) -> None
     """Open ``notebook`` (relative to the served root) and wait until its kernel is idle."""
     page.goto(lab.url(notebook), wait_until="domcontentloaded", timeout=timeout_s * 1000)
     page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell", timeout=timeout_s * 1000)
+    # JupyterLab restores the previous case's tabs; wait until *this* notebook is the current widget and its
+    # own kernel is idle, or "run all" would go to the previous notebook (or to one without a kernel yet).
     page.wait_for_function(
-        """() => { const w = window.jupyterapp.shell.currentWidget;
-                   return w && w.sessionContext && w.sessionContext.session
-                          && w.sessionContext.session.kernel
-                          && w.sessionContext.session.kernel.status === 'idle'; }""",
-        timeout=timeout_s * 1000)
+        """(name) => { const w = window.jupyterapp.shell.currentWidget;
+                       return w && w.context && w.context.path.endsWith(name)
+                              && w.sessionContext && w.sessionContext.session
+                              && w.sessionContext.session.kernel
+                              && w.sessionContext.session.kernel.status === 'idle'; }""",
+        arg=notebook, timeout=timeout_s * 1000)
 
 
 def run_all_cells(page, timeout_s: float = RUN_TIMEOUT_S) -> None:
@@ -384,6 +390,7 @@ def test_explorer_slider_redraws_figure(case: ExplorerCase, jupyterlab, browser)
         wait_for_image_change(page, box, first_hash, moved)
         final_hash = wait_for_stable_image(page, box, moved)
         assert final_hash != first_hash, f"{moved}: image back to the first one"
+        moved_readout = readout_text(box)
         box.screenshot(path=str(OUT / f"{stem}-after.png"))
 
         # and back: the figure must return to exactly the first one (catches lost or out-of-order redraws)
@@ -394,7 +401,10 @@ def test_explorer_slider_redraws_figure(case: ExplorerCase, jupyterlab, browser)
 
         if case.reset_button:  # move away again, then the button alone must restore the first state
             move_slider(page, case.slider, case.steps)
-            wait_for_image_change(page, box, first_hash, f"{case}: moved again before reset")
+            again = f"{case}: moved again before reset"
+            # settle first (every queued redraw done), so the reset is the last change the kernel sees
+            wait_for_readout_change(page, box, "", again, pattern=f"^{re.escape(moved_readout)}$")
+            wait_for_image_change(page, box, final_hash, again, want_equal=True)
             click_button(page, case.reset_button)
             wait_for_image_change(page, box, first_hash, f"{case}: after reset", want_equal=True)
             wait_for_readout_change(page, box, "", f"{case}: after reset", pattern=f"^{re.escape(first_readout)}$")
