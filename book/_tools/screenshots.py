@@ -8,6 +8,7 @@ Debian's Chromium through Playwright, waits for MathJax and the widget renderer,
 
 * every request that left the machine (anything but ``file:``, ``data:``, ``blob:``, ``about:``),
 * math that MathJax did not typeset (raw ``\\(`` or ``$$`` left in ``.math`` elements),
+* Markdown tables shown as raw ``|---|`` text,
 * widget views in the saved state that did not render, and JavaScript errors.
 
 Exits 1 if any page made a network request, left math untypeset or failed to render a widget.
@@ -30,7 +31,10 @@ _PROBE = """() => {
   const rendered = document.querySelectorAll('.widget-subarea .jupyter-widgets, .widget-subarea .lm-Widget').length;
   const imgs = Array.from(document.querySelectorAll('img')).filter(i => i.complete && i.naturalWidth > 0).length;
   const brokenImgs = Array.from(document.querySelectorAll('img')).filter(i => i.complete && i.naturalWidth === 0).map(i => i.getAttribute('src'));
-  return {math: math.length, raw_math: raw, typeset, widget_views: views, widgets_rendered: rendered, images: imgs, broken_images: brokenImgs};
+  // a Markdown table that was not rendered (e.g. an output rendered as CommonMark) shows up as '|---|' text
+  const rawTables = Array.from(document.querySelectorAll('article p, .output p, .cell_output p'))
+                         .filter(p => /\|\s*-{3,}\s*\|/.test(p.textContent)).length;
+  return {raw_tables: rawTables, math: math.length, raw_math: raw, typeset, widget_views: views, widgets_rendered: rendered, images: imgs, broken_images: brokenImgs};
 }"""
 
 
@@ -95,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
                     problems.append(f"{info['raw_math']} math element(s) not typeset")
                 if info["widget_views"] and not info["widgets_rendered"]:
                     problems.append(f"{info['widget_views']} widget view(s) in the page, none rendered")
+                if info["raw_tables"]:
+                    problems.append(f"{info['raw_tables']} Markdown table(s) shown as raw text")
                 if info["broken_images"]:
                     problems.append(f"broken images: {info['broken_images']}")
                 status = "PROBLEM: " + "; ".join(problems) if problems else "ok"
