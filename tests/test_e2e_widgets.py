@@ -144,6 +144,10 @@ def jupyterlab(tmp_path_factory):
                JUPYTER_CONFIG_DIR=str(tmp / "config"), JUPYTERLAB_WORKSPACES_DIR=str(tmp / "workspaces"),
                PYTHONPATH=str(REPO))
     env.setdefault("CAPSULE_DATA", str(REPO / "data"))
+    # no "get notified about Jupyter news?" toast over the screenshots
+    notification = tmp / "user-settings" / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
+    notification.parent.mkdir(parents=True)
+    notification.write_text(json.dumps({"fetchNews": "false"}))
     log_path = tmp / "jupyterlab.log"
     log = open(log_path, "w")
     cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
