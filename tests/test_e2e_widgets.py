@@ -315,6 +315,21 @@ def readout_text(box) -> str:
     return "\n".join(parts.nth(i).inner_text().strip() for i in range(parts.count()))
 
 
+def wait_for_stable_readout(page, box, what: str, settle_s: float = 1.0,
+                            timeout_s: float = CHANGE_TIMEOUT_S) -> str:
+    """Poll until the box's (non-empty) readout has not changed for ``settle_s`` seconds; return it."""
+    deadline = time.monotonic() + timeout_s
+    current, since = readout_text(box), time.monotonic()
+    while not current or time.monotonic() - since < settle_s:
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: readout did not settle within {timeout_s:.0f} s: {current!r}")
+        page.wait_for_timeout(250)
+        new = readout_text(box)
+        if new != current:
+            current, since = new, time.monotonic()
+    return current
+
+
 def wait_for_readout_change(page, box, reference: str, what: str, pattern: str | None = None,
                             timeout_s: float = CHANGE_TIMEOUT_S) -> str:
     """Poll until the box's readout differs from ``reference`` (and matches ``pattern``, if given)."""
@@ -381,8 +396,12 @@ def test_explorer_slider_redraws_figure(case: ExplorerCase, jupyterlab, browser)
         box = explorer_box(page, case.slider)
         box.scroll_into_view_if_needed()
         first_hash = wait_for_image_change(page, box, None, f"{case}: initial figure")
-        first_readout = readout_text(box)
         first_value = slider_value(page, case.slider)
+        # the readout widget may render after the first image: wait for it, then for it to settle
+        wait_for_readout_change(page, box, "", f"{case}: initial readout",
+                                pattern=case.readout_pattern.replace("{value}", f"{first_value:g}")
+                                if case.readout_pattern else None)
+        first_readout = wait_for_stable_readout(page, box, f"{case}: initial readout")
         box.screenshot(path=str(OUT / f"{stem}-before.png"))
 
         move_slider(page, case.slider, case.steps)
@@ -394,7 +413,7 @@ def test_explorer_slider_redraws_figure(case: ExplorerCase, jupyterlab, browser)
         wait_for_image_change(page, box, first_hash, moved)
         final_hash = wait_for_stable_image(page, box, moved)
         assert final_hash != first_hash, f"{moved}: image back to the first one"
-        moved_readout = readout_text(box)
+        moved_readout = wait_for_stable_readout(page, box, moved)
         box.screenshot(path=str(OUT / f"{stem}-after.png"))
 
         # and back: the figure must return to exactly the first one (catches lost or out-of-order redraws)
