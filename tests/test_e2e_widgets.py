@@ -315,19 +315,24 @@ def readout_text(box) -> str:
     return "\n".join(parts.nth(i).inner_text().strip() for i in range(parts.count()))
 
 
-def wait_for_stable_readout(page, box, what: str, settle_s: float = 1.0,
-                            timeout_s: float = CHANGE_TIMEOUT_S) -> str:
-    """Poll until the box's (non-empty) readout has not changed for ``settle_s`` seconds; return it."""
+def _wait_until_settled(page, read, what: str, settle_s: float, timeout_s: float, poll_ms: int = 250):
+    """Poll ``read()`` until its (non-empty) value has not changed for ``settle_s`` seconds; return it."""
     deadline = time.monotonic() + timeout_s
-    current, since = readout_text(box), time.monotonic()
+    current, since = read(), time.monotonic()
     while not current or time.monotonic() - since < settle_s:
         if time.monotonic() > deadline:
-            pytest.fail(f"{what}: readout did not settle within {timeout_s:.0f} s: {current!r}")
-        page.wait_for_timeout(250)
-        new = readout_text(box)
+            pytest.fail(f"{what}: did not settle within {timeout_s:.0f} s (last: {current!r})")
+        page.wait_for_timeout(poll_ms)
+        new = read()
         if new != current:
             current, since = new, time.monotonic()
     return current
+
+
+def wait_for_stable_readout(page, box, what: str, settle_s: float = 1.0,
+                            timeout_s: float = CHANGE_TIMEOUT_S) -> str:
+    """The box's (non-empty) readout, once it has not changed for ``settle_s`` seconds."""
+    return _wait_until_settled(page, lambda: readout_text(box), f"{what}: readout", settle_s, timeout_s)
 
 
 def wait_for_readout_change(page, box, reference: str, what: str, pattern: str | None = None,
@@ -345,17 +350,8 @@ def wait_for_readout_change(page, box, reference: str, what: str, pattern: str |
 
 
 def wait_for_stable_image(page, box, what: str, settle_s: float = 1.5, timeout_s: float = CHANGE_TIMEOUT_S) -> str:
-    """Poll until the box's image hash has not changed for ``settle_s`` (keyboard moves redraw per step)."""
-    deadline = time.monotonic() + timeout_s
-    last, since = output_image_hash(box), time.monotonic()
-    while time.monotonic() - since < settle_s:
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what}: image still changing after {timeout_s:.0f} s")
-        page.wait_for_timeout(200)
-        now = output_image_hash(box)
-        if now != last:
-            last, since = now, time.monotonic()
-    return last
+    """The box's image hash, once it has not changed for ``settle_s`` (keyboard moves redraw per step)."""
+    return _wait_until_settled(page, lambda: output_image_hash(box), f"{what}: image", settle_s, timeout_s, 200)
 
 
 def click_button(page, label: str) -> None:
