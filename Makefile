@@ -8,9 +8,9 @@ PYTHON ?= python3
 VENV   := .venv
 STAMP  := $(VENV)/.capsule-installed
 
-# One data root for builds and tests: $CAPSULE_DATA if set, else ../shared/data if it exists, else ./data.
+# One data root for builds and tests: $CAPSULE_DATA if set, else ./data.
 ifeq ($(strip $(CAPSULE_DATA)),)
-CAPSULE_DATA := $(if $(wildcard ../shared/data/.),$(abspath ../shared/data),$(abspath data))
+CAPSULE_DATA := $(abspath data)
 endif
 export CAPSULE_DATA
 export PATH := $(abspath $(VENV))/bin:$(PATH)
@@ -30,7 +30,9 @@ $(STAMP): requirements.txt pyproject.toml
 book: $(STAMP)
 	@echo "make book: data root $(CAPSULE_DATA)"
 	$(VENV)/bin/python book/_tools/cache_guard.py
+	@$(VENV)/bin/python book/_tools/build_report.py --clean
 	$(VENV)/bin/jupyter-book build .
+	@$(VENV)/bin/python book/_tools/build_report.py
 	@echo
 	@echo "Book built. Open: file://$(CURDIR)/_build/html/index.html"
 

@@ -3,8 +3,10 @@
 #
 #   1. unit tests            pytest tests
 #   2. notebooks, nbval      CAPSULE_SMOKE=1 pytest --nbval-lax book/
-#   3. notebooks, papermill  papermill <chapter> _build/papermill/<chapter> -p SMOKE True
+#   3. notebooks, papermill  papermill <chapter> _build/papermill/<chapter> -p SMOKE True, with an empty
+#                            data root and CAPSULE_OFFLINE=1 (the offline path, generated stand-ins)
 #   4. book build            jupyter-book build . --all -W -n --keep-going (chapters executed, TRAIN off;
+#                            book/_tools/build_report.py fails it if a notebook raised;
 #                            book/_ext/offline_book.py fails it if a page would fetch from the network), then
 #                            book/_tools/screenshots.py opens every page in Chromium (no request may leave the
 #                            machine, math typeset, images/widgets rendered; screenshots in _build/screenshots)
@@ -58,7 +60,12 @@ run_step() {  # run_step <name> <log> <command...>
 }
 
 papermill_all() {
-    local rc=0 nb out
+    # The offline path, on every run: an empty data root and CAPSULE_OFFLINE=1, so every chapter runs on the
+    # generated stand-ins (nbval, step 2, runs them on the data under CAPSULE_DATA).
+    local rc=0 nb out empty
+    empty=$(mktemp -d)
+    export CAPSULE_DATA="$empty" CAPSULE_OFFLINE=1
+    echo "papermill: offline path: CAPSULE_DATA=$empty (empty), CAPSULE_OFFLINE=1"
     for nb in "${NOTEBOOKS[@]}"; do
         out="_build/papermill/${nb#book/}"
         mkdir -p "$(dirname "$out")"
@@ -76,7 +83,11 @@ papermill_all() {
 build_book() {
     # --all: a fresh Sphinx environment, so every page is re-read and every warning reported again;
     # executed notebooks still come from the (guarded) jupyter-cache.
-    python book/_tools/cache_guard.py && jupyter-book build . --all -W -n --keep-going || return 1
+    python book/_tools/cache_guard.py && python book/_tools/build_report.py --clean || return 1
+    local rc=0
+    jupyter-book build . --all -W -n --keep-going || rc=1
+    python book/_tools/build_report.py || rc=1   # a notebook that raised fails the step, named with its cell
+    [ $rc = 0 ] || return 1
     # the built pages in a real browser: no network request, math typeset, images and widgets rendered
     if [ -x /usr/bin/chromium ]; then
         python book/_tools/screenshots.py --html _build/html --out _build/screenshots
@@ -88,7 +99,7 @@ build_book() {
 run_step "1 unit tests (pytest tests)" "$LOGS/1-pytest.log" python -m pytest tests
 run_step "2 nbval (CAPSULE_SMOKE=1)" "$LOGS/2-nbval.log" \
     env CAPSULE_SMOKE=1 python -m pytest --nbval-lax --nbval-cell-timeout=900 -p no:cacheprovider "${NOTEBOOKS[@]}"
-run_step "3 papermill (-p SMOKE True)" "$LOGS/3-papermill.log" papermill_all
+run_step "3 papermill (-p SMOKE True, offline)" "$LOGS/3-papermill.log" papermill_all
 run_step "4 book build (--all -W -n --keep-going)" "$LOGS/4-book.log" build_book
 
 echo

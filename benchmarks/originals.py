@@ -3,7 +3,7 @@
 Each block below re-creates, in PyTorch, the tensor operations of one public implementation the way that code
 performs them (same broadcasts and materialised expansions, same einsum strings and contraction order, same
 Python loops), so that :mod:`benchmarks.bench` can time ``capsule_lib`` against them on the same shapes and
-inputs. They are written from the descriptions in ``../shared/spec/papers.md`` and from a reading of the
+inputs. They are written from the papers' descriptions and from a reading of the
 original files; they are minimal re-writes (no training scripts, loggers, data code) and are **not** the
 original code. Bugs that prevent running on a modern PyTorch (2.x) or on CPU are fixed and listed in each
 header; bugs that change the *math* are kept (they are what the originals compute), and

@@ -10,20 +10,29 @@ __all__ = ["predict", "accuracy", "multimnist_accuracy", "confusion_matrix"]
 
 
 @torch.no_grad()
-def predict(model: nn.Module, images: torch.Tensor, batch_size: int = 256, device: str | torch.device = "cpu",
+def predict(model: nn.Module, images: torch.Tensor, batch_size: int = 256, device: str | torch.device | None = None,
             keep_poses: bool = False, progress: bool = False) -> dict[str, torch.Tensor]:
     """Run ``model`` over ``images`` (``uint8`` or float ``[N, C, H, W]``) in batches, in eval mode.
+
+    The batches are moved to ``device`` (default: the device of the model's parameters). The model itself is
+    never moved: if ``device`` differs from the model's device, a one-line :class:`ValueError` says so.
 
     Returns ``{"scores": [N, K]}`` (capsule lengths or logits) and ``"poses"`` ``[N, K, D]`` when
     ``keep_poses`` and the model returns capsules.
     """
+    params = [*model.parameters(), *model.buffers()]
+    here = params[0].device if params else torch.device("cpu")
+    device = here if device is None else torch.device(device)
+    if device.type != here.type or (device.index is not None and here.index is not None and device != here):
+        raise ValueError(f"predict: the model is on {here} but device={str(device)!r}; move the model first "
+                         f"(model.to({str(device)!r})) or leave device unset")
     model.eval()
     scores, poses = [], []
     rng = range(0, images.shape[0], batch_size)
     if progress:
-        from tqdm.auto import tqdm
+        from ._progress import progress
 
-        rng = tqdm(rng, desc="predict", leave=False)
+        rng = progress(rng, desc="predict")
     for lo in rng:
         x = images[lo:lo + batch_size].to(device)
         x = x.float() / 255.0 if x.dtype == torch.uint8 else x.float()

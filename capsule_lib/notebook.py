@@ -9,11 +9,11 @@ A chapter starts with three cells::
     from capsule_lib.notebook import settings
     cfg = settings(SMOKE, TRAIN, EPOCHS, DEVICE, DATA_ROOT)
 
-:func:`settings` applies the environment (``CAPSULE_SMOKE``, ``CAPSULE_DATA``, ``CAPSULE_OFFLINE``), picks the
-device, seeds every generator, sets the figure style and prints one banner line, so a reader can see from
-the output how the numbers below it were produced. :func:`chapter_dataset` loads a dataset the way every
-chapter should: the real data when it is there (or downloadable), otherwise, in smoke or offline mode, a
-generated stand-in that says so loudly.
+:func:`settings` reads the environment (``CAPSULE_SMOKE``, ``CAPSULE_DATA``, ``CAPSULE_OFFLINE``; it never
+writes it), picks the device, seeds every generator, sets the figure style and prints one banner line, so a
+reader can see from the output how the numbers below it were produced. :func:`chapter_dataset` loads a
+dataset the way every chapter should: the real data when it is there (or downloadable), otherwise the
+generated stand-in, which says so loudly (a chapter never stops for missing data).
 """
 from __future__ import annotations
 
@@ -26,10 +26,7 @@ from typing import Any
 import torch
 
 __all__ = ["Settings", "settings", "env_flag", "in_colab", "default_data_root", "chapter_dataset",
-           "STANDINS"]
-
-#: Generated stand-in used for each real dataset when the real one is unavailable (smoke/offline mode).
-STANDINS: dict[str, str] = {"mnist": "glyph_digits", "fashion_mnist": "glyph_digits"}
+           "chapter_device", "display_path"]
 
 _TRUE = ("1", "true", "yes", "on")
 
@@ -54,6 +51,22 @@ def default_data_root(start: str | os.PathLike | None = None) -> Path:
     return here / "data"
 
 
+def display_path(path: str | os.PathLike) -> str:
+    """How a chapter prints a folder without printing the machine's absolute path: ``$CAPSULE_DATA`` when it is
+    that folder, a path relative to the repository when inside it, else ``.../<name>``."""
+    p = Path(path).expanduser().resolve()
+    env = os.environ.get("CAPSULE_DATA")
+    if env and Path(env).expanduser().resolve() == p:
+        return "$CAPSULE_DATA"
+    repo = default_data_root().parent
+    if (repo / "_toc.yml").is_file():
+        try:
+            return p.relative_to(repo).as_posix() + "/"
+        except ValueError:
+            pass
+    return f".../{p.name}/"
+
+
 @dataclass(frozen=True)
 class Settings:
     """Effective settings of a chapter run (see :func:`settings`)."""
@@ -71,7 +84,8 @@ class Settings:
         mode = "SMOKE run" if self.smoke else "full run"
         train = f"TRAIN on ({self.epochs} epoch{'s' if self.epochs != 1 else ''})" if self.train else "TRAIN off"
         offline = " (offline: stand-ins for missing data)" if self.offline else ""
-        return f"capsule_lib: {mode} | {train} | device {self.device} | data {self.data_root}{offline} | seed {self.seed}"
+        return (f"capsule_lib: {mode} | {train} | device {self.device} | data {display_path(self.data_root)}{offline} "
+                f"| seed {self.seed}")
 
 
 def settings(SMOKE: bool = False, TRAIN: bool = False, EPOCHS: int = 1, DEVICE: str = "auto",
@@ -81,15 +95,16 @@ def settings(SMOKE: bool = False, TRAIN: bool = False, EPOCHS: int = 1, DEVICE: 
 
     * ``SMOKE`` is switched on by ``CAPSULE_SMOKE=1`` too (that is how ``make test`` runs nbval); in smoke
       mode ``EPOCHS`` is capped at ``smoke_epochs``.
-    * ``DATA_ROOT``: ``""`` means ``$CAPSULE_DATA`` if set, else :func:`default_data_root`. The result is
-      written back to ``CAPSULE_DATA`` so that every ``get_dataset`` call in the chapter uses it.
+    * ``DATA_ROOT``: ``""`` means ``$CAPSULE_DATA`` if set, else :func:`default_data_root`. The chapter passes
+      ``cfg.data_root`` to every dataset and recipe call; the environment is not modified.
     * ``CAPSULE_OFFLINE=1``: no downloads; missing datasets are replaced by generated stand-ins.
-    * ``DEVICE``: ``"auto"`` (cuda, then mps, then cpu) or any ``torch.device`` string.
+    * ``DEVICE``: ``"auto"`` (cuda, then mps, then cpu) or any ``torch.device`` string; a device that is not
+      available here falls back to the CPU with one printed line (:func:`chapter_device`).
 
     Seeds Python, NumPy and torch with ``seed``, sets the book's matplotlib style (``style=False`` keeps
     yours) and prints :meth:`Settings.banner` unless ``quiet``.
     """
-    from .training import seed_everything, select_device
+    from .training import seed_everything
 
     smoke = bool(SMOKE) or env_flag("CAPSULE_SMOKE")
     epochs = int(EPOCHS)
@@ -98,8 +113,7 @@ def settings(SMOKE: bool = False, TRAIN: bool = False, EPOCHS: int = 1, DEVICE: 
     if smoke:
         epochs = min(epochs, smoke_epochs)
     root = Path(DATA_ROOT or os.environ.get("CAPSULE_DATA") or default_data_root()).expanduser().resolve()
-    os.environ["CAPSULE_DATA"] = str(root)
-    cfg = Settings(smoke=smoke, train=bool(TRAIN), epochs=epochs, device=select_device(DEVICE or "auto"),
+    cfg = Settings(smoke=smoke, train=bool(TRAIN), epochs=epochs, device=chapter_device(DEVICE),
                    data_root=root, offline=env_flag("CAPSULE_OFFLINE"), seed=int(seed))
     seed_everything(cfg.seed)
     if style:
@@ -111,30 +125,41 @@ def settings(SMOKE: bool = False, TRAIN: bool = False, EPOCHS: int = 1, DEVICE: 
     return cfg
 
 
-def chapter_dataset(name: str, split: str, cfg: Settings, *, n_smoke: int = 512, standin: str | None = None,
-                    **kwargs: Any):
-    """Load ``name``/``split`` for a chapter, falling back to a generated stand-in where that is allowed.
+def chapter_device(preference: str | torch.device | None = "auto") -> torch.device:
+    """The device a chapter runs on: ``"auto"`` as :func:`~capsule_lib.training.select_device`; an explicit
+    ``"cuda"``/``"mps"`` that this machine does not have falls back to the CPU with one printed line (a
+    notebook written for Colab's GPU still runs on a laptop)."""
+    from .training import select_device
 
-    Real data is used whenever it is present (or downloadable). If it is not and ``cfg.smoke`` or
-    ``cfg.offline`` is set, the stand-in (``standin``, default from :data:`STANDINS`) is loaded instead and
-    a line starting with ``[GENERATED stand-in data]`` is printed; otherwise the clear
-    :class:`~capsule_lib.data.DatasetUnavailableError` (dataset, fetch command, offline option) propagates.
-    In smoke mode at most ``n_smoke`` samples are kept. Returns an :class:`~capsule_lib.data.ImageDataset`.
+    dev = select_device(preference or "auto")
+    ok = {"cuda": torch.cuda.is_available,
+          "mps": lambda: getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()}
+    if dev.type in ok and not ok[dev.type]():
+        print(f"DEVICE={str(preference)!r} requested but {dev.type} is not available here: running on the CPU "
+              "instead.")
+        return torch.device("cpu")
+    return dev
+
+
+def chapter_dataset(name: str, split: str, cfg: Settings, *, n_smoke: int = 512, **kwargs: Any):
+    """Load ``name``/``split`` for a chapter: :func:`~capsule_lib.data.get_dataset` with ``cfg.data_root`` and
+    ``standin=True``.
+
+    Real data is used whenever it is present (or downloadable); otherwise the generated stand-in registered in
+    :data:`~capsule_lib.data.STANDINS` is loaded and a line starting with ``[GENERATED stand-in data]`` is
+    printed (datasets without a stand-in raise the clear
+    :class:`~capsule_lib.data.DatasetUnavailableError`). In smoke mode at most ``n_smoke`` samples are kept.
+    Prints the dataset's one-line banner and returns the :class:`~capsule_lib.data.ImageDataset`.
     """
-    from .data import DatasetUnavailableError, get_dataset
+    from .data import get_dataset
 
-    try:
-        ds = get_dataset(name, cfg.data_root, split, **kwargs)
-    except DatasetUnavailableError as err:
-        if not (cfg.smoke or cfg.offline):
-            raise
-        alt = standin or STANDINS.get(name.lower().replace("-", "_"))
-        if alt is None:
-            raise DatasetUnavailableError(f"{err} (no generated stand-in is registered for {name!r})") from err
-        print(f"[GENERATED stand-in data] {name} is not available here ({'smoke' if cfg.smoke else 'offline'} "
-              f"mode): using {alt!r} instead. Numbers below are NOT {name} results.")
-        ds = get_dataset(alt, cfg.data_root, split, n=n_smoke if cfg.smoke else None)
+    if cfg.smoke:
+        kwargs.setdefault("n", n_smoke)  # generated sets: make only what is kept (real loaders ignore ``n``)
+    ds = get_dataset(name, cfg.data_root, split, standin=True, **kwargs)
     if cfg.smoke and len(ds) > n_smoke:
         ds = ds.subset(n_smoke)
     print(ds.banner())
+    if ds.standin_for:
+        print(f"[GENERATED stand-in data] The text of this page describes the results on the real {ds.standin_for}; "
+              f"the numbers and figures below are computed on the stand-in and differ from them.")
     return ds

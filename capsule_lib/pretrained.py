@@ -80,7 +80,20 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
 def registry(directory: str | os.PathLike | None = None) -> dict[str, dict[str, Any]]:
     """The registry as a dict ``name -> entry`` (empty if none is shipped)."""
     p = Path(directory or CHECKPOINT_DIR) / "registry.json"
-    return json.loads(p.read_text()) if p.exists() else {}
+    if not p.exists():
+        return {}
+    try:
+        return json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{p}: the checkpoint registry is not valid JSON ({e}); restore it from the repository "
+                         f"(git checkout -- {p.name} in its folder) or re-export the checkpoints") from None
+
+
+def _atomic_write(path: Path, data: bytes | str) -> None:
+    """Write ``path`` through a temporary file and a rename, so a crash never leaves it half written."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data.encode() if isinstance(data, str) else data)
+    os.replace(tmp, path)
 
 
 def _entry(name: str, directory: Path) -> dict[str, Any]:
@@ -129,7 +142,9 @@ def export_checkpoint(model: nn.Module, name: str, kind: str, config: Any, *, me
     state = {k: (v.detach().half() if half and v.is_floating_point() else v.detach()).cpu().contiguous()
              for k, v in model.state_dict().items()}
     file = d / f"{name}.pt"
-    torch.save(state, file)
+    tmp = file.with_name(file.name + ".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, file)
     entry: dict[str, Any] = {
         "file": file.name, "sha256": sha256_file(file), "model": kind,
         "config": asdict(config) if is_dataclass(config) else dict(config),
@@ -137,11 +152,11 @@ def export_checkpoint(model: nn.Module, name: str, kind: str, config: Any, *, me
     }
     if history is not None:
         hist = history.to_dict() if isinstance(history, History) else history
-        (d / f"{name}.history.json").write_text(json.dumps(hist, indent=1))
+        _atomic_write(d / f"{name}.history.json", json.dumps(hist, indent=1))
         entry["history"] = f"{name}.history.json"
     reg = registry(d)
     reg[name] = json.loads(json.dumps(entry, default=str))
-    (d / "registry.json").write_text(json.dumps(reg, indent=1, sort_keys=True))
+    _atomic_write(d / "registry.json", json.dumps(reg, indent=1, sort_keys=True))
     return reg[name]
 
 

@@ -1,9 +1,11 @@
 """Training recipes of the papers, as functions the chapters (``TRAIN = True``) and the command line share.
 
-    python -m capsule_lib.recipes capsnet --epochs 15 --out runs/capsnet_mnist --data-root ../shared/data
+    python -m capsule_lib.recipes capsnet --epochs 15 --out runs/capsnet_mnist --data-root "$CAPSULE_DATA"
 
 Each recipe builds data loaders (training augmentation only), the model, optimizer, schedule and objective,
-then runs :class:`~capsule_lib.training.Trainer` with checkpoints and resume in ``out_dir``.
+then runs :class:`~capsule_lib.training.Trainer` with checkpoints and resume in ``out_dir``. ``standin`` is
+passed to :func:`~capsule_lib.data.get_dataset`: ``None`` uses the generated stand-in only in offline mode
+(``CAPSULE_OFFLINE=1``), ``True`` whenever the real data cannot be had (the chapters), ``False`` never.
 """
 from __future__ import annotations
 
@@ -57,10 +59,11 @@ class CapsNetRecipe:
 
 
 def _loaders(recipe: Any, data_root: str | None, transform: Callable | None, device: torch.device,
-             test: bool = True) -> tuple[TensorLoader, TensorLoader, TensorLoader | None, Any]:
-    tr = get_dataset(recipe.dataset, data_root, "train")
-    va = get_dataset(recipe.dataset, data_root, "val")
-    te = get_dataset(recipe.dataset, data_root, "test") if test else None
+             test: bool = True, standin: bool | None = None
+             ) -> tuple[TensorLoader, TensorLoader, TensorLoader | None, Any]:
+    tr = get_dataset(recipe.dataset, data_root, "train", standin=standin)
+    va = get_dataset(recipe.dataset, data_root, "val", standin=standin)
+    te = get_dataset(recipe.dataset, data_root, "test", standin=standin) if test else None
     if recipe.train_subset:
         tr = tr.subset(recipe.train_subset)
     if recipe.eval_subset:
@@ -74,7 +77,8 @@ def _loaders(recipe: Any, data_root: str | None, transform: Callable | None, dev
 
 
 def train_capsnet(recipe: CapsNetRecipe | None = None, out_dir: str | Path | None = None, data_root: str | None = None,
-                  callbacks: tuple = (), progress: bool = True, test: bool = True) -> tuple[CapsNet, Trainer]:
+                  callbacks: tuple = (), progress: bool = True, test: bool = True,
+                  standin: bool | None = None) -> tuple[CapsNet, Trainer]:
     """Train a :class:`CapsNet`; returns the model (best validation weights loaded) and the trainer."""
     r = recipe or CapsNetRecipe()
     device = select_device(r.device)
@@ -84,7 +88,8 @@ def train_capsnet(recipe: CapsNetRecipe | None = None, out_dir: str | Path | Non
         x, *rest = batch
         return (random_shift(x, r.max_shift, g), *rest)
 
-    train_loader, val_loader, test_loader, tr = _loaders(r, data_root, augment if r.max_shift else None, device, test)
+    train_loader, val_loader, test_loader, tr = _loaders(r, data_root, augment if r.max_shift else None, device, test,
+                                                         standin)
     model = CapsNet(r.model)
     opt = torch.optim.Adam(model.parameters(), lr=r.lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: r.lr_decay ** (step / r.lr_decay_steps))
@@ -109,7 +114,7 @@ RECIPES: dict[str, tuple[type, Callable[..., Any]]] = {"capsnet": (CapsNetRecipe
 @dataclass
 class EfficientCapsNetRecipe:
     """Mazzia et al. (2021) Efficient-CapsNet MNIST recipe; defaults are the official ``config.json`` /
-    ``models/model.py`` values (papers.md section 5.3).
+    ``models/model.py`` values.
 
     Adam (Keras defaults, so ``eps=1e-7``), lr 5e-4 times ``0.97^epoch`` with a floor of 5e-5 (Keras
     ``LearningRateScheduler``, per epoch), batch 16, 150 epochs; loss = margin (sum over classes, mean over
@@ -139,7 +144,7 @@ class EfficientCapsNetRecipe:
 
 def train_efficient_capsnet(recipe: EfficientCapsNetRecipe | None = None, out_dir: str | Path | None = None,
                             data_root: str | None = None, callbacks: tuple = (), progress: bool = True,
-                            test: bool = True) -> tuple[EfficientCapsNet, Trainer]:
+                            test: bool = True, standin: bool | None = None) -> tuple[EfficientCapsNet, Trainer]:
     """Train an :class:`~capsule_lib.models.efficient.EfficientCapsNet`; returns the model (best validation
     weights loaded) and the trainer."""
     r = recipe or EfficientCapsNetRecipe()
@@ -150,7 +155,8 @@ def train_efficient_capsnet(recipe: EfficientCapsNetRecipe | None = None, out_di
         x, *rest = batch
         return (efficient_mnist_augment(x, g, r.squish_kernel), *rest)
 
-    train_loader, val_loader, test_loader, tr = _loaders(r, data_root, augment if r.augment else None, device, test)
+    train_loader, val_loader, test_loader, tr = _loaders(r, data_root, augment if r.augment else None, device, test,
+                                                         standin)
     model = EfficientCapsNet(r.model)
     cfg = model.config
     want = (cfg.in_channels, cfg.image_size, cfg.image_size)
@@ -196,7 +202,7 @@ class BaselineCNNRecipe:
 
 def train_baseline_cnn(recipe: BaselineCNNRecipe | None = None, out_dir: str | Path | None = None,
                        data_root: str | None = None, callbacks: tuple = (), progress: bool = True,
-                       test: bool = True) -> tuple[BaselineCNN, Trainer]:
+                       test: bool = True, standin: bool | None = None) -> tuple[BaselineCNN, Trainer]:
     """Train a :class:`~capsule_lib.models.baselines.BaselineCNN`; returns the model (best validation weights
     loaded) and the trainer."""
     r = recipe or BaselineCNNRecipe()
@@ -207,7 +213,8 @@ def train_baseline_cnn(recipe: BaselineCNNRecipe | None = None, out_dir: str | P
         x, *rest = batch
         return (random_shift(x, r.max_shift, g), *rest)
 
-    train_loader, val_loader, test_loader, tr = _loaders(r, data_root, augment if r.max_shift else None, device, test)
+    train_loader, val_loader, test_loader, tr = _loaders(r, data_root, augment if r.max_shift else None, device, test,
+                                                         standin)
     model = BaselineCNN(r.model)
     opt = torch.optim.Adam(model.parameters(), lr=r.lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: r.lr_decay ** (step / r.lr_decay_steps))
@@ -289,21 +296,22 @@ class EfficientMultiMNISTRecipe:
 
 def train_efficient_multimnist(recipe: EfficientMultiMNISTRecipe | None = None, out_dir: str | Path | None = None,
                                data_root: str | None = None, callbacks: tuple = (), progress: bool = True,
-                               test: bool = True, dataset: str = "mnist") -> tuple[EfficientCapsNet, Trainer]:
+                               test: bool = True, dataset: str = "mnist",
+                               standin: bool | None = None) -> tuple[EfficientCapsNet, Trainer]:
     """Train an Efficient-CapsNet on MultiMNIST pairs; accuracy in the history is "both digits right"."""
     r = recipe or EfficientMultiMNISTRecipe()
     device = select_device(r.device)
     torch.manual_seed(r.seed)
-    tr = get_dataset(dataset, data_root, "train")
+    tr = get_dataset(dataset, data_root, "train", standin=standin)
     if r.train_subset:
         tr = tr.subset(r.train_subset)
-    va = get_dataset(dataset, data_root, "val")
+    va = get_dataset(dataset, data_root, "val", standin=standin)
     train_loader = MultiMNISTLoader(tr, r.pairs_per_epoch, r.batch_size, r.variant, seed=r.seed, device=device)
     val_loader = MultiMNISTLoader(va, r.val_pairs, 256, r.variant, seed=r.seed + 1, fresh=False, shuffle=False,
                                   device=device)
     test_loader = None
     if test:
-        te = get_dataset(dataset, data_root, "test")
+        te = get_dataset(dataset, data_root, "test", standin=standin)
         test_loader = MultiMNISTLoader(te, r.test_pairs, 256, r.variant, seed=r.seed + 2, fresh=False,
                                        shuffle=False, device=device)
     model = EfficientCapsNet(r.model)

@@ -256,6 +256,15 @@ def _atomic_save(obj: Any, path: Path) -> None:
     os.replace(tmp, path)
 
 
+def _load_checkpoint(path: Path, device: torch.device | str) -> Any:
+    """``torch.load`` with a one-line, actionable error for a truncated or corrupt run checkpoint."""
+    try:
+        return torch.load(path, map_location=device, weights_only=False)
+    except (RuntimeError, EOFError, OSError, ValueError) as e:
+        raise RuntimeError(f"{path}: cannot read this checkpoint ({type(e).__name__}: {str(e).splitlines()[0][:120]}); "
+                           f"it is truncated or corrupt. Delete it (or the run folder) to start the run afresh") from e
+
+
 class Trainer:
     """Fit a model with an objective, keeping everything needed to resume after an interruption.
 
@@ -293,6 +302,7 @@ class Trainer:
         self._meta = dict(meta or {})
         self.epoch = 0  # number of completed epochs
         self.best_metric = -math.inf
+        self._best_in_memory: tuple[dict[str, torch.Tensor], dict[str, Any]] | None = None  # when out_dir is None
         self._t0 = 0.0
         self._wall_before = 0.0
 
@@ -333,7 +343,7 @@ class Trainer:
         """Load ``out_dir/last.pt`` if present; returns whether it did."""
         if self.out_dir is None or not (self.out_dir / "last.pt").exists():
             return False
-        self.load_state_dict(torch.load(self.out_dir / "last.pt", map_location=self.device, weights_only=False))
+        self.load_state_dict(_load_checkpoint(self.out_dir / "last.pt", self.device))
         return True
 
     # ---------------------------------------------------------------- loops
@@ -346,9 +356,9 @@ class Trainer:
     def _bar(self, it: Iterable, total: int, desc: str):
         if not self.progress:
             return it
-        from tqdm.auto import tqdm
+        from ._progress import progress
 
-        return tqdm(it, total=total, desc=desc, leave=False)
+        return progress(it, total=total, desc=desc)
 
     def train_epoch(self, loader: Any) -> dict[str, float]:
         self.model.train()
@@ -444,6 +454,8 @@ class Trainer:
             if improved:
                 self.best_metric = metric
             rec["best"] = improved
+            if improved and self.out_dir is None:  # no folder: keep the best weights in memory for load_best()
+                self._best_in_memory = ({k: v.detach().clone() for k, v in self.model.state_dict().items()}, rec)
             if self.out_dir is not None:
                 snapshot = {"model": self.model.state_dict(), "epoch": self.epoch, "record": rec}
                 if improved:
@@ -457,9 +469,16 @@ class Trainer:
         return self.history
 
     def load_best(self) -> dict[str, Any] | None:
-        """Load the best-validation weights from ``out_dir/best.pt`` into the model (if any)."""
-        if self.out_dir is None or not (self.out_dir / "best.pt").exists():
+        """Load the best-validation weights into the model: from ``out_dir/best.pt``, or, without ``out_dir``,
+        from the copy kept in memory during :meth:`fit`. Returns that epoch's record (``None`` if there is none)."""
+        if self.out_dir is None:
+            if self._best_in_memory is None:
+                return None
+            state, record = self._best_in_memory
+            self.model.load_state_dict(state)
+            return record
+        if not (self.out_dir / "best.pt").exists():
             return None
-        ck = torch.load(self.out_dir / "best.pt", map_location=self.device, weights_only=False)
+        ck = _load_checkpoint(self.out_dir / "best.pt", self.device)
         self.model.load_state_dict(ck["model"])
         return ck["record"]

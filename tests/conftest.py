@@ -5,7 +5,7 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = Path(os.environ.get("CAPSULE_SHARED_DATA", REPO.parent / "shared" / "data"))
+REAL_DATA = Path(os.environ.get("CAPSULE_DATA") or REPO / "data")
 
 
 @pytest.fixture(autouse=True)
@@ -15,8 +15,8 @@ def _seed():
 
 
 @pytest.fixture
-def shared_data() -> Path:
-    """The offline copies of real datasets (MNIST, CIFAR-10), or skip when absent."""
-    if not (SHARED_DATA / "mnist" / "MNIST" / "raw").exists():
-        pytest.skip(f"real datasets not present at {SHARED_DATA}")
-    return SHARED_DATA
+def real_data() -> Path:
+    """The data root ($CAPSULE_DATA, else data/) when it holds real MNIST; skip otherwise."""
+    if not (REAL_DATA / "mnist" / "MNIST" / "raw").exists():
+        pytest.skip(f"real MNIST not present under CAPSULE_DATA={REAL_DATA}")
+    return REAL_DATA

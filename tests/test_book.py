@@ -190,7 +190,8 @@ def test_references_bib_has_every_paper_of_the_book():
 # ------------------------------------------------------------------------------------------- config
 def test_config_serves_everything_locally():
     sphinx = CONFIG["sphinx"]["config"]
-    assert sphinx["html_static_path"] == ["book/_vendor"]
+    assert sphinx["html_static_path"] == ["book/_vendor", "book/_static"]
+    assert all((REPO / "book" / "_static" / f).is_file() for f in sphinx["html_css_files"]), "book CSS missing"
     assert not (REPO / "_static").exists(), "a top-level _static/ is injected into every page by JB1; use book/_vendor/"
     assert (REPO / "book" / "_vendor" / sphinx["mathjax_path"]).is_file(), "vendored MathJax missing"
     for sub in ("output/chtml/fonts/woff-v2", "input/tex/extensions", "a11y", "ui"):
@@ -278,6 +279,15 @@ def test_cache_guard_clears_the_cache_when_code_or_environment_change(tmp_path, 
     (repo / "capsule_lib" / "a.py").write_text("x = 2\n")
     assert run() is False  # library changed: cache cleared
     assert run() is True
+    (repo / "capsule_lib" / "checkpoints").mkdir()
+    (repo / "capsule_lib" / "checkpoints" / "m.pt").write_bytes(b"weights v1")
+    assert run() is False  # a new checkpoint: cache cleared
+    assert run() is True
+    (repo / "capsule_lib" / "checkpoints" / "registry.json").write_text("{}")
+    assert run() is False  # the registry changed: cache cleared
+    (repo / "capsule_lib" / "__pycache__").mkdir()
+    (repo / "capsule_lib" / "__pycache__" / "a.cpython-311.pyc").write_bytes(b"bytecode")
+    assert run() is True  # bytecode is not code
     monkeypatch.setenv("CAPSULE_OFFLINE", "1")
     assert run() is False  # environment changed: cache cleared
 
@@ -291,3 +301,140 @@ def test_api_docstring_fields_are_normalised():
         "Route votes.", "", "Nothing is detached.", "", "Parameters", "----------", "votes",
         "    the votes ``[B, I, J, E]``.", "iterations", "    how many", "    iterations (>= 1).", "x : int",
         "    NumPy style, kept.", "", "Returns", "-------", "out: kept as is outside parameter sections."]
+
+
+# ------------------------------------------------------------------------------- reader-facing checks
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=nb_id)
+def test_papermill_parses_every_parameter(path):
+    """`papermill --help-notebook` must list every parameter (a comment papermill cannot parse drops it)."""
+    from papermill.inspection import inspect_notebook
+
+    found = inspect_notebook(str(path))
+    assert set(PARAMETERS) <= set(found), f"{nb_id(path)}: papermill infers only {sorted(found)}"
+    for key, typ in PARAMETERS.items():
+        assert found[key]["inferred_type_name"] == typ.__name__, f"{nb_id(path)}: {key} {found[key]}"
+
+
+def test_colab_cell_is_the_one_written_from_config():
+    mod = _load(REPO / "book" / "_tools" / "colab_cell.py", "colab_cell")
+    assert mod.repository_url() == CONFIG["repository"]["url"].rstrip("/")
+    assert mod.package_spec().endswith(f"@v{mod.library_version()}")  # pinned to the release tag
+    assert mod.main([]) == 0, "a chapter's Colab cell differs: run book/_tools/colab_cell.py --write"
+
+
+@pytest.mark.slow
+def test_colab_cell_installs_and_imports_the_library(tmp_path):
+    """Execute the Colab cell as Colab would (``google.colab`` importable), with the git URL swapped for a
+    local copy of the package and pip pointed at a scratch folder: it must install and import capsule_lib
+    from there."""
+    import shutil
+    import subprocess
+
+    mod = _load(REPO / "book" / "_tools" / "colab_cell.py", "colab_cell")
+    src_dir = tmp_path / "src"
+    shutil.copytree(REPO / "capsule_lib", src_dir / "capsule_lib",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pt"))
+    for f in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(REPO / f, src_dir / f)
+    target = tmp_path / "site"
+    target.mkdir()
+    cell = mod.cell_source().replace(f"git+{mod.repository_url()}@v{mod.library_version()}", src_dir.as_uri())
+    driver = tmp_path / "driver.py"
+    driver.write_text(
+        "import subprocess, sys, types\n"
+        f"sys.path.insert(0, {str(target)!r})\n"
+        "sys.modules['google'] = types.ModuleType('google')\n"
+        "sys.modules['google.colab'] = types.ModuleType('google.colab')\n"
+        "_run = subprocess.run\n"
+        "def run(cmd, **kw):  # offline: no dependency resolution, no build isolation, into the scratch folder\n"
+        f"    return _run([*cmd, '--no-deps', '--no-build-isolation', '--target', {str(target)!r}], **kw)\n"
+        "subprocess.run = run\n"
+        f"exec(compile({cell!r}, 'colab-cell', 'exec'))\n"
+        f"assert capsule_lib.__file__.startswith({str(target)!r}), capsule_lib.__file__\n")
+    out = subprocess.run([sys.executable, str(driver)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert f"capsule_lib {mod.library_version()} installed from" in out.stdout
+
+
+PRIVATE = "|".join([r"\.\./shared", "shared/(spec|data|hooks)", "papers" + r"\.md"])  # not a match itself
+
+
+def test_no_reference_to_the_private_environment():
+    """A user has none of the CI machine's private folders: only .ci/run may know where CI keeps its data."""
+    hits = []
+    for p in REPO.rglob("*"):
+        rel = p.relative_to(REPO)
+        if (not p.is_file() or rel.parts[0] in (".git", ".venv", "_build", "runs", "data", "node_modules", ".ci")
+                or "egg-info" in rel.parts[0] or p.suffix in (".pt", ".png", ".pyc", ".woff", ".woff2")):
+            continue
+        try:
+            text = p.read_text()
+        except (UnicodeDecodeError, OSError):
+            continue
+        hits += [f"{rel}:{n}" for n, line in enumerate(text.splitlines(), 1)
+                 if re.search(PRIVATE, line)]
+    assert not hits, f"references to the private environment: {hits[:10]}"
+
+
+def test_intro_lists_exactly_the_chapters_that_exist():
+    intro = (BOOK / "intro.md").read_text()
+    linked = set(re.findall(r"\{doc\}`([^`]+)`", intro))
+    chapters = {p.relative_to(BOOK).with_suffix("").as_posix() for p in NOTEBOOKS + MARKDOWN} - {"intro"}
+    assert chapters <= linked, f"intro.md does not mention {sorted(chapters - linked)}"
+    assert linked <= chapters, f"intro.md links pages that do not exist: {sorted(linked - chapters)}"
+    uses_cifar = any("cifar" in src(c).lower() for p in NOTEBOOKS if p.name != "data.ipynb"
+                     for c in code_cells(nb_json(p)))
+    assert uses_cifar or "krizhevsky2009learning" not in intro, "intro.md says chapters use CIFAR-10; none does"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=nb_id)
+def test_chapters_never_move_their_model_in_place(path):
+    """`x = model.cpu()` moves the chapter's model too (nn.Module.cpu is in place): later GPU calls break."""
+    for i, cell in enumerate(code_cells(nb_json(path))):
+        for m in re.finditer(r"^\s*\w+\s*=\s*(\w+)\.(cpu|cuda)\(\)", python_of(cell), re.M):
+            assert m.group(1) not in ("model", "net", "cnn", "capsnet"), \
+                f"{nb_id(path)}, code cell {i}: `{m.group(0).strip()}` moves the model in place; use copy.deepcopy"
+
+
+# ------------------------------------------------------------------------ make book: failures, stand-ins
+@pytest.mark.slow
+def test_a_notebook_that_raises_fails_the_build_report(tmp_path):
+    """A real (tiny) Jupyter Book build with a notebook that raises: jupyter-book itself 'succeeds'; the build
+    report (run by `make book` and `make test` after it) must fail and name the notebook and the cell."""
+    import subprocess
+
+    (tmp_path / "_config.yml").write_text("title: t\nexecute:\n  execute_notebooks: cache\n  allow_errors: false\n"
+                                          "only_build_toc_files: true\n")
+    (tmp_path / "_toc.yml").write_text("format: jb-book\nroot: intro\nchapters:\n- file: broken\n")
+    (tmp_path / "intro.md").write_text("# Intro\n")
+    nb = {"cells": [{"cell_type": "markdown", "metadata": {}, "source": ["# Broken"]},
+                    {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
+                     "source": ["x = 1\n", "raise RuntimeError('simulated failure')"]}],
+          "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+          "nbformat": 4, "nbformat_minor": 5}
+    (tmp_path / "broken.ipynb").write_text(json.dumps(nb))
+    jb = Path(sys.executable).parent / "jupyter-book"
+    built = subprocess.run([str(jb), "build", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0  # the reason this report exists
+    rep = subprocess.run([sys.executable, str(BOOK / "_tools" / "build_report.py"), "--build",
+                          str(tmp_path / "_build")], capture_output=True, text=True)
+    assert rep.returncode == 1, rep.stdout
+    assert "notebook FAILED: broken.ipynb" in rep.stdout
+    assert "| raise RuntimeError('simulated failure')" in rep.stdout
+    assert "error: RuntimeError: simulated failure" in rep.stdout
+
+
+def test_build_report_summarises_the_stand_in_pages(tmp_path, capsys):
+    mod = _load(BOOK / "_tools" / "build_report.py", "build_report")
+    ex = tmp_path / "_build" / "jupyter_execute" / "book"
+    ex.mkdir(parents=True)
+    line = ("[GENERATED stand-in data] mnist is not available here (offline mode): using 'glyph_digits' instead. "
+            "Numbers below are NOT mnist results.\n")
+    for name, text in [("a", line), ("b", line), ("c", "[real data] mnist/test: 10000 images\n")]:
+        nb = {"cells": [{"cell_type": "code", "outputs": [{"output_type": "stream", "name": "stdout",
+                                                           "text": [text]}]}]}
+        (ex / f"{name}.ipynb").write_text(json.dumps(nb))
+    assert mod.main(["--build", str(tmp_path / "_build")]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and "built on generated stand-in data for: mnist (book/a, book/b)" in out[0]
+    assert "python data_scripts/mnist.py" in out[0]

@@ -59,7 +59,7 @@ def test_idx_reader_rejects_truncated_and_wrong_magic(tmp_path):
 def test_missing_mnist_offline_error_names_dataset_command_and_offline_option(tmp_path, monkeypatch):
     monkeypatch.setenv("CAPSULE_OFFLINE", "1")
     with pytest.raises(DatasetUnavailableError) as e:
-        get_dataset("mnist", tmp_path / "nowhere", "test")
+        get_dataset("mnist", tmp_path / "nowhere", "test", standin=False)
     msg = str(e.value)
     assert "mnist" in msg and "python data_scripts/mnist.py" in msg and "CAPSULE_OFFLINE=1" in msg
 
@@ -100,9 +100,9 @@ def test_cifar_npz_layout(tmp_path):
 
 
 @pytest.mark.realdata
-def test_real_mnist_statistics(shared_data):
-    te = get_dataset("mnist", shared_data, "test")
+def test_real_mnist_statistics(real_data):
+    te = get_dataset("mnist", real_data, "test")
     assert len(te) == 10000
     assert torch.bincount(te.labels).tolist() == [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
-    full = get_dataset("mnist", shared_data, "train_full")
+    full = get_dataset("mnist", real_data, "train_full")
     assert abs(full.float_images().mean().item() - 0.1307) < 1e-3

@@ -161,8 +161,8 @@ def test_affine_mnist_ranges_identity_and_translation():
 
 
 @pytest.mark.realdata
-def test_multimnist_from_real_mnist_overlap(shared_data):
-    ds = get_dataset("multimnist", shared_data, "test", n=5000)
+def test_multimnist_from_real_mnist_overlap(real_data):
+    ds = get_dataset("multimnist", real_data, "test", n=5000)
     s = overlap_stats(ds)
     assert "real MNIST" in ds.description and s["max_abs_shift"] == 4
     assert 0.6 < s["inter_over_min_mean"] < 0.9  # digits' boxes overlap heavily (paper: "80 % on average")

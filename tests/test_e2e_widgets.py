@@ -6,7 +6,8 @@ temporary copy of ``book/``, with ``CAPSULE_SMOKE=1`` (smoke mode, training off)
 Playwright's own browser download is not used), runs all cells, moves a slider and checks that the figure
 in the explorer's output area changed (sha256 of the PNG bytes) and that its readout changed; before/after
 screenshots go to ``_build/e2e/``. JupyterLab and every kernel it started are always shut down (the fixture
-fails if a process of this server survives). The browser test is skipped only when Chromium is missing.
+fails if a process of this server survives). The browser tests skip, saying why, when Chromium, Playwright or
+JupyterLab is missing.
 
 Adding an explorer is one :class:`ExplorerCase` in :data:`EXPLORERS`. The helpers are generic:
 
@@ -135,6 +136,7 @@ class Lab:
 @pytest.fixture(scope="module")
 def jupyterlab(tmp_path_factory):
     """JupyterLab on 127.0.0.1:<free port> with a token, serving a temporary copy of book/; always shut down."""
+    pytest.importorskip("jupyterlab", reason="jupyterlab is not installed (pip install -r requirements.txt)")
     tmp = tmp_path_factory.mktemp("lab")
     root = tmp / "book"
     shutil.copytree(BOOK, root, ignore=shutil.ignore_patterns(".ipynb_checkpoints", "_build"))
@@ -367,6 +369,8 @@ def click_button(page, label: str) -> None:
 def browser():
     if not CHROMIUM.exists():
         pytest.skip("chromium not installed (apt-get install -y chromium)")
+    pytest.importorskip("playwright.sync_api",
+                        reason="playwright (Python) is not installed (pip install -r requirements.txt)")
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
@@ -461,5 +465,6 @@ def test_colab_setup_cell(nb_path, monkeypatch):
     assert cmd[:4] == [sys.executable, "-m", "pip", "install"], cmd
     repo_url = yaml.safe_load((REPO / "_config.yml").read_text())["repository"]["url"].rstrip("/")
     spec = cmd[-1]
-    assert spec.startswith("capsule_lib") and spec.endswith(f"@ git+{repo_url}"), \
+    version = re.search(r'^version = "([^"]+)"', (REPO / "pyproject.toml").read_text(), re.M).group(1)
+    assert spec.startswith("capsule_lib") and spec.endswith(f"@ git+{repo_url}@v{version}"), \
         f"{nb_path.name}: installs {spec!r}, not capsule_lib from {repo_url}"

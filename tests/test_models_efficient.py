@@ -1,4 +1,4 @@
-"""Efficient-CapsNet model (papers.md 5.1), its MNIST augmentation (5.3) and the training recipe."""
+"""Efficient-CapsNet model (Mazzia et al. 2021), its MNIST augmentation and the training recipe."""
 import json
 import math
 
@@ -351,7 +351,7 @@ def test_recipe_smoke(tmp_path, monkeypatch):
     from capsule_lib.recipes import RECIPES, EfficientCapsNetRecipe, train_efficient_capsnet
 
     # small generated splits (rendering the default 10k glyphs dominates the run time otherwise)
-    monkeypatch.setattr(recipes, "get_dataset", lambda name, root, split: get_dataset(name, root, split, n=48))
+    monkeypatch.setattr(recipes, "get_dataset", lambda name, root, split, **kw: get_dataset(name, root, split, n=48, **kw))
 
     assert RECIPES["efficient"] == (EfficientCapsNetRecipe, train_efficient_capsnet)
     r = EfficientCapsNetRecipe(epochs=1, dataset="glyph_digits", train_subset=32, eval_subset=16, device="cpu")

@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from capsule_lib.data import DatasetUnavailableError
+from capsule_lib.data import DatasetUnavailableError, get_dataset
 from capsule_lib.notebook import Settings, chapter_dataset, default_data_root, env_flag, in_colab, settings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -31,7 +31,8 @@ def test_defaults_and_banner(capsys, tmp_path):
     assert cfg.device == torch.device("cpu") or cfg.device.type in ("cuda", "mps")
     out = capsys.readouterr().out.strip().splitlines()
     assert out == [cfg.banner()]
-    assert "full run" in out[0] and "TRAIN off" in out[0] and str(tmp_path) in out[0]
+    assert "full run" in out[0] and "TRAIN off" in out[0] and f"data .../{tmp_path.name}/" in out[0]
+    assert str(tmp_path) not in out[0]  # never the machine's absolute path
 
 
 def test_smoke_from_environment_caps_epochs(monkeypatch, capsys):
@@ -62,7 +63,7 @@ def test_data_root_precedence(monkeypatch, tmp_path):
     param = tmp_path / "param"
     cfg = settings(DATA_ROOT=str(param), quiet=True)  # the parameter wins
     assert cfg.data_root == param.resolve()
-    assert os.environ["CAPSULE_DATA"] == str(param.resolve())  # written back for get_dataset
+    assert os.environ["CAPSULE_DATA"] == str(env_root)  # settings() reads the environment, never writes it
 
 
 def test_default_data_root_is_repo_data_inside_the_repository(tmp_path):
@@ -114,12 +115,40 @@ def test_chapter_dataset_falls_back_to_standin_in_smoke_mode(tmp_path, monkeypat
     assert "NOT mnist results" in out
 
 
-def test_chapter_dataset_raises_the_clear_error_without_fallback(tmp_path, monkeypatch):
-    monkeypatch.setenv("CAPSULE_OFFLINE", "1")  # get_dataset must not download ...
+def _no_network(monkeypatch):
+    """Make every torchvision download fail the way it does without internet."""
+    import torchvision.datasets as tvd
+
+    def fail(*a, **k):
+        raise OSError("simulated: no route to host")
+
+    monkeypatch.setattr(tvd, "MNIST", fail)
+    monkeypatch.delenv("CAPSULE_OFFLINE", raising=False)
+
+
+def test_chapter_dataset_falls_back_when_the_download_fails_outside_offline_mode(tmp_path, monkeypatch, capsys):
+    """`make book` on a machine without the data and without internet: the chapter runs on the stand-in."""
+    _no_network(monkeypatch)
     cfg = Settings(smoke=False, train=False, epochs=1, device=torch.device("cpu"), data_root=tmp_path,
-                   offline=False, seed=0)  # ... but the chapter is not in offline mode: no fallback
+                   offline=False, seed=0)
+    ds = chapter_dataset("mnist", "test", cfg)
+    out = capsys.readouterr().out
+    assert ds.generated and ds.name == "glyph_digits" and len(ds) == 2000 and ds.standin_for == "mnist"
+    assert "The text of this page describes the results on the real mnist" in out
+    assert "[GENERATED stand-in data] mnist is not available here (not under the data root and could not be " \
+           "downloaded)" in out
+    multi = chapter_dataset("multimnist", "test", cfg, n=16)
+    assert multi.generated and "glyph_digits (NOT MNIST)" in multi.description
+
+
+def test_get_dataset_without_standin_raises_the_clear_error(tmp_path, monkeypatch):
+    _no_network(monkeypatch)
     with pytest.raises(DatasetUnavailableError, match="data_scripts/mnist.py"):
-        chapter_dataset("mnist", "test", cfg)
+        get_dataset("mnist", tmp_path, "test")  # default outside offline mode: no fallback
+    monkeypatch.setenv("CAPSULE_OFFLINE", "1")
+    with pytest.raises(DatasetUnavailableError, match="CAPSULE_OFFLINE=1"):
+        get_dataset("mnist", tmp_path, "test", standin=False)
+    assert get_dataset("mnist", tmp_path, "test", n=8).generated  # offline: the default allows the stand-in
 
 
 def test_chapter_dataset_without_standin(tmp_path, monkeypatch):
@@ -129,8 +158,21 @@ def test_chapter_dataset_without_standin(tmp_path, monkeypatch):
         chapter_dataset("cifar10", "test", cfg)
 
 
-def test_chapter_dataset_uses_real_data_when_present(shared_data, capsys):
-    cfg = settings(SMOKE=True, DATA_ROOT=str(shared_data), quiet=True)
+def test_chapter_device_falls_back_to_cpu_with_one_line(capsys):
+    from capsule_lib.notebook import chapter_device
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert chapter_device("cuda") == torch.device("cpu")
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out == ["DEVICE='cuda' requested but cuda is not available here: running on the CPU instead."]
+    assert chapter_device("cpu") == torch.device("cpu") and capsys.readouterr().out == ""
+    cfg = settings(DEVICE="cuda", quiet=True)
+    assert cfg.device == torch.device("cpu")
+
+
+def test_chapter_dataset_uses_real_data_when_present(real_data, capsys):
+    cfg = settings(SMOKE=True, DATA_ROOT=str(real_data), quiet=True)
     ds = chapter_dataset("mnist", "test", cfg, n_smoke=32)
     assert not ds.generated and len(ds) == 32
     assert "[real data]" in capsys.readouterr().out

@@ -1,5 +1,5 @@
 """Tests for inverted dot-product attention routing (Tsai et al. 2020): capsule_lib.routing.inverted and
-capsule_lib.models.inverted. Reference: ../shared/spec/papers.md section 1."""
+capsule_lib.models.inverted. Reference: Tsai et al. (2020) and its public code."""
 from __future__ import annotations
 
 import math

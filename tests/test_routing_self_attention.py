@@ -1,4 +1,4 @@
-"""Self-attention routing (Efficient-CapsNet FCCaps): papers.md section 5.2."""
+"""Self-attention routing (Efficient-CapsNet FCCaps), as described by Mazzia et al. (2021) and their code."""
 import math
 
 import pytest
@@ -83,7 +83,7 @@ def test_shortcut_equals_explicit_attention_row_sums():
 
 # --------------------------------------------------------------------------------------- exact values
 def _reference_loop(u, W, b, eps=1e-20):
-    """Independent float64 re-derivation with Python loops, following papers.md 5.2 literally.
+    """Independent float64 re-derivation with Python loops, following the paper and the official code literally.
     u [I, d], W [J, I, d, D], b [J, I, 1]; returns v [J, D] and the softmax coefficients c[i][j]."""
     J, I, d, D = len(W), len(W[0]), len(W[0][0]), len(W[0][0][0])
     uhat = [[[sum(u[i][a] * W[j][i][a][e] for a in range(d)) for e in range(D)] for i in range(I)] for j in range(J)]

@@ -1,7 +1,8 @@
 """Keep Jupyter Book's execution cache honest.
 
-jupyter-cache keys an executed notebook on its code cells only. A change in ``capsule_lib``, in the installed
-packages or in the ``CAPSULE_*`` environment would otherwise leave the book showing outputs of older code.
+jupyter-cache keys an executed notebook on its code cells only. A change in ``capsule_lib`` (its code, and its
+shipped checkpoints and registry), in the installed packages or in the ``CAPSULE_*`` environment would
+otherwise leave the book showing outputs of older code or older weights.
 This script hashes all of those; when the hash differs from the one stored next to the cache, it deletes the
 cache (``_build/.jupyter_cache``), the executed copies (``_build/jupyter_execute``) and Sphinx's saved
 environment (``_build/.doctrees``; without it Sphinx would not re-read, hence not re-execute, an unchanged
@@ -24,11 +25,14 @@ ENV_KEYS = ("CAPSULE_DATA", "CAPSULE_OFFLINE", "CAPSULE_SMOKE")
 
 
 def fingerprint(repo: Path | None = None) -> str:
-    """sha256 over capsule_lib's sources, requirements.txt, pyproject.toml, installed distributions and the
-    CAPSULE_* environment variables (``repo`` defaults to this repository)."""
+    """sha256 over every file of capsule_lib (sources, checkpoints, registry, histories), requirements.txt,
+    pyproject.toml, installed distributions and the CAPSULE_* environment variables (``repo`` defaults to
+    this repository)."""
     repo = repo or REPO
     h = hashlib.sha256()
-    files = sorted((repo / "capsule_lib").rglob("*.py")) + [repo / "requirements.txt", repo / "pyproject.toml"]
+    lib = sorted(f for f in (repo / "capsule_lib").rglob("*")
+                 if f.is_file() and "__pycache__" not in f.parts and f.suffix != ".pyc")
+    files = lib + [repo / "requirements.txt", repo / "pyproject.toml"]
     for f in files:
         if f.is_file():
             h.update(f.relative_to(repo).as_posix().encode())

@@ -9,9 +9,11 @@ Debian's Chromium through Playwright, waits for MathJax and the widget renderer,
 * every request that left the machine (anything but ``file:``, ``data:``, ``blob:``, ``about:``),
 * math that MathJax did not typeset (raw ``\\(`` or ``$$`` left in ``.math`` elements),
 * Markdown tables shown as raw ``|---|`` text,
-* widget views in the saved state that did not render, and JavaScript errors.
+* widget views in the saved state that did not render, and JavaScript errors,
+* code blocks wider than their box (cut off at the right edge), absolute filesystem paths of the build
+  machine in the page text, and output areas that show nothing (a blank gap).
 
-Exits 1 if any page made a network request, left math untypeset or failed to render a widget.
+Exits 1 if any page has one of these problems (JavaScript errors are printed, not counted).
 """
 from __future__ import annotations
 
@@ -33,8 +35,23 @@ _PROBE = """() => {
   const brokenImgs = Array.from(document.querySelectorAll('img')).filter(i => i.complete && i.naturalWidth === 0).map(i => i.getAttribute('src'));
   // a Markdown table that was not rendered (e.g. an output rendered as CommonMark) shows up as '|---|' text
   const rawTables = Array.from(document.querySelectorAll('article p, .output p, .cell_output p'))
-                         .filter(p => /\|\s*-{3,}\s*\|/.test(p.textContent)).length;
-  return {raw_tables: rawTables, math: math.length, raw_math: raw, typeset, widget_views: views, widgets_rendered: rendered, images: imgs, broken_images: brokenImgs};
+                         .filter(p => /\\|\\s*-{3,}\\s*\\|/.test(p.textContent)).length;
+  // code that does not fit its box: the reader sees it cut off (or has to scroll sideways)
+  const overflow = Array.from(document.querySelectorAll('div.highlight pre, .cell_input pre'))
+      .filter(p => p.scrollWidth > p.clientWidth + 2)
+      .map(p => p.textContent.split(String.fromCharCode(10)).reduce((a, b) => b.length > a.length ? b : a, '').trim().slice(0, 70));
+  // the build machine's absolute paths printed on the page
+  const main = document.querySelector('main') || document.body;
+  const absPaths = (main.innerText.match(/(?:^|[\\s'"(=:])\\/(?:home|root|work|tmp|Users|mnt|srv|opt|var|private)\\/[^\\s'")]*/gm) || [])
+      .map(s => s.trim()).slice(0, 5);
+  // an output area that shows nothing (e.g. a progress bar or widget that left no state): a blank gap
+  const blank = e => !e.innerText.trim() && !(e.matches('img, svg, canvas, table, video, iframe') ||
+                                                e.querySelector('img, svg, canvas, table, mjx-container, video, iframe'));
+  const emptyOutputs = Array.from(document.querySelectorAll('.cell_output'))
+      .filter(o => blank(o) || Array.from(o.children).some(c => c.getBoundingClientRect().height > 4 && blank(c)))
+      .map(o => { const c = o.closest('.cell'); const code = c && c.querySelector('.cell_input pre');
+                  return code ? code.textContent.trim().split(String.fromCharCode(10))[0].slice(0, 70) : '(output without code)'; });
+  return {code_overflow: overflow, abs_paths: absPaths, empty_outputs: emptyOutputs, raw_tables: rawTables, math: math.length, raw_math: raw, typeset, widget_views: views, widgets_rendered: rendered, images: imgs, broken_images: brokenImgs};
 }"""
 
 
@@ -103,6 +120,14 @@ def main(argv: list[str] | None = None) -> int:
                     problems.append(f"{info['raw_tables']} Markdown table(s) shown as raw text")
                 if info["broken_images"]:
                     problems.append(f"broken images: {info['broken_images']}")
+                if info["code_overflow"]:
+                    problems.append(f"{len(info['code_overflow'])} code block(s) wider than the page, e.g. "
+                                    f"{info['code_overflow'][:2]}")
+                if info["abs_paths"]:
+                    problems.append(f"absolute filesystem path(s) in the page text: {info['abs_paths']}")
+                if info["empty_outputs"]:
+                    problems.append(f"{len(info['empty_outputs'])} empty output area(s), after the cell(s) "
+                                    f"starting {info['empty_outputs'][:3]}")
                 status = "PROBLEM: " + "; ".join(problems) if problems else "ok"
                 print(f"{rel}: math {info['typeset']}/{info['math']} typeset, images {info['images']}, widgets "
                       f"{info['widgets_rendered']} rendered of {info['widget_views']} views, "

@@ -10,7 +10,7 @@ from . import affine_mnist, affnist, multimnist, render, smallnorb  # noqa: F401
 from .affine_mnist import make_affine_mnist
 from .affnist import center_pad, random_place, read_affnist_mat
 from .datasets import (DatasetUnavailableError, ImageDataset, available_datasets, data_root, get_dataset,
-                       is_offline, read_idx, register_dataset, train_val_indices)
+                       STANDINS, is_offline, read_idx, register_dataset, train_val_indices)
 from .generated import glyph_digits
 from .multimnist import make_multimnist, overlap_stats
 from .render import render_norb_like, viewpoint_split
@@ -19,7 +19,7 @@ from .smallnorb import (EfficientNorbTransform, NorbFormatError, channel_stats, 
 
 __all__ = [
     "DatasetUnavailableError", "ImageDataset", "available_datasets", "data_root", "get_dataset", "is_offline",
-    "read_idx", "register_dataset", "train_val_indices", "glyph_digits",
+    "read_idx", "register_dataset", "train_val_indices", "STANDINS", "glyph_digits",
     "make_multimnist", "overlap_stats", "make_affine_mnist", "read_affnist_mat", "center_pad", "random_place",
     "render_norb_like", "viewpoint_split", "read_norb_matrix", "write_norb_matrix", "NorbFormatError",
     "heinsen_transform", "EfficientNorbTransform", "hinton_transform", "channel_stats", "stereo_as_samples",

@@ -105,7 +105,7 @@ def _load_affnist(root: Path, split: str, download: bool, **_: Any) -> ImageData
     a = read_affnist_mat(f)
     extra = {"transform": torch.from_numpy(a["transform"])} if "transform" in a else {}
     return ImageDataset("affnist", "test", torch.from_numpy(a["images"]).unsqueeze(1), torch.from_numpy(a["labels"]),
-                        [str(i) for i in range(10)], description=f"affNIST test set from {f}", extra=extra)
+                        [str(i) for i in range(10)], description=f"affNIST test set from <data root>/.../{f.name}", extra=extra)
 
 
 def center_pad(x: torch.Tensor, size: int = 40) -> torch.Tensor:

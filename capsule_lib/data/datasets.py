@@ -20,10 +20,20 @@ import torch
 
 __all__ = [
     "ImageDataset", "DatasetUnavailableError", "get_dataset", "register_dataset", "available_datasets",
-    "data_root", "is_offline", "read_idx", "train_val_indices",
+    "data_root", "is_offline", "read_idx", "train_val_indices", "STANDINS",
 ]
 
 _REGISTRY: dict[str, Callable[..., "ImageDataset"]] = {}
+
+#: The generated stand-in for each real dataset: ``name -> (stand-in name, keyword overrides)``. Used by
+#: :func:`get_dataset` when the real data cannot be had and stand-ins are allowed.
+STANDINS: dict[str, tuple[str, dict[str, Any]]] = {
+    "mnist": ("glyph_digits", {}),
+    "multimnist": ("multimnist", {"source": "glyph_digits"}),
+    "affine_mnist": ("affine_mnist", {"source": "glyph_digits"}),
+}
+STANDIN_MARK = "[GENERATED stand-in data]"
+_ANNOUNCED: set[tuple[str, str, str]] = set()  # (dataset, data root, split) already announced in this process
 SPLITS = ("train", "val", "train_full", "test")
 
 
@@ -49,6 +59,7 @@ class ImageDataset:
     generated: bool = False
     description: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    standin_for: str | None = None  # set by get_dataset when this generated set replaces a real one
 
     def __len__(self) -> int:
         return self.images.shape[0]
@@ -66,7 +77,7 @@ class ImageDataset:
         extra = {k: (v[index] if isinstance(v, torch.Tensor) and v.shape[:1] == self.labels.shape[:1] else v)
                  for k, v in self.extra.items()}
         return ImageDataset(self.name, self.split, self.images[index], self.labels[index], self.classes,
-                            self.generated, self.description, extra)
+                            self.generated, self.description, extra, self.standin_for)
 
     def float_images(self) -> torch.Tensor:
         return self.images.float() / 255.0 if self.images.dtype == torch.uint8 else self.images
@@ -102,17 +113,42 @@ def is_offline() -> bool:
 
 
 def get_dataset(name: str, root: str | os.PathLike | None = None, split: str = "train", *,
-                download: bool = True, **kwargs: Any) -> ImageDataset:
+                download: bool = True, standin: bool | None = None, **kwargs: Any) -> ImageDataset:
     """Load dataset ``name`` (see :func:`available_datasets`) for ``split``.
 
     Splits: ``"train"`` (training part), ``"val"`` (a held-out part of the official training set, used
     for model selection), ``"train_full"`` (train + val), ``"test"`` (never used for selection).
     Generated datasets accept ``n`` and ``seed``.
+
+    ``standin``: what to do when the real data is neither under the data root nor downloadable.
+    ``False``: raise :class:`DatasetUnavailableError` (dataset, fetch command, offline option). ``True``: load
+    the generated stand-in registered in :data:`STANDINS` instead and print one line starting with
+    ``[GENERATED stand-in data]``; the returned dataset has ``generated=True``. ``None`` (default): ``True``
+    in offline mode (``CAPSULE_OFFLINE=1``), else ``False``. This is the only place where the fallback is
+    decided, so chapters, recipes and scripts behave alike.
     """
     key = name.lower().replace("-", "_")
     if key not in _REGISTRY:
         raise ValueError(f"unknown dataset {name!r}; available: {', '.join(available_datasets())}")
-    return _REGISTRY[key](data_root(root), split, download and not is_offline(), **kwargs)
+    offline = is_offline()
+    allow = offline if standin is None else bool(standin)
+    try:
+        return _REGISTRY[key](data_root(root), split, download and not offline, **kwargs)
+    except DatasetUnavailableError as err:
+        if not allow:
+            raise
+        if key not in STANDINS:
+            raise DatasetUnavailableError(f"{err} (no generated stand-in is registered for {name!r})") from err
+        alt, overrides = STANDINS[key]
+        why = "offline mode" if offline else "not under the data root and could not be downloaded"
+        if (key, str(data_root(root)), split) not in _ANNOUNCED:  # once per dataset, root and split
+            _ANNOUNCED.add((key, str(data_root(root)), split))
+            print(f"{STANDIN_MARK} {name} is not available here ({why}): using {alt!r}"
+                  f"{' built from glyph_digits' if overrides.get('source') == 'glyph_digits' else ''} instead. "
+                  f"Numbers below are NOT {name} results.", flush=True)
+        ds = _REGISTRY[alt](data_root(root), split, False, **{**kwargs, **overrides})
+        ds.standin_for = name
+        return ds
 
 
 def unavailable(dataset: str, where: Path, script: str, reason: str = "") -> DatasetUnavailableError:
@@ -149,8 +185,12 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
     """Read an IDX file (``.gz`` or raw): big-endian magic ``0x0000 <type> <ndim>``, dims, then data."""
     p = Path(path)
     opener = gzip.open if p.suffix == ".gz" else open
-    with opener(p, "rb") as f:
-        data = f.read()
+    try:
+        with opener(p, "rb") as f:
+            data = f.read()
+    except (EOFError, OSError, gzip.BadGzipFile) as e:  # truncated download, not gzip, unreadable
+        raise ValueError(f"{p}: corrupt or truncated file ({type(e).__name__}: {e}); delete it and fetch it again "
+                         f"(python data_scripts/mnist.py --root <data root> verifies checksums)") from None
     if len(data) < 4:
         raise ValueError(f"{p}: truncated IDX file ({len(data)} bytes)")
     zero, dtype_code, ndim = struct.unpack(">HBB", data[:4])
@@ -202,10 +242,14 @@ def _load_mnist_like(dataset: str, sub: str, cls_name: str, classes: list[str], 
             _torchvision_mnist_like(cls_name, folder, root, dataset, script, download)
         x = torch.from_numpy(read_idx(_find(raw, img_stem)).copy()).unsqueeze(1)  # [N, 1, 28, 28] uint8
         y = torch.from_numpy(read_idx(_find(raw, lab_stem)).astype(np.int64))  # [N]
+        if x.shape[0] != y.shape[0]:
+            raise ValueError(f"{_find(raw, img_stem)} has {x.shape[0]} images but {_find(raw, lab_stem)} has "
+                             f"{y.shape[0]} labels; the files do not belong together. Delete them and fetch them "
+                             f"again (python data_scripts/{script} --root <data root> verifies checksums)")
         if part == "train":
             x, y = _select_split(x, y, split, val_size)
         return ImageDataset(dataset, split, x, y, classes,
-                            description=f"{dataset} from {raw}" + (f" (val = {val_size} held-out training images)" if split == "val" else ""))
+                            description=f"{dataset} from <data root>/{raw.relative_to(root).as_posix()}" + (f" (val = {val_size} held-out training images)" if split == "val" else ""))
 
     return load
 
@@ -289,7 +333,7 @@ def _load_cifar(dataset: str, sub: str, cls_name: str, script: str, n_classes: i
         if part == "train":
             x, y = _select_split(x, y, split, val_size)
         classes = CIFAR10_CLASSES if n_classes == 10 else [str(i) for i in range(n_classes)]
-        return ImageDataset(dataset, split, x, y, classes, description=f"{dataset} from {folder}", extra=extra)
+        return ImageDataset(dataset, split, x, y, classes, description=f"{dataset} from <data root>/{sub}", extra=extra)
 
     return load
 

@@ -27,8 +27,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .datasets import _REGISTRY, DatasetUnavailableError, ImageDataset, _check_split, _find, _MNIST_FILES, \
-    is_offline, register_dataset, unavailable
+from .datasets import _REGISTRY, DatasetUnavailableError, ImageDataset, _check_split, register_dataset, unavailable
 from .transforms import shift_images
 
 __all__ = ["make_multimnist", "bounding_boxes", "bbox_overlap", "overlap_stats", "mnist_source", "VARIANTS"]
@@ -42,26 +41,21 @@ def mnist_source(root: Path, split: str, download: bool, source: str = "auto", d
                  n_glyph: int | None = None) -> tuple[ImageDataset, str]:
     """The digits a generated MNIST variant is built from: ``(dataset, "mnist" | "glyph_digits")``.
 
-    ``source="auto"``: real MNIST when its files are under ``root`` (or can be downloaded); when they are
-    missing and downloads are off (``CAPSULE_OFFLINE=1``), the generated ``glyph_digits``.
-    ``"mnist"``: real MNIST or a :class:`DatasetUnavailableError`; ``"glyph_digits"``: always generated
-    (``n_glyph`` of them, default the glyph split's size).
+    ``source="auto"`` or ``"mnist"``: real MNIST (under ``root`` or downloaded) or a
+    :class:`DatasetUnavailableError`; whether to fall back to the generated digits instead is decided by
+    :func:`~capsule_lib.data.get_dataset` (its ``standin`` argument), which then passes
+    ``source="glyph_digits"``: always generated (``n_glyph`` of them, default the glyph split's size).
     """
     if source not in ("auto", "mnist", "glyph_digits"):
         raise ValueError(f"source must be 'auto', 'mnist' or 'glyph_digits', got {source!r}")
     if source == "glyph_digits":
         return _REGISTRY["glyph_digits"](root, split, download, n=n_glyph), "glyph_digits"
-    raw = root / "mnist" / "MNIST" / "raw"
-    part = "test" if split == "test" else "train"
-    present = all(_find(raw, stem) is not None for stem in _MNIST_FILES[part])
-    if not present and source == "auto" and is_offline():
-        return _REGISTRY["glyph_digits"](root, split, download, n=n_glyph), "glyph_digits"
     try:
         return _REGISTRY["mnist"](root, split, download), "mnist"
     except DatasetUnavailableError as e:
         raise unavailable(f"{dataset} (built from mnist)", root / "mnist", "mnist.py",
-                          "its source MNIST is missing; CAPSULE_OFFLINE=1 builds it from the generated "
-                          "glyph_digits instead") from e
+                          "its source MNIST is missing; with CAPSULE_OFFLINE=1 or standin=True it is built from "
+                          "the generated glyph_digits instead") from e
 
 
 def make_multimnist(images: torch.Tensor, labels: torch.Tensor, n: int | None = None, variant: str = "sabour",

@@ -197,7 +197,7 @@ def _load_smallnorb(root: Path, split: str, download: bool, val_size: int = 2430
     labels = torch.from_numpy(a["category"])
     extra = {k: torch.from_numpy(a[k]) for k in ("instance", "elevation", "azimuth", "lighting")}
     ds = ImageDataset("smallnorb", split, x, labels, list(SMALLNORB_CLASSES),
-                      description=f"smallNORB stereo pairs from {folder}", extra=extra)
+                      description=f"smallNORB stereo pairs from <data root>/{folder.name}", extra=extra)
     if split in ("train", "val"):
         tr, va = train_val_indices(len(ds), min(val_size, len(ds) // 2))
         ds = ds.subset(tr if split == "train" else va)

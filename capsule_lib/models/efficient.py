@@ -181,7 +181,7 @@ class UpsampleConvDecoder(nn.Module):
     Dense(64) -> reshape 8x8x1 -> 3 x [bilinear x2 upsample, conv 3x3 valid, leaky ReLU] with
     ``channels`` (64, 128, 128) -> conv 3x3 valid to ``out_channels``, sigmoid. Spatial sizes
     8 -> 16 -> 14 -> 28 -> 26 -> 52 -> 50 -> 48. (Its sigmoid output is compared with standardised, signed
-    smallNORB targets in the official code, a known quirk: papers.md section 5.5.)
+    smallNORB targets in the official code, a known quirk of that code.)
     """
 
     def __init__(self, n_caps: int = 5, d_caps: int = 16, out_channels: int = 2,

@@ -5,7 +5,7 @@ Index names used in every einsum below::
     b  batch            i, k  input (child) capsules     j  output (parent) capsule
     d  input capsule dimension                            e  output capsule dimension (D)
 
-A single pass, no iterations (``reference: papers.md section 5.2``)::
+A single pass, no iterations (Mazzia et al. 2021 and the official code)::
 
     u_hat_{j,i} = u_i W_{j,i}                                       votes, [B, I, J, D]
     A_j         = U_j U_j^T,  (A_j)_{ik} = <u_hat_{j,i}, u_hat_{j,k}>   self-attention matrix, [B, J, I, I]

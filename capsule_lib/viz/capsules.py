@@ -209,10 +209,20 @@ def perturb_poses(poses: torch.Tensor, offsets: torch.Tensor | Sequence[float], 
     return out
 
 
+def module_device(model: torch.nn.Module) -> torch.device:
+    """The device of ``model``'s first parameter (or buffer); the CPU for a model without either."""
+    for t in (*model.parameters(), *model.buffers()):
+        return t.device
+    return torch.device("cpu")
+
+
 @torch.no_grad()
 def _decode(model: torch.nn.Module, poses: torch.Tensor, label: int) -> torch.Tensor:
-    y = torch.full((poses.shape[0],), label, dtype=torch.long, device=poses.device)
-    return model.reconstruct(poses, y)
+    """Decode ``poses [B, K, D]`` with ``model.reconstruct`` on the model's device (the model is never moved);
+    returns the reconstructions on the CPU."""
+    dev = module_device(model)
+    y = torch.full((poses.shape[0],), label, dtype=torch.long, device=dev)
+    return model.reconstruct(poses.to(dev), y).cpu()
 
 
 def plot_lengths(ax, lengths: np.ndarray, highlight: int | None = None, classes: Sequence[str] | None = None) -> None:

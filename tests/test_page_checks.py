@@ -1,0 +1,75 @@
+"""The browser checks of the built pages (book/_tools/screenshots.py) catch what a reader would see as broken:
+a code cell cut off at the right edge, the build machine's absolute paths in the text, a blank output area.
+A deliberately broken page must fail each check; a clean page must pass them all."""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+CHROMIUM = Path("/usr/bin/chromium")
+
+PAGE = """<!DOCTYPE html><html><head><meta charset="utf-8"><style>
+  main {{ width: 600px; }} pre {{ overflow: hidden; white-space: pre; }}
+</style></head><body><main>
+<div class="cell"><div class="cell_input"><div class="highlight"><pre>{code}</pre></div></div>
+<div class="cell_output"><div class="output stream">{output}</div>{gap}</div></div>
+<p>{text}</p>
+</main></body></html>"""
+
+BROKEN = PAGE.format(code="result = some_function(" + ", ".join(f"argument_{k}" for k in range(20)) + ")",
+                     output="", gap="", text="capsule_lib: full run | data /root/work/data | seed 0")
+# a progress bar closed during the build: its widget is hidden but still takes space, between two outputs
+GAP = PAGE.format(code="x = 1", output="some output",
+                  gap='<div class="widget-subarea"><div style="visibility: hidden; height: 32px">50%</div></div>',
+                  text="nothing else wrong")
+CLEAN = PAGE.format(code="x = 1", output="[real data] mnist/test: 10000 images", gap="",
+                    text="capsule_lib: full run | data $CAPSULE_DATA | seed 0")
+
+
+def _screenshots():
+    if not CHROMIUM.exists():
+        pytest.skip("chromium not installed (apt-get install -y chromium)")
+    pytest.importorskip("playwright.sync_api", reason="playwright (Python) is not installed")
+    spec = importlib.util.spec_from_file_location("screenshots", REPO / "book" / "_tools" / "screenshots.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["screenshots"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _site(tmp_path: Path, page: str) -> Path:
+    html = tmp_path / "html"
+    (html / "book").mkdir(parents=True)
+    (html / "index.html").write_text("<html><body><main>index</main></body></html>")
+    (html / "book" / "chapter.html").write_text(page)
+    return html
+
+
+@pytest.mark.slow
+def test_page_checks_fail_on_a_broken_page(tmp_path, capsys):
+    mod = _screenshots()
+    html = _site(tmp_path, BROKEN)
+    assert mod.main(["--html", str(html), "--out", str(tmp_path / "shots")]) == 1
+    err = capsys.readouterr().err
+    assert "book/chapter.html: 1 code block(s) wider than the page" in err
+    assert "absolute filesystem path(s) in the page text: ['/root/work/data']" in err
+    assert "book/chapter.html: 1 empty output area(s), after the cell(s) starting ['result = some_function(" in err
+
+
+@pytest.mark.slow
+def test_page_checks_pass_on_a_clean_page(tmp_path, capsys):
+    mod = _screenshots()
+    html = _site(tmp_path, CLEAN)
+    assert mod.main(["--html", str(html), "--out", str(tmp_path / "shots")]) == 0, capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_page_checks_fail_on_a_hidden_widget_gap(tmp_path, capsys):
+    mod = _screenshots()
+    html = _site(tmp_path, GAP)
+    assert mod.main(["--html", str(html), "--out", str(tmp_path / "shots")]) == 1
+    assert "book/chapter.html: 1 empty output area(s), after the cell(s) starting ['x = 1']" in capsys.readouterr().err
