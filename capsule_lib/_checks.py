@@ -5,7 +5,7 @@ from typing import Sequence
 
 import torch
 
-__all__ = ["check_tensor"]
+__all__ = ["check_tensor", "check_module_input", "check_image_range"]
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -44,3 +44,33 @@ def check_tensor(
 
 def _fmt(sizes: Sequence[int | None]) -> str:
     return "(" + ", ".join("*" if s is None else str(s) for s in sizes) + ")"
+
+
+def check_module_input(x: torch.Tensor, module: torch.nn.Module, name: str, *, dtype: bool = True) -> None:
+    """One-line errors instead of torch's deep ones when ``x`` and ``module``'s parameters disagree on the
+    device, or (``dtype=True``, the models) on the dtype outside autocast (e.g. fp16 images into an fp32
+    model); routing layers check the device only (several accept half-precision votes by design). No-op for a
+    module without parameters or a non-tensor ``x``."""
+    if not isinstance(x, torch.Tensor):
+        return
+    p = next(module.parameters(), None)
+    if p is None:
+        return
+    if x.device != p.device and not (x.device.type == p.device.type and None in (x.device.index, p.device.index)):
+        raise ValueError(f"{name}: the input is on {x.device} but the parameters are on {p.device}; move one of "
+                         f"them (x.to({str(p.device)!r}) or model.to({str(x.device)!r}))")
+    if (dtype and x.is_floating_point() and p.is_floating_point() and x.dtype != p.dtype
+            and not torch.is_autocast_enabled(x.device.type)):
+        raise ValueError(f"{name}: the input is {x.dtype} but the parameters are {p.dtype}; convert the input "
+                         f"(x.to({p.dtype})) or the model (model.to({x.dtype})), or run under torch.autocast")
+
+
+def check_image_range(x: torch.Tensor, low: float, high: float, name: str, tol: float = 1e-3) -> None:
+    """Refuse float images outside ``[low, high]`` (a model trained on [0, 1] silently misreads 0-255 or
+    mean/std-normalised input); ``uint8`` images are the caller's to convert."""
+    if x.is_floating_point() and x.numel():
+        lo, hi = float(x.min()), float(x.max())
+        if lo < low - tol or hi > high + tol:
+            raise ValueError(f"{name}: float images must be in [{low:g}, {high:g}], got values in [{lo:.3g}, {hi:.3g}]"
+                             f" (pixel values 0-255 or normalised input?); pass uint8 images or scale them to "
+                             f"[{low:g}, {high:g}]")

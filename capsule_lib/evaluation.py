@@ -6,6 +6,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ._checks import check_image_range
+
 __all__ = ["predict", "accuracy", "multimnist_accuracy", "confusion_matrix"]
 
 
@@ -16,6 +18,8 @@ def predict(model: nn.Module, images: torch.Tensor, batch_size: int = 256, devic
 
     The batches are moved to ``device`` (default: the device of the model's parameters). The model itself is
     never moved: if ``device`` differs from the model's device, a one-line :class:`ValueError` says so.
+    ``uint8`` images are scaled to [0, 1]; float images outside the model's ``input_range`` (if it declares
+    one, e.g. 0-255 floats or mean/std-normalised input to a [0, 1] model) are refused with a one-line error.
 
     Returns ``{"scores": [N, K]}`` (capsule lengths or logits) and ``"poses"`` ``[N, K, D]`` when
     ``keep_poses`` and the model returns capsules.
@@ -26,6 +30,7 @@ def predict(model: nn.Module, images: torch.Tensor, batch_size: int = 256, devic
     if device.type != here.type or (device.index is not None and here.index is not None and device != here):
         raise ValueError(f"predict: the model is on {here} but device={str(device)!r}; move the model first "
                          f"(model.to({str(device)!r})) or leave device unset")
+    expected = getattr(model, "input_range", None)  # e.g. (0, 1): refuse 0-255 floats or normalised input
     model.eval()
     scores, poses = [], []
     rng = range(0, images.shape[0], batch_size)
@@ -36,6 +41,8 @@ def predict(model: nn.Module, images: torch.Tensor, batch_size: int = 256, devic
     for lo in rng:
         x = images[lo:lo + batch_size].to(device)
         x = x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
+        if expected is not None:
+            check_image_range(x, *expected, f"predict({type(model).__name__})")
         out: Any = model(x)
         s = out if isinstance(out, torch.Tensor) else out.lengths
         scores.append(s.float().cpu())

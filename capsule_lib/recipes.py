@@ -6,6 +6,9 @@ Each recipe builds data loaders (training augmentation only), the model, optimiz
 then runs :class:`~capsule_lib.training.Trainer` with checkpoints and resume in ``out_dir``. ``standin`` is
 passed to :func:`~capsule_lib.data.get_dataset`: ``None`` uses the generated stand-in only in offline mode
 (``CAPSULE_OFFLINE=1``), ``True`` whenever the real data cannot be had (the chapters), ``False`` never.
+``resume=True`` continues the run in ``out_dir`` (only the same run: see :class:`~capsule_lib.training.Trainer`);
+``resume=False`` starts afresh. The test split is evaluated once, after the epoch is chosen on validation,
+and recorded in ``trainer.history.meta["test"]``.
 """
 from __future__ import annotations
 
@@ -78,7 +81,7 @@ def _loaders(recipe: Any, data_root: str | None, transform: Callable | None, dev
 
 def train_capsnet(recipe: CapsNetRecipe | None = None, out_dir: str | Path | None = None, data_root: str | None = None,
                   callbacks: tuple = (), progress: bool = True, test: bool = True,
-                  standin: bool | None = None) -> tuple[CapsNet, Trainer]:
+                  standin: bool | None = None, resume: bool = True) -> tuple[CapsNet, Trainer]:
     """Train a :class:`CapsNet`; returns the model (best validation weights loaded) and the trainer."""
     r = recipe or CapsNetRecipe()
     device = select_device(r.device)
@@ -99,8 +102,8 @@ def train_capsnet(recipe: CapsNetRecipe | None = None, out_dir: str | Path | Non
     trainer = Trainer(model, CapsuleObjective(r.recon_weight, r.margin_reduction), opt, sched, scheduler_step="batch",
                       device=device, amp=r.amp, out_dir=out_dir, seed=r.seed, callbacks=callbacks, progress=progress,
                       meta=meta)
-    trainer.fit(train_loader, val_loader, r.epochs, test_loader=test_loader)
-    trainer.load_best()
+    trainer.fit(train_loader, val_loader, r.epochs, resume=resume)
+    trainer.finish(test_loader)  # best validation weights; the test split is read once, now
     return model, trainer
 
 
@@ -144,7 +147,8 @@ class EfficientCapsNetRecipe:
 
 def train_efficient_capsnet(recipe: EfficientCapsNetRecipe | None = None, out_dir: str | Path | None = None,
                             data_root: str | None = None, callbacks: tuple = (), progress: bool = True,
-                            test: bool = True, standin: bool | None = None) -> tuple[EfficientCapsNet, Trainer]:
+                            test: bool = True, standin: bool | None = None,
+                            resume: bool = True) -> tuple[EfficientCapsNet, Trainer]:
     """Train an :class:`~capsule_lib.models.efficient.EfficientCapsNet`; returns the model (best validation
     weights loaded) and the trainer."""
     r = recipe or EfficientCapsNetRecipe()
@@ -172,8 +176,8 @@ def train_efficient_capsnet(recipe: EfficientCapsNetRecipe | None = None, out_di
     objective = CapsuleObjective(r.recon_weight, margin_reduction="paper", recon_reduction="mean")
     trainer = Trainer(model, objective, opt, sched, scheduler_step="epoch", device=device, amp=r.amp,
                       out_dir=out_dir, seed=r.seed, callbacks=callbacks, progress=progress, meta=meta)
-    trainer.fit(train_loader, val_loader, r.epochs, test_loader=test_loader)
-    trainer.load_best()
+    trainer.fit(train_loader, val_loader, r.epochs, resume=resume)
+    trainer.finish(test_loader)  # best validation weights; the test split is read once, now
     return model, trainer
 
 
@@ -202,7 +206,8 @@ class BaselineCNNRecipe:
 
 def train_baseline_cnn(recipe: BaselineCNNRecipe | None = None, out_dir: str | Path | None = None,
                        data_root: str | None = None, callbacks: tuple = (), progress: bool = True,
-                       test: bool = True, standin: bool | None = None) -> tuple[BaselineCNN, Trainer]:
+                       test: bool = True, standin: bool | None = None,
+                       resume: bool = True) -> tuple[BaselineCNN, Trainer]:
     """Train a :class:`~capsule_lib.models.baselines.BaselineCNN`; returns the model (best validation weights
     loaded) and the trainer."""
     r = recipe or BaselineCNNRecipe()
@@ -224,8 +229,8 @@ def train_baseline_cnn(recipe: BaselineCNNRecipe | None = None, out_dir: str | P
     trainer = Trainer(model, ClassifierObjective(), opt, sched, scheduler_step="batch", device=device, amp=r.amp,
                       out_dir=out_dir, seed=r.seed, callbacks=callbacks, progress=progress, meta=meta,
                       keep_epochs=True)
-    trainer.fit(train_loader, val_loader, r.epochs, test_loader=test_loader)
-    trainer.load_best()
+    trainer.fit(train_loader, val_loader, r.epochs, resume=resume)
+    trainer.finish(test_loader)  # best validation weights; the test split is read once, now
     return model, trainer
 
 
@@ -297,7 +302,7 @@ class EfficientMultiMNISTRecipe:
 def train_efficient_multimnist(recipe: EfficientMultiMNISTRecipe | None = None, out_dir: str | Path | None = None,
                                data_root: str | None = None, callbacks: tuple = (), progress: bool = True,
                                test: bool = True, dataset: str = "mnist",
-                               standin: bool | None = None) -> tuple[EfficientCapsNet, Trainer]:
+                               standin: bool | None = None, resume: bool = True) -> tuple[EfficientCapsNet, Trainer]:
     """Train an Efficient-CapsNet on MultiMNIST pairs; accuracy in the history is "both digits right"."""
     r = recipe or EfficientMultiMNISTRecipe()
     device = select_device(r.device)
@@ -325,8 +330,8 @@ def train_efficient_multimnist(recipe: EfficientMultiMNISTRecipe | None = None, 
             "accuracy": "both digits among the two longest capsules"}
     trainer = Trainer(model, MultiDigitObjective(r.recon_weight), opt, sched, scheduler_step="epoch", device=device,
                       amp=r.amp, out_dir=out_dir, seed=r.seed, callbacks=callbacks, progress=progress, meta=meta)
-    trainer.fit(train_loader, val_loader, r.epochs, test_loader=test_loader)
-    trainer.load_best()
+    trainer.fit(train_loader, val_loader, r.epochs, resume=resume)
+    trainer.finish(test_loader)  # best validation weights; the test split is read once, now
     return model, trainer
 
 

@@ -23,7 +23,7 @@ from .losses import margin_loss, reconstruction_loss
 
 __all__ = [
     "seed_everything", "select_device", "TensorLoader", "StepOutput", "CapsuleObjective", "ClassifierObjective",
-    "MultiDigitObjective", "History", "Trainer", "load_history", "time_training_step",
+    "MultiDigitObjective", "History", "Trainer", "RunMismatchError", "load_history", "time_training_step",
 ]
 
 
@@ -64,6 +64,9 @@ class TensorLoader:
         self.tensors, self.batch_size, self.shuffle, self.seed = list(tensors), batch_size, shuffle, seed
         self.transform, self.drop_last, self.device = transform, drop_last, torch.device(device)
         self.epoch = 0
+        self.position = 0  # batches yielded so far in the current epoch
+        self._generator: torch.Generator | None = None
+        self._start: dict[str, Any] | None = None
 
     @classmethod
     def from_dataset(cls, ds: Any, batch_size: int = 128, **kw: Any) -> "TensorLoader":
@@ -77,15 +80,34 @@ class TensorLoader:
         n = self.tensors[0].shape[0]
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
+    def state(self) -> dict[str, Any]:
+        """Where the current epoch's iteration is: epoch, batches done, and the shuffling/augmentation
+        generator's state (saved in mid-epoch checkpoints)."""
+        gen = self._generator.get_state() if self._generator is not None else None
+        return {"epoch": self.epoch, "batch": self.position, "generator": gen}
+
+    def resume_at(self, state: dict[str, Any]) -> None:
+        """Make the next iteration of epoch ``state["epoch"]`` start after ``state["batch"]`` batches, with the
+        generator as it was there: the remaining batches are exactly those of an uninterrupted epoch."""
+        self._start = state
+
     def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
         n = self.tensors[0].shape[0]
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
         order = torch.randperm(n, generator=g) if self.shuffle else torch.arange(n)
-        for k in range(len(self)):
+        start, self._start = self._start, None
+        first = 0
+        if start is not None and start["epoch"] == self.epoch:
+            first = int(start["batch"])
+            if start.get("generator") is not None:
+                g.set_state(start["generator"])
+        self._generator, self.position = g, first
+        for k in range(first, len(self)):
             idx = order[k * self.batch_size:(k + 1) * self.batch_size]
             batch = tuple(_to_device(t[idx], self.device) for t in self.tensors)
             if self.transform is not None:
                 batch = self.transform(batch, g)
+            self.position = k + 1
             yield batch
 
 
@@ -256,6 +278,10 @@ def _atomic_save(obj: Any, path: Path) -> None:
     os.replace(tmp, path)
 
 
+class RunMismatchError(ValueError):
+    """``out_dir/last.pt`` belongs to another run than the one being trained."""
+
+
 def _load_checkpoint(path: Path, device: torch.device | str) -> Any:
     """``torch.load`` with a one-line, actionable error for a truncated or corrupt run checkpoint."""
     try:
@@ -274,10 +300,20 @@ class Trainer:
     * ``amp``: ``None``, ``"bf16"`` or ``"fp16"`` (fp16 uses a GradScaler; CUDA only).
     * ``callbacks``: callables ``cb(trainer, record)`` run after each epoch (e.g. :class:`~capsule_lib.viz.LivePlot`).
     * ``keep_epochs``: also keep every epoch's weights as ``epoch_NNN.pt`` (to compare budgets afterwards).
+    * ``checkpoint_minutes``: also write ``last.pt`` *inside* an epoch, at most this often (default 10; ``None``
+      turns it off), when the training loader can report and restore its position (``state()`` /
+      ``resume_at()``, as :class:`TensorLoader` does). Resuming from such a checkpoint finishes the epoch
+      with exactly the batches, augmentations and random states of the uninterrupted run.
     * Every epoch reseeds torch from ``(seed, epoch)``, so a resumed run repeats exactly what the
       uninterrupted run would have done.
     * Resuming with a different recipe (``meta["config"]``) is allowed and recorded in
-      ``history.meta["changes"]`` as ``{"from_epoch": ..., "config": ...}``.
+      ``history.meta["changes"]`` as ``{"from_epoch": ..., "config": ...}``. Resuming a *different run* is
+      not: ``last.pt`` stores the run's identity (:meth:`identity`: recipe, dataset, number of training
+      images, stand-in or real data, seed, model configuration) and :meth:`fit` refuses, in one line, to
+      continue a run whose identity differs (use another ``out_dir`` or ``resume=False``).
+    * :meth:`finish` evaluates the test split **once**, after :meth:`load_best`, and records it in
+      ``history.meta["test"]``; the recipes pass no test loader to :meth:`fit`, so no per-epoch test curve
+      exists to be looked at while a run is steered.
     """
 
     def __init__(self, model: nn.Module, objective: Callable[..., StepOutput], optimizer: torch.optim.Optimizer,
@@ -285,7 +321,7 @@ class Trainer:
                  amp: str | None = None, out_dir: str | os.PathLike | None = None, seed: int = 0,
                  grad_clip: float | None = None, callbacks: Iterable[Callable[["Trainer", dict], None]] = (),
                  progress: bool = True, select_metric: str = "val_acc", meta: dict[str, Any] | None = None,
-                 keep_epochs: bool = False) -> None:
+                 keep_epochs: bool = False, checkpoint_minutes: float | None = 10.0) -> None:
         if scheduler_step not in ("epoch", "batch"):
             raise ValueError("scheduler_step must be 'epoch' or 'batch'")
         if amp not in (None, "bf16", "fp16"):
@@ -295,7 +331,10 @@ class Trainer:
         self.objective, self.optimizer, self.scheduler = objective, optimizer, scheduler
         self.scheduler_step, self.amp, self.seed, self.grad_clip = scheduler_step, amp, seed, grad_clip
         self.callbacks, self.progress, self.select_metric = list(callbacks), progress, select_metric
-        self.keep_epochs = keep_epochs
+        self.keep_epochs, self.checkpoint_minutes = keep_epochs, checkpoint_minutes
+        self._in_epoch: dict[str, Any] | None = None  # progress inside an epoch, from a mid-epoch checkpoint
+        self._last_save = 0.0
+        self._epoch_lr, self._t_epoch = 0.0, 0.0
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.scaler = torch.amp.GradScaler("cuda", enabled=(amp == "fp16" and self.device.type == "cuda"))
         self.history = History(meta=dict(meta or {}))
@@ -307,8 +346,17 @@ class Trainer:
         self._wall_before = 0.0
 
     # ---------------------------------------------------------------- checkpoint state
+    def identity(self) -> dict[str, Any]:
+        """What makes two runs the same run (resuming across them would silently mix them)."""
+        keys = ("recipe", "dataset", "train_images", "generated_data")
+        ident: dict[str, Any] = {k: self._meta.get(k) for k in keys}
+        ident["seed"] = self.seed
+        ident["model"] = (self._meta.get("config") or {}).get("model")
+        return json.loads(json.dumps(ident, default=str))
+
     def state_dict(self) -> dict[str, Any]:
         return {
+            "identity": self.identity(),
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
@@ -321,6 +369,13 @@ class Trainer:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        old, new = state.get("identity"), self.identity()
+        if old is not None and old != new:
+            diff = "; ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in new if old.get(k) != new.get(k))
+            where = self.out_dir / "last.pt" if self.out_dir is not None else "the checkpoint"
+            raise RunMismatchError(f"{where} belongs to a different run ({diff[:300]}); resuming would mix the two. "
+                                   f"Train into another out_dir, or pass resume=False to start afresh (it overwrites "
+                                   f"that run)")
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scheduler is not None and state.get("scheduler") is not None:
@@ -328,6 +383,7 @@ class Trainer:
         self.scaler.load_state_dict(state["scaler"])
         self.epoch = int(state["epoch"])
         self.best_metric = float(state["best_metric"])
+        self._in_epoch = state.get("in_epoch")
         self.history = History.from_dict(state["history"])
         rng = state.get("rng") or {}
         if rng.get("torch") is not None:
@@ -366,7 +422,14 @@ class Trainer:
             loader.set_epoch(self.epoch)
         sums: dict[str, float] = {}
         loss_sum, correct, n = 0.0, 0.0, 0
-        bar = self._bar(loader, len(loader), f"epoch {self.epoch + 1}")
+        resumable = self.out_dir is not None and hasattr(loader, "state") and hasattr(loader, "resume_at")
+        done, self._in_epoch = self._in_epoch, None
+        if done is not None and resumable:  # finish an epoch interrupted after a mid-epoch checkpoint
+            loader.resume_at(done["loader"])
+            sums, loss_sum, correct, n = dict(done["sums"]), done["loss_sum"], done["correct"], done["n"]
+        self._last_save = time.time()
+        total = len(loader) - (done["loader"]["batch"] if done is not None and resumable else 0)
+        bar = self._bar(loader, total, f"epoch {self.epoch + 1}")
         for batch in bar:
             batch = tuple(b.to(self.device) for b in batch)
             with self._autocast():
@@ -388,6 +451,13 @@ class Trainer:
                 sums[k] = sums.get(k, 0.0) + v * b
             if self.progress and hasattr(bar, "set_postfix"):
                 bar.set_postfix(loss=f"{loss_sum / n:.4f}", acc=f"{correct / n:.4f}")
+            due = self.checkpoint_minutes is not None and time.time() - self._last_save >= 60 * self.checkpoint_minutes
+            if resumable and due and loader.position < len(loader):
+                state = self.state_dict()
+                state["in_epoch"] = {"loader": loader.state(), "sums": sums, "loss_sum": loss_sum, "correct": correct,
+                                     "n": n, "lr": self._epoch_lr, "elapsed": time.time() - self._t_epoch}
+                _atomic_save(state, self.out_dir / "last.pt")
+                self._last_save = time.time()
         rec = {"train_loss": loss_sum / max(n, 1), "train_acc": correct / max(n, 1)}
         rec.update({f"train_{k}": v / max(n, 1) for k, v in sums.items()})
         return rec
@@ -434,9 +504,11 @@ class Trainer:
         self.history.meta.setdefault("seed", self.seed)
         self.history.meta.setdefault("amp", self.amp)
         while self.epoch < epochs:
-            seed_everything(self.seed * 1_000_003 + self.epoch)
-            t_epoch = time.time()
-            lr = self.optimizer.param_groups[0]["lr"]
+            if self._in_epoch is None:  # a resumed mid-epoch checkpoint restored the random states instead
+                seed_everything(self.seed * 1_000_003 + self.epoch)
+            t_epoch = time.time() - (self._in_epoch or {}).get("elapsed", 0.0)
+            lr = (self._in_epoch or {}).get("lr", self.optimizer.param_groups[0]["lr"])
+            self._epoch_lr, self._t_epoch = lr, t_epoch
             rec: dict[str, Any] = {"epoch": self.epoch + 1, "lr": lr}
             rec.update(self.train_epoch(train_loader))
             if self.scheduler is not None and self.scheduler_step == "epoch":
@@ -467,6 +539,20 @@ class Trainer:
             for cb in self.callbacks:
                 cb(self, rec)
         return self.history
+
+    def finish(self, test_loader: Any = None) -> dict[str, Any] | None:
+        """Load the best-validation weights (:meth:`load_best`) and, with ``test_loader``, evaluate the test split
+        once, for the record: ``history.meta["test"] = {"epoch": <selected epoch>, "test_acc": ..., ...}`` (also
+        saved to ``out_dir/history.json``). Returns that record (``None`` without a test loader)."""
+        best = self.load_best()
+        if test_loader is None:
+            return None
+        rec = {"epoch": best["epoch"] if best else self.epoch, "selected_by": self.select_metric,
+               **self.evaluate(test_loader, "test")}
+        self.history.meta["test"] = rec
+        if self.out_dir is not None:
+            self.history.save(self.out_dir / "history.json")
+        return rec
 
     def load_best(self) -> dict[str, Any] | None:
         """Load the best-validation weights into the model: from ``out_dir/best.pt``, or, without ``out_dir``,

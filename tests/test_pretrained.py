@@ -66,3 +66,24 @@ def test_export_run_at_an_epoch_budget(tmp_path):
     model, e = load_pretrained("cnn1", directory=tmp_path / "ck")
     assert e["sha256"] == sha256_file(tmp_path / "ck" / "cnn1.pt")
     assert 0.0 <= e["metrics"]["test_acc"] <= 1.0 and e["metrics"]["test_size"] == 2000
+
+
+def test_shipped_histories_record_recipe_changes_where_the_lr_shows_them():
+    """A resumed run with a new per-epoch decay records ``from_epoch``: the records' lr must follow the old
+    decay before it and the new decay from it on (lr = lr0 * decay ** (epoch - 1))."""
+    from capsule_lib.pretrained import load_pretrained_history, registry
+
+    checked = 0
+    for name in registry():
+        h = load_pretrained_history(name)
+        cfg = h.meta.get("config") or {}
+        for change in h.meta.get("changes", []):
+            new = change["config"]
+            if "lr_decay" not in new or new.get("lr_decay_steps") or cfg.get("lr_decay_steps"):
+                continue  # only per-epoch exponential schedules can be checked this way
+            for rec in h.records:
+                decay = new["lr_decay"] if rec["epoch"] >= change["from_epoch"] else cfg["lr_decay"]
+                want = max(cfg["lr"] * decay ** (rec["epoch"] - 1), cfg.get("lr_min", 0.0))
+                assert rec["lr"] == pytest.approx(want, rel=1e-4), (name, rec["epoch"], change["from_epoch"])
+            checked += 1
+    assert checked >= 1

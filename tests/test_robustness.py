@@ -115,3 +115,131 @@ def test_without_out_dir_load_best_restores_the_best_epoch(glyphs):
     assert rec is not None and rec["epoch"] == 1
     for k, v in t.model.state_dict().items():
         assert torch.equal(v, snapshots[1][k]), k
+
+
+def test_resume_refuses_a_different_run_in_one_line(tmp_path, glyphs):
+    """A full run must not silently continue a smoke run that used the same folder."""
+    from capsule_lib.training import RunMismatchError
+
+    tr, va = glyphs
+    tl, vl = TensorLoader.from_dataset(tr, 64), TensorLoader.from_dataset(va, 128)
+    smoke = _trainer(tmp_path)
+    smoke._meta = {"recipe": "capsnet", "dataset": "mnist", "train_images": 512, "config": {"model": {"a": 1}}}
+    smoke.fit(tl, vl, epochs=1)
+    full = _trainer(tmp_path)
+    full._meta = {**smoke._meta, "train_images": 55000}
+    with pytest.raises(RunMismatchError, match=r"last\.pt belongs to a different run \(train_images: 512 -> 55000\)"):
+        full.fit(tl, vl, epochs=2)
+    fresh = _trainer(tmp_path)
+    fresh._meta = full._meta
+    hist = fresh.fit(tl, vl, epochs=1, resume=False)  # explicit: start afresh
+    assert len(hist) == 1 and fresh.epoch == 1
+    same = _trainer(tmp_path)
+    same._meta = full._meta
+    same.fit(tl, vl, epochs=2)  # the same run resumes
+    assert same.epoch == 2 and len(same.history) == 2
+
+
+def test_recipes_read_the_test_split_once_after_selection(tmp_path, monkeypatch):
+    from capsule_lib import recipes
+    from capsule_lib.training import Trainer as T
+
+    calls = []
+    real = T.evaluate
+
+    def spy(self, loader, prefix="val"):
+        calls.append((prefix, self.epoch))
+        return real(self, loader, prefix)
+
+    monkeypatch.setattr(T, "evaluate", spy)
+    r = recipes.CapsNetRecipe(epochs=2, train_subset=128, eval_subset=64, model=TINY, device="cpu")
+    monkeypatch.setenv("CAPSULE_OFFLINE", "1")
+    _, trainer = recipes.train_capsnet(r, out_dir=tmp_path, data_root=str(tmp_path), progress=False)
+    assert [c for c in calls if c[0] == "test"] == [("test", 2)]  # once, after the last epoch
+    assert all("test_acc" not in rec for rec in trainer.history.records)
+    test = trainer.history.meta["test"]
+    assert test["epoch"] == trainer.history.best("val_acc")["epoch"] and 0 <= test["test_acc"] <= 1
+    assert json.loads((tmp_path / "history.json").read_text())["meta"]["test"] == test
+
+
+def test_predict_refuses_images_outside_the_models_input_range():
+    """0-255 floats or mean/std-normalised images silently wreck a [0, 1] model's accuracy: refuse them."""
+    from capsule_lib.evaluation import predict
+
+    m = CapsNet(TINY).eval()
+    x = torch.randint(0, 256, (4, 1, 28, 28), dtype=torch.uint8)
+    ok = predict(m, x)["scores"]                                    # uint8 is converted
+    assert torch.allclose(ok, predict(m, x.float() / 255)["scores"])
+    with pytest.raises(ValueError, match=r"predict\(CapsNet\): float images must be in \[0, 1\], got values in \[0, 255\]"):
+        predict(m, x.float())
+    with pytest.raises(ValueError, match="normalised input"):
+        predict(m, (x.float() / 255 - 0.1307) / 0.3081)
+
+
+def test_models_name_a_dtype_or_device_mismatch_in_one_line():
+    from capsule_lib.models import EfficientCapsNet, EfficientCapsNetConfig
+
+    for m in (CapsNet(TINY), EfficientCapsNet(EfficientCapsNetConfig.mnist())):
+        name = type(m).__name__
+        with pytest.raises(ValueError, match=rf"^{name}: the input is torch.float16 but the parameters are torch.float32; "):
+            m(torch.rand(2, 1, 28, 28).half())
+        with pytest.raises(ValueError, match=rf"^{name}: the input is on meta but the parameters are on cpu; "):
+            m(torch.rand(2, 1, 28, 28, device="meta"))
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # under autocast, mixed dtypes are the point
+            m(torch.rand(2, 1, 28, 28).bfloat16())
+
+
+def test_routing_layers_name_a_device_mismatch():
+    from capsule_lib.routing.dynamic import DynamicRouting
+
+    layer = DynamicRouting(8, 4, 3, 5)
+    with pytest.raises(ValueError, match=r"^DynamicRouting: the input is on meta but the parameters are on cpu"):
+        layer(torch.rand(2, 8, 3, device="meta"))
+
+
+def test_mid_epoch_checkpoint_resumes_exactly(tmp_path, glyphs):
+    """Interrupted inside epoch 2 (after a mid-epoch checkpoint), the resumed run ends with the same weights
+    and the same epoch records as the uninterrupted one: same batches, augmentations and random states."""
+    from capsule_lib.data.transforms import random_shift
+
+    tr, va = glyphs
+
+    def loaders():
+        aug = lambda b, g: (random_shift(b[0], 2, g), *b[1:])  # noqa: E731
+        return (TensorLoader.from_dataset(tr, 64, shuffle=True, seed=0, transform=aug),
+                TensorLoader.from_dataset(va, 128))
+
+    def trainer(out_dir, objective=None):
+        t = _trainer(out_dir)
+        t.checkpoint_minutes = 0.0  # a mid-epoch checkpoint after every batch
+        if objective is not None:
+            t.objective = objective
+        return t
+
+    straight = trainer(tmp_path / "a")
+    straight.fit(*loaders(), epochs=2)
+
+    calls = {"n": 0}
+    base = CapsuleObjective()
+
+    def dies_in_epoch_2(model, batch, train):
+        if train:
+            calls["n"] += 1
+            if calls["n"] == 7:  # 4 batches per epoch: the 3rd batch of epoch 2
+                raise KeyboardInterrupt
+        return base(model, batch, train)
+
+    with pytest.raises(KeyboardInterrupt):
+        trainer(tmp_path / "b", dies_in_epoch_2).fit(*loaders(), epochs=2)
+    saved = torch.load(tmp_path / "b" / "last.pt", weights_only=False)
+    assert saved["epoch"] == 1 and saved["in_epoch"]["loader"]["batch"] == 2
+    resumed = trainer(tmp_path / "b")
+    torch.manual_seed(123)
+    for p in resumed.model.parameters():  # everything must come from last.pt
+        torch.nn.init.normal_(p)
+    resumed.fit(*loaders(), epochs=2)
+    for (k, p), q in zip(straight.model.state_dict().items(), resumed.model.state_dict().values()):
+        torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-5, msg=k)
+    for a, b in zip(straight.history.records, resumed.history.records):
+        for key in ("train_loss", "train_acc", "val_acc", "lr"):
+            assert a[key] == pytest.approx(b[key], rel=1e-6), key

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._checks import check_tensor
+from .._checks import check_module_input, check_tensor
 
 __all__ = ["BaselineCNNConfig", "BaselineCNN"]
 
@@ -33,6 +33,9 @@ class BaselineCNNConfig:
 class BaselineCNN(nn.Module):
     """``[B, C, H, W] -> logits [B, n_classes]``."""
 
+    #: The input this model reads: float images in [0, 1] (``predict`` converts uint8 and refuses other ranges).
+    input_range: tuple[float, float] | None = (0.0, 1.0)
+
     def __init__(self, config: BaselineCNNConfig | None = None, **overrides) -> None:
         super().__init__()
         cfg = config or BaselineCNNConfig()
@@ -50,6 +53,7 @@ class BaselineCNN(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        check_module_input(x, self, type(self).__name__)
         c = self.config
         check_tensor(x, "x", f"[B, {c.in_channels}, {c.image_size}, {c.image_size}]",
                      [None, c.in_channels, c.image_size, c.image_size])

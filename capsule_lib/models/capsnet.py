@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._checks import check_tensor
+from .._checks import check_module_input, check_tensor
 from ..functional import capsule_lengths
 from ..layers import FCDecoder, PrimaryCapsules, mask_capsules
 from ..routing.dynamic import DynamicRouting
@@ -88,6 +88,9 @@ class CapsNet(nn.Module):
     ``mask_k`` longest capsules.
     """
 
+    #: The input this model reads: float images in [0, 1] (``predict`` converts uint8 and refuses other ranges).
+    input_range: tuple[float, float] | None = (0.0, 1.0)
+
     def __init__(self, config: CapsNetConfig | None = None, **overrides) -> None:
         super().__init__()
         cfg = config or CapsNetConfig()
@@ -120,6 +123,7 @@ class CapsNet(nn.Module):
         return self.decoder(mask_capsules(poses, y, k or self.config.mask_k))
 
     def forward(self, x: torch.Tensor, y: torch.Tensor | None = None, return_routing: bool = False) -> CapsuleOutput:
+        check_module_input(x, self, type(self).__name__)
         u = self.primary_capsules(x)  # [B, 1152, 8]
         if return_routing:
             v, trace = self.digits(u, return_routing=True)  # [B, 10, 16]

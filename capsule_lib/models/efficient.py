@@ -52,7 +52,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._checks import check_tensor
+from .._checks import check_module_input, check_tensor
 from ..functional import capsule_lengths
 from ..layers import DepthwisePrimaryCapsules, FCDecoder, mask_capsules
 from ..routing.self_attention import SQUASH_EPS, SelfAttentionRouting, keras_fans, keras_he_normal_
@@ -224,6 +224,12 @@ class EfficientCapsNet(nn.Module):
     0.196 in its loss).
     """
 
+    @property
+    def input_range(self) -> tuple[float, float] | None:
+        """The input this model reads: float images in [0, 1] for the MNIST presets (``predict`` converts uint8
+        and refuses other ranges); ``None`` (standardised images) for the 2-channel smallNORB preset."""
+        return None if self.config.in_channels == 2 else (0.0, 1.0)
+
     def __init__(self, config: EfficientCapsNetConfig | None = None, **overrides) -> None:
         super().__init__()
         cfg = config or EfficientCapsNetConfig()
@@ -347,6 +353,7 @@ class EfficientCapsNet(nn.Module):
         return out.view(B, idx.shape[1], *out.shape[1:])
 
     def forward(self, x: torch.Tensor, y: torch.Tensor | None = None, return_routing: bool = False) -> CapsuleOutput:
+        check_module_input(x, self, type(self).__name__)
         u = self.primary_capsules(x)  # [B, 16, 8]
         if return_routing:
             v, trace = self.digits(u, return_routing=True)  # [B, K, 16]

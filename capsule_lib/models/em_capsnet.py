@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._checks import check_tensor
+from .._checks import check_module_input, check_tensor
 from ..routing.em import ClassCapsules, ConvCapsules, MatrixPrimaryCapsules, inverse_temperature_schedule
 from .capsnet import CapsuleOutput
 
@@ -171,6 +171,7 @@ class EMCapsNet(nn.Module):
         return counts
 
     def forward(self, x: torch.Tensor, return_routing: bool = False) -> CapsuleOutput:
+        check_module_input(x, self, type(self).__name__)
         c = self.config
         check_tensor(x, "x", f"[B, {c.in_channels}, {c.image_size}, {c.image_size}]",
                      [None, c.in_channels, c.image_size, c.image_size])

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .._checks import check_tensor
+from .._checks import check_module_input, check_tensor
 from ..routing.heinsen import GenerativeMatrixRouting
 from .capsnet import CapsuleOutput
 
@@ -127,6 +127,7 @@ class SmallNORBClassifier(nn.Module):
         return a, mu
 
     def forward(self, images: torch.Tensor, return_routing: bool = False) -> CapsuleOutput:
+        check_module_input(images, self, type(self).__name__)
         a, mu = self.part_capsules(images)
         traces = []
         for routing in self.routings:

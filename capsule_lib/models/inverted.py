@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._checks import check_tensor
+from .._checks import check_module_input, check_tensor
 from ..routing.inverted import EXPANSIONS, InvertedConvCapsules, InvertedFCCapsules
 from ..routing.trace import RoutingTrace
 from .capsnet import CapsuleOutput
@@ -322,6 +322,7 @@ class CapsModel(nn.Module):
         return values
 
     def forward(self, x: torch.Tensor, return_routing: bool = False) -> CapsuleOutput:
+        check_module_input(x, self, type(self).__name__)
         p0 = self.primary_capsules(x)  # [B, 32, 16, 16, d]
         if return_routing:
             values, traces = self.route(p0, return_routing=True)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .._checks import check_tensor
+from .._checks import check_module_input, check_tensor
 from ..functional import squash
 from .trace import RoutingTrace
 
@@ -144,6 +144,7 @@ class DynamicRouting(nn.Module):
         return capsule_votes(u, self.weight)
 
     def forward(self, u: torch.Tensor, return_routing: bool = False):
+        check_module_input(u, self, type(self).__name__, dtype=False)
         return dynamic_routing(
             self.votes(u), self.iterations, self.bias, leaky=self.leaky, coupling=self.coupling,
             squash_kind=self.squash_kind, return_routing=return_routing,

@@ -68,7 +68,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._checks import check_tensor
+from .._checks import check_module_input, check_tensor
 from .trace import RoutingTrace
 
 __all__ = [
@@ -291,6 +291,7 @@ class EMRouting(_EMOptions):
         return matrix_votes(poses, self.weight)
 
     def forward(self, poses: torch.Tensor, a_in: torch.Tensor, return_routing: bool = False):
+        check_module_input(poses, self, type(self).__name__, dtype=False)
         return self.route(self.votes(poses), a_in, return_routing)
 
     def extra_repr(self) -> str:
@@ -382,6 +383,7 @@ class ConvCapsules(_EMOptions):
         return V, ac
 
     def forward(self, poses: torch.Tensor, acts: torch.Tensor, return_routing: bool = False):
+        check_module_input(poses, self, type(self).__name__, dtype=False)
         V, a = self.votes(poses, acts)                              # [B, h, w, I, J, D], [B, h, w, I]
         out = self.route(V, a, return_routing)
         (mu, a_out), trace = out if return_routing else (out, None)

@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._checks import check_tensor
+from .._checks import check_module_input, check_tensor
 from .trace import RoutingTrace
 
 __all__ = [
@@ -315,6 +315,7 @@ class GenerativeMatrixRouting(nn.Module):
 
     def forward(self, a_inp: torch.Tensor, mu_inp: torch.Tensor, n_out: int | None = None,
                 return_routing: bool = False):
+        check_module_input(mu_inp, self, type(self).__name__, dtype=False)
         I = self.n_inp if self.n_inp > 0 else None
         check_tensor(mu_inp, "mu_inp", f"[..., n_inp={I or '*'}, d_cov={self.d_cov}, d_inp={self.d_inp}]",
                      [I, self.d_cov, self.d_inp], min_leading=0)
@@ -542,6 +543,7 @@ class EfficientVectorRouting(nn.Module):
                          for m in (self.compute_beta_use, self.compute_beta_ign))
 
     def forward(self, x_inp: torch.Tensor, mask: torch.Tensor | None = None, return_routing: bool = False):
+        check_module_input(x_inp, self, type(self).__name__, dtype=False)
         I = self.n_inp if self.n_inp > 0 else None
         check_tensor(x_inp, "x_inp", f"[..., n_inp={I or '*'}, d_inp={self.d_inp}]", [I, self.d_inp],
                      min_leading=0)

@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._checks import check_tensor
+from .._checks import check_module_input, check_tensor
 from .trace import RoutingTrace
 
 __all__ = [
@@ -315,6 +315,7 @@ class InvertedFCCapsules(nn.Module):
         return matrix_votes(P_in, self.weight)
 
     def forward(self, P_in: torch.Tensor, P_out_prev: torch.Tensor | None = None, return_routing: bool = False):
+        check_module_input(P_in, self, type(self).__name__, dtype=False)
         return inverted_fc_update(
             P_in, self.weight, P_out_prev, norm_weight=self.norm.weight, norm_bias=self.norm.bias,
             eps=self.norm.eps, dropout=self.dropout, training=self.training, return_routing=return_routing,
@@ -359,6 +360,7 @@ class InvertedConvCapsules(nn.Module):
         return conv_matrix_votes(conv_windows(P_in, self.kernel_size, self.stride, self.expansion), self.weight)
 
     def forward(self, P_in: torch.Tensor, P_out_prev: torch.Tensor | None = None, return_routing: bool = False):
+        check_module_input(P_in, self, type(self).__name__, dtype=False)
         return inverted_conv_update(
             P_in, self.weight, P_out_prev, stride=self.stride, expansion=self.expansion,
             norm_weight=self.norm.weight, norm_bias=self.norm.bias, eps=self.norm.eps, dropout=self.dropout,

@@ -32,7 +32,7 @@ import math
 import torch
 from torch import nn
 
-from .._checks import check_tensor
+from .._checks import check_module_input, check_tensor
 from ..functional import squash_efficient
 from .trace import RoutingTrace
 
@@ -184,6 +184,7 @@ class SelfAttentionRouting(nn.Module):
         return self_attention_votes(u, self.weight)
 
     def forward(self, u: torch.Tensor, return_routing: bool = False):
+        check_module_input(u, self, type(self).__name__, dtype=False)
         return self_attention_routing(self.votes(u), self.prior(), eps=self.eps, return_routing=return_routing)
 
     def extra_repr(self) -> str:
