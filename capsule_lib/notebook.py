@@ -146,7 +146,7 @@ def chapter_dataset(name: str, split: str, cfg: Settings, *, n_smoke: int = 512,
     ``standin=True``.
 
     Real data is used whenever it is present (or downloadable); otherwise the generated stand-in registered in
-    :data:`~capsule_lib.data.STANDINS` is loaded and a line starting with ``[GENERATED stand-in data]`` is
+    :data:`~capsule_lib.data.datasets.STANDINS` is loaded and a line starting with ``[GENERATED stand-in data]`` is
     printed (datasets without a stand-in raise the clear
     :class:`~capsule_lib.data.DatasetUnavailableError`). In smoke mode at most ``n_smoke`` samples are kept.
     Prints the dataset's one-line banner and returns the :class:`~capsule_lib.data.ImageDataset`.

@@ -25,7 +25,7 @@ __all__ = [
 
 _REGISTRY: dict[str, Callable[..., "ImageDataset"]] = {}
 
-#: The generated stand-in for each real dataset: ``name -> (stand-in name, keyword overrides)``. Used by
+#: The generated stand-in of each real dataset, as ``name -> (stand-in name, keyword overrides)``, used by
 #: :func:`get_dataset` when the real data cannot be had and stand-ins are allowed.
 STANDINS: dict[str, tuple[str, dict[str, Any]]] = {
     "mnist": ("glyph_digits", {}),

@@ -33,7 +33,7 @@ class BaselineCNNConfig:
 class BaselineCNN(nn.Module):
     """``[B, C, H, W] -> logits [B, n_classes]``."""
 
-    #: The input this model reads: float images in [0, 1] (``predict`` converts uint8 and refuses other ranges).
+    #: Float images in [0, 1] are what this model reads (``predict`` converts uint8 and refuses other ranges).
     input_range: tuple[float, float] | None = (0.0, 1.0)
 
     def __init__(self, config: BaselineCNNConfig | None = None, **overrides) -> None:

@@ -88,7 +88,7 @@ class CapsNet(nn.Module):
     ``mask_k`` longest capsules.
     """
 
-    #: The input this model reads: float images in [0, 1] (``predict`` converts uint8 and refuses other ranges).
+    #: Float images in [0, 1] are what this model reads (``predict`` converts uint8 and refuses other ranges).
     input_range: tuple[float, float] | None = (0.0, 1.0)
 
     def __init__(self, config: CapsNetConfig | None = None, **overrides) -> None:

@@ -226,8 +226,8 @@ class EfficientCapsNet(nn.Module):
 
     @property
     def input_range(self) -> tuple[float, float] | None:
-        """The input this model reads: float images in [0, 1] for the MNIST presets (``predict`` converts uint8
-        and refuses other ranges); ``None`` (standardised images) for the 2-channel smallNORB preset."""
+        """Float images in [0, 1] for the MNIST presets (``predict`` converts uint8 and refuses other ranges),
+        ``None`` (standardised images) for the 2-channel smallNORB preset."""
         return None if self.config.in_channels == 2 else (0.0, 1.0)
 
     def __init__(self, config: EfficientCapsNetConfig | None = None, **overrides) -> None:
