@@ -5,7 +5,7 @@ from typing import Sequence
 
 import torch
 
-__all__ = ["check_tensor", "check_module_input", "check_image_range"]
+__all__ = ["check_tensor", "check_module_input", "check_image_range", "module_device"]
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -74,3 +74,10 @@ def check_image_range(x: torch.Tensor, low: float, high: float, name: str, tol: 
             raise ValueError(f"{name}: float images must be in [{low:g}, {high:g}], got values in [{lo:.3g}, {hi:.3g}]"
                              f" (pixel values 0-255 or normalised input?); pass uint8 images or scale them to "
                              f"[{low:g}, {high:g}]")
+
+
+def module_device(model: torch.nn.Module) -> torch.device:
+    """The device of ``model``'s first parameter (or buffer); the CPU for a model without either."""
+    for t in (*model.parameters(), *model.buffers()):
+        return t.device
+    return torch.device("cpu")

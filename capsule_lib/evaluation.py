@@ -6,7 +6,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._checks import check_image_range
+from ._checks import check_image_range, module_device
 
 __all__ = ["predict", "accuracy", "multimnist_accuracy", "confusion_matrix"]
 
@@ -24,8 +24,7 @@ def predict(model: nn.Module, images: torch.Tensor, batch_size: int = 256, devic
     Returns ``{"scores": [N, K]}`` (capsule lengths or logits) and ``"poses"`` ``[N, K, D]`` when
     ``keep_poses`` and the model returns capsules.
     """
-    params = [*model.parameters(), *model.buffers()]
-    here = params[0].device if params else torch.device("cpu")
+    here = module_device(model)
     device = here if device is None else torch.device(device)
     if device.type != here.type or (device.index is not None and here.index is not None and device != here):
         raise ValueError(f"predict: the model is on {here} but device={str(device)!r}; move the model first "

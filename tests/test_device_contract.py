@@ -7,7 +7,8 @@ import torch
 
 from capsule_lib.evaluation import predict
 from capsule_lib.models import CapsNet, CapsNetConfig, EfficientCapsNet, EfficientCapsNetConfig
-from capsule_lib.viz.capsules import module_device, plot_perturbation, plot_perturbation_grid
+from capsule_lib._checks import module_device
+from capsule_lib.viz.capsules import plot_perturbation, plot_perturbation_grid
 
 matplotlib.use("Agg")
 

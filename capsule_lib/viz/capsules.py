@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
+from .._checks import module_device
 from ..functional import capsule_lengths
 from ..routing.trace import RoutingTrace
 
@@ -207,13 +208,6 @@ def perturb_poses(poses: torch.Tensor, offsets: torch.Tensor | Sequence[float], 
     out = poses.clone()
     out[..., label, :] = out[..., label, :] + off
     return out
-
-
-def module_device(model: torch.nn.Module) -> torch.device:
-    """The device of ``model``'s first parameter (or buffer); the CPU for a model without either."""
-    for t in (*model.parameters(), *model.buffers()):
-        return t.device
-    return torch.device("cpu")
 
 
 @torch.no_grad()
