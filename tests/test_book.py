@@ -438,3 +438,18 @@ def test_build_report_summarises_the_stand_in_pages(tmp_path, capsys):
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1 and "built on generated stand-in data for: mnist (book/a, book/b)" in out[0]
     assert "python data_scripts/mnist.py" in out[0]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=nb_id)
+def test_metrics_are_labelled_with_the_data_they_were_computed_on(path):
+    """On an offline build the chapters evaluate on a generated stand-in: a table header that hard-codes
+    "MNIST" over a number computed from the chapter's own test set would mislabel it. The data's name must come
+    from the dataset (the chapters' ``DATA`` label), not from a literal."""
+    for i, cell in enumerate(code_cells(nb_json(path))):
+        code = python_of(cell)
+        if "show_table(" not in code:
+            continue
+        headers = re.findall(r"show_table\(\s*\[([^\]]*)\]", code)
+        for h in headers:
+            assert not re.search(r"[\"']MNIST test", h), \
+                f"{nb_id(path)}, code cell {i}: a table header names MNIST literally ({h.strip()[:80]}); use the data label"

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+import capsule_lib.routing as R
 from capsule_lib.data import get_dataset, read_idx
 from capsule_lib.models.capsnet import CapsNet, CapsNetConfig
 from capsule_lib.pretrained import export_checkpoint, registry
@@ -243,3 +244,60 @@ def test_mid_epoch_checkpoint_resumes_exactly(tmp_path, glyphs):
     for a, b in zip(straight.history.records, resumed.history.records):
         for key in ("train_loss", "train_acc", "val_acc", "lr"):
             assert a[key] == pytest.approx(b[key], rel=1e-6), key
+
+
+ROUTINGS = {  # name -> (layer, input maker); the inputs are near zero, where LayerNorm-based routings have
+    # their largest gradients
+    "dynamic": (lambda: R.DynamicRouting(32, 10, 8, 16),
+                lambda: (1e-3 * torch.randn(16, 32, 8),)),
+    "self_attention": (lambda: R.SelfAttentionRouting(16, 10, 8, 16),
+                       lambda: (1e-3 * torch.randn(16, 16, 8),)),
+    "em": (lambda: R.EMRouting(32, 10, 4),
+           lambda: (1e-3 * torch.randn(16, 32, 16), torch.rand(16, 32))),
+    "heinsen2019": (lambda: R.GenerativeMatrixRouting(
+        4, 4, 4, n_inp=32, n_out=10), lambda: (torch.randn(16, 32), 1e-3 * torch.randn(16, 32, 4, 4))),
+    "heinsen2022": (lambda: R.EfficientVectorRouting(32, 10, 8, 16),
+                    lambda: (1e-3 * torch.randn(16, 32, 8),)),
+    "inverted": (lambda: R.InvertedFCCapsules(32, 10, 16),
+                 lambda: (1e-3 * torch.randn(16, 32, 16),)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ROUTINGS))
+def test_every_routing_returns_the_autocast_dtype(name):
+    build, inputs = ROUTINGS[name]
+    torch.manual_seed(0)
+    layer = build()
+    for dtype in (torch.bfloat16, torch.float16):
+        with torch.autocast("cpu", dtype=dtype):
+            out = layer(*inputs())
+        outs = out if isinstance(out, tuple) else (out,)
+        assert [o.dtype for o in outs] == [dtype] * len(outs), name
+    out = layer(*inputs())  # outside autocast: fp32 in, fp32 out
+    assert all(o.dtype == torch.float32 for o in (out if isinstance(out, tuple) else (out,)))
+
+
+@pytest.mark.parametrize("name", ["inverted", "heinsen2022"])
+def test_layernorm_routings_train_stably_under_bf16_from_near_zero_inputs(name):
+    """Inverted attention and Heinsen 2022 normalise near-zero vectors (large gradients there): 60 Adam steps
+    under bf16 autocast on near-zero inputs stay finite and lower the loss."""
+    build, inputs = ROUTINGS[name]
+    torch.manual_seed(0)
+    layer = build()
+    head = torch.nn.Linear(16, 1)
+    x, = inputs()
+    x = x.requires_grad_()
+    y = torch.randint(0, 10, (x.shape[0],))
+    opt = torch.optim.Adam([*layer.parameters(), *head.parameters(), x], lr=1e-3)
+    losses = []
+    for _ in range(60):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = head(layer(x)).squeeze(-1)                      # [16, 10]
+        loss = torch.nn.functional.cross_entropy(logits.float(), y)
+        opt.zero_grad()
+        loss.backward()
+        grads = [p.grad for p in (*layer.parameters(), *head.parameters(), x) if p.grad is not None]
+        assert all(torch.isfinite(g).all() for g in grads), name
+        opt.step()
+        losses.append(loss.item())
+    assert all(np.isfinite(losses)) and losses[-1] < 0.8 * losses[0], (name, losses[0], losses[-1])

@@ -13,6 +13,8 @@ from capsule_lib.routing.heinsen import (EfficientVectorRouting, GenerativeMatri
                                          efficient_vector_routing, generative_matrix_routing)
 from capsule_lib.routing.trace import RoutingTrace
 
+AUTOCAST_OUT = {"autocast_bf16": torch.bfloat16, "autocast_fp16": torch.float16}  # every routing layer
+
 
 def n_params(m: torch.nn.Module) -> int:
     return sum(p.numel() for p in m.parameters() if p.requires_grad)
@@ -261,7 +263,7 @@ def test_gmr_numerics(p_model, case):
             out = m(torch.full_like(a, float("-inf")) + 0 * a, mu)
         else:
             out = m(a, mu)
-            assert all(o.dtype == torch.float32 for o in out)
+            assert all(o.dtype == AUTOCAST_OUT.get(case, torch.float32) for o in out)  # the autocast dtype
     assert all_finite(*out)
     sum(o.float().sum() for o in out).backward()
     assert all_finite(a.grad, mu.grad, *(p.grad for p in m.parameters()))
@@ -545,7 +547,7 @@ def test_evr_numerics(n_inp, case):
             out = m(x, mask=mask)
         else:
             out = m(x)
-            assert out.dtype == torch.float32
+            assert out.dtype == AUTOCAST_OUT.get(case, torch.float32)  # outputs in the autocast dtype
     assert all_finite(out)
     out.float().sum().backward()
     assert all_finite(x.grad, *(p.grad for p in m.parameters() if p.grad is not None))

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._checks import check_module_input, check_tensor
-from .trace import RoutingTrace
+from .trace import RoutingTrace, autocast_outputs
 
 __all__ = [
     "generative_matrix_routing", "GenerativeMatrixRouting", "heinsen_votes",
@@ -320,8 +320,9 @@ class GenerativeMatrixRouting(nn.Module):
         check_tensor(mu_inp, "mu_inp", f"[..., n_inp={I or '*'}, d_cov={self.d_cov}, d_inp={self.d_inp}]",
                      [I, self.d_cov, self.d_inp], min_leading=0)
         W, B, b_use, b_ign = self.expanded_parameters(n_out, mu_inp.shape[-3])
-        return generative_matrix_routing(a_inp, mu_inp, W, B, b_use, b_ign, self.n_iters, self.p_model,
-                                         self.eps, return_routing=return_routing)
+        return autocast_outputs(generative_matrix_routing(a_inp, mu_inp, W, B, b_use, b_ign, self.n_iters,
+                                                          self.p_model, self.eps, return_routing=return_routing),
+                                mu_inp.device.type)
 
     def extra_repr(self) -> str:
         return (f"d_cov={self.d_cov}, d_inp={self.d_inp}, d_out={self.d_out}, n_inp={self.n_inp}, "
@@ -548,11 +549,11 @@ class EfficientVectorRouting(nn.Module):
         check_tensor(x_inp, "x_inp", f"[..., n_inp={I or '*'}, d_inp={self.d_inp}]", [I, self.d_inp],
                      min_leading=0)
         beta_use, beta_ign = self.betas(x_inp)
-        return efficient_vector_routing(
+        return autocast_outputs(efficient_vector_routing(
             x_inp, self.W_A, self.B_A, self.W_F1, self.W_F2, self.B_F2, self.W_G1, self.W_G2, self.B_G2,
             self.W_S, self.B_S, beta_use, beta_ign, self.n_iters, normalize=self.normalize,
             memory_efficient=self.memory_efficient, mask=mask, return_routing=return_routing,
-        )
+        ), x_inp.device.type)
 
     def extra_repr(self) -> str:
         return (f"n_inp={self.n_inp}, n_out={self.n_out}, d_inp={self.d_inp}, d_out={self.d_out}, "

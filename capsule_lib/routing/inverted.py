@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._checks import check_module_input, check_tensor
-from .trace import RoutingTrace
+from .trace import RoutingTrace, autocast_outputs
 
 __all__ = [
     "matrix_votes",
@@ -316,10 +316,10 @@ class InvertedFCCapsules(nn.Module):
 
     def forward(self, P_in: torch.Tensor, P_out_prev: torch.Tensor | None = None, return_routing: bool = False):
         check_module_input(P_in, self, type(self).__name__, dtype=False)
-        return inverted_fc_update(
+        return autocast_outputs(inverted_fc_update(
             P_in, self.weight, P_out_prev, norm_weight=self.norm.weight, norm_bias=self.norm.bias,
             eps=self.norm.eps, dropout=self.dropout, training=self.training, return_routing=return_routing,
-        )
+        ), P_in.device.type)
 
     def extra_repr(self) -> str:
         return (f"n_inp={self.n_inp}, n_out={self.n_out}, pose_dim={self.pose_dim} ({self.side}x{self.side}), "
@@ -361,11 +361,11 @@ class InvertedConvCapsules(nn.Module):
 
     def forward(self, P_in: torch.Tensor, P_out_prev: torch.Tensor | None = None, return_routing: bool = False):
         check_module_input(P_in, self, type(self).__name__, dtype=False)
-        return inverted_conv_update(
+        return autocast_outputs(inverted_conv_update(
             P_in, self.weight, P_out_prev, stride=self.stride, expansion=self.expansion,
             norm_weight=self.norm.weight, norm_bias=self.norm.bias, eps=self.norm.eps, dropout=self.dropout,
             training=self.training, return_routing=return_routing,
-        )
+        ), P_in.device.type)
 
     def extra_repr(self) -> str:
         return (f"n_inp={self.n_inp}, n_out={self.n_out}, pose_dim={self.pose_dim} ({self.side}x{self.side}), "
