@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# `make test`: the project's whole check, in four steps (see book/appendix/building.md).
+# `make test`: the project's whole check, in five steps (see book/appendix/building.md).
 #
+#   0. lint                  ruff check . && ruff format --check .   (configured in pyproject.toml)
 #   1. unit tests            pytest tests
 #   2. notebooks, nbval      CAPSULE_SMOKE=1 pytest --nbval-lax book/
 #   3. notebooks, papermill  papermill <chapter> _build/papermill/<chapter> -p SMOKE True, with an empty
@@ -96,6 +97,9 @@ build_book() {
     fi
 }
 
+lint() { ruff check . && ruff format --check .; }
+
+run_step "0 lint (ruff check, ruff format --check)" "$LOGS/0-lint.log" lint
 run_step "1 unit tests (pytest tests)" "$LOGS/1-pytest.log" python -m pytest tests
 run_step "2 nbval (CAPSULE_SMOKE=1)" "$LOGS/2-nbval.log" \
     env CAPSULE_SMOKE=1 python -m pytest --nbval-lax --nbval-cell-timeout=900 -p no:cacheprovider "${NOTEBOOKS[@]}"
@@ -115,6 +119,6 @@ summary=$(grep -E '^=+ .*(passed|failed|error|skipped|no tests ran|deselected).*
 if [ -n "$summary" ]; then
     echo "$summary"
 else
-    echo "=== unit tests: no pytest summary line (pytest exited with ${RCS[0]}) ==="
+    echo "=== unit tests: no pytest summary line (pytest exited with ${RCS[1]}) ==="
 fi
 exit $failed

@@ -19,7 +19,8 @@ alike; the reported time is the median over ``--repeat`` runs (CUDA: timed with 
 Heavy cases use half the repeats (at least 3); cases with short steps get more (up to 200), so that each variant
 is timed for about ``--min-time`` seconds. The repeats used are in the JSON (``cases.<name>.repeat``).
 Peak memory is measured on one step per variant (routing layers: the first warm-up step; models, whose first step
-allocates the optimizer state: one extra step after the timed ones): on CUDA ``torch.cuda.max_memory_allocated`` above the
+allocates the optimizer state: one extra step after the timed ones): on CUDA ``torch.cuda.max_memory_allocated``
+above the
 level at the step's start; on CPU the peak of the bytes allocated during the step and not yet freed, from the
 profiler's memory events (``profile_memory=True``): the step's working memory (activations saved for the backward,
 temporaries, the fresh gradient buffers); tensors that existed before the step are not counted. Both count tensor
@@ -33,6 +34,7 @@ shapes with a batch of at most 4 (in float64 at the tiny shapes of ``--quick``, 
 
 The originals are re-created in :mod:`originals` (see its header for the repositories, files and fixes).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,9 +49,9 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -60,11 +62,27 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 import originals as orig  # noqa: E402  (benchmarks/originals.py)
+
+from capsule_lib.layers import ConvCapsules  # noqa: E402
 from capsule_lib.losses import margin_loss, reconstruction_loss, soft_target_cross_entropy, spread_loss  # noqa: E402
-from capsule_lib.models import (CapsLayerSpec, CapsModel, CapsModelConfig, CapsNet, EfficientCapsNet, EMCapsNet,  # noqa: E402
-                                EMCapsNetConfig, SmallNORBClassifier, SmallNORBConfig)
-from capsule_lib.routing import (ConvCapsules, DynamicRouting, GenerativeMatrixRouting,  # noqa: E402
-                                 InvertedConvCapsules, InvertedFCCapsules, SelfAttentionRouting)
+from capsule_lib.models import (  # noqa: E402
+    CapsLayerSpec,
+    CapsModel,
+    CapsModelConfig,
+    CapsNet,
+    EfficientCapsNet,
+    EMCapsNet,
+    EMCapsNetConfig,
+    SmallNORBClassifier,
+    SmallNORBConfig,
+)
+from capsule_lib.routing import (  # noqa: E402
+    DynamicRouting,
+    GenerativeMatrixRouting,
+    InvertedConvCapsules,
+    InvertedFCCapsules,
+    SelfAttentionRouting,
+)
 
 SCHEMA_VERSION = 1
 #: relative tolerance of the agreement flag, per dtype of the agreement run
@@ -84,13 +102,13 @@ class Variant:
 @dataclass
 class Case:
     name: str
-    kind: str                      # "routing" | "model"
-    batch: int                     # samples per step (images/s = batch / time)
+    kind: str  # "routing" | "model"
+    batch: int  # samples per step (images/s = batch / time)
     description: str
     shapes: dict
-    variants: dict                 # name -> Variant; the first one is capsule_lib ("ours")
+    variants: dict  # name -> Variant; the first one is capsule_lib ("ours")
     agreement: Callable[[torch.dtype], dict] | None = None
-    heavy: bool = False            # fewer repeats in the full run
+    heavy: bool = False  # fewer repeats in the full run
     notes: list = field(default_factory=list)
 
 
@@ -101,6 +119,7 @@ def register(name: str):
     def deco(fn):
         CASES[name] = fn
         return fn
+
     return deco
 
 
@@ -141,15 +160,18 @@ def _randomize_(module: nn.Module, seed: int, scale: float = 0.1, only: tuple[st
             p.add_(torch.randn(p.shape, generator=g, dtype=torch.float64).to(p) * scale)
 
 
-def routing_step(forward: Callable[..., list], inputs: list[torch.Tensor], params: list[torch.Tensor],
-                 gs: list[torch.Tensor]) -> Callable[[], None]:
+def routing_step(
+    forward: Callable[..., list], inputs: list[torch.Tensor], params: list[torch.Tensor], gs: list[torch.Tensor]
+) -> Callable[[], None]:
     """One forward + backward of a routing layer: ``loss = sum_k <out_k, g_k>``."""
+
     def step() -> None:
         for t in (*inputs, *params):
             t.grad = None
         outs = forward(*inputs)
         loss = sum((o * g).sum() for o, g in zip(outs, gs))
         loss.backward()
+
     return step
 
 
@@ -159,6 +181,7 @@ def model_step(model: nn.Module, loss_fn: Callable[[], torch.Tensor], opt: torch
         loss = loss_fn()
         loss.backward()
         opt.step()
+
     model.train()
     return step
 
@@ -167,8 +190,17 @@ def _max_abs(t: torch.Tensor) -> float:
     return float(t.detach().abs().max()) if t.numel() else 0.0
 
 
-def compare(f_ours: Callable, f_orig: Callable, inputs: list[torch.Tensor], dtype: torch.dtype, *,
-            grads: bool = True, mode: str, note: str = "", seed: int = 123) -> dict:
+def compare(
+    f_ours: Callable,
+    f_orig: Callable,
+    inputs: list[torch.Tensor],
+    dtype: torch.dtype,
+    *,
+    grads: bool = True,
+    mode: str,
+    note: str = "",
+    seed: int = 123,
+) -> dict:
     """Run both on copies of ``inputs`` (leaves); compare outputs (lists of tensors in the same layout) and,
     with ``grads``, the gradients of ``sum_k <out_k, g_k>`` w.r.t. every floating input."""
     results = []
@@ -186,9 +218,14 @@ def compare(f_ours: Callable, f_orig: Callable, inputs: list[torch.Tensor], dtyp
     (o1, g1), (o2, g2) = results
     out_diff = max(_max_abs(a - b) for a, b in zip(o1, o2))
     out_ref = max(_max_abs(b) for b in o2)
-    res = {"comparable": True, "mode": mode, "dtype": str(dtype).replace("torch.", ""),
-           "outputs_max_abs_diff": out_diff, "outputs_ref_max_abs": out_ref,
-           "outputs_rel_diff": out_diff / max(out_ref, 1e-30)}
+    res = {
+        "comparable": True,
+        "mode": mode,
+        "dtype": str(dtype).replace("torch.", ""),
+        "outputs_max_abs_diff": out_diff,
+        "outputs_ref_max_abs": out_ref,
+        "outputs_rel_diff": out_diff / max(out_ref, 1e-30),
+    }
     rel = res["outputs_rel_diff"]
     if grads:
         g_diff = max(_max_abs(a - b) for a, b in zip(g1, g2))
@@ -222,11 +259,18 @@ def case_dynamic(dev, quick: bool) -> Case:
     _copy_(gram.route_weights, ours.weight.permute(1, 0, 2, 3))
     _copy_(xif.weight, ours.weight.permute(1, 0, 3, 2))
     variants = {
-        "ours": Variant("capsule_lib DynamicRouting", routing_step(lambda x: [ours(x)], [u], list(ours.parameters()), gs)),
-        "gram_ai": Variant("gram-ai CapsuleLayer pattern",
-                           routing_step(lambda x: [orig.GramAIDigitCaps.to_bje(gram(x))], [u], [gram.route_weights], gs)),
-        "xifengguo": Variant("XifengGuo DenseCapsule pattern", routing_step(lambda x: [xif(x)], [u], [xif.weight], gs),
-                             note="detaches the votes in non-final iterations: less backward work"),
+        "ours": Variant(
+            "capsule_lib DynamicRouting", routing_step(lambda x: [ours(x)], [u], list(ours.parameters()), gs)
+        ),
+        "gram_ai": Variant(
+            "gram-ai CapsuleLayer pattern",
+            routing_step(lambda x: [orig.GramAIDigitCaps.to_bje(gram(x))], [u], [gram.route_weights], gs),
+        ),
+        "xifengguo": Variant(
+            "XifengGuo DenseCapsule pattern",
+            routing_step(lambda x: [xif(x)], [u], [xif.weight], gs),
+            note="detaches the votes in non-final iterations: less backward work",
+        ),
     }
 
     def agreement(dtype):
@@ -243,18 +287,36 @@ def case_dynamic(dev, quick: bool) -> Case:
         _copy_(g.route_weights, W.permute(1, 0, 2, 3))
         _copy_(xf.weight, W.permute(1, 0, 3, 2))
         return {
-            "gram_ai": compare(lambda v: [o_child(v)], lambda v: [orig.GramAIDigitCaps.to_bje(g(v))], [x], dtype,
-                               mode="ours with coupling='children', bias=False",
-                               note="gram-ai takes the softmax over the input capsules (issue #10)"),
-            "xifengguo": compare(lambda v: [o_par(v)], lambda v: [xf(v)], [x], dtype, grads=False,
-                                 mode="ours with bias=False (forward only)",
-                                 note="gradients not comparable: XifengGuo detaches the votes in non-final "
-                                      "iterations (capsule_lib, like the official code, does not)"),
+            "gram_ai": compare(
+                lambda v: [o_child(v)],
+                lambda v: [orig.GramAIDigitCaps.to_bje(g(v))],
+                [x],
+                dtype,
+                mode="ours with coupling='children', bias=False",
+                note="gram-ai takes the softmax over the input capsules (issue #10)",
+            ),
+            "xifengguo": compare(
+                lambda v: [o_par(v)],
+                lambda v: [xf(v)],
+                [x],
+                dtype,
+                grads=False,
+                mode="ours with bias=False (forward only)",
+                note="gradients not comparable: XifengGuo detaches the votes in non-final "
+                "iterations (capsule_lib, like the official code, does not)",
+            ),
         }
 
-    return Case("routing_dynamic", "routing", B,
-                "Dynamic routing (Sabour et al. 2017): CapsNet DigitCaps, votes + 3 routing iterations",
-                dict(B=B, n_inp=I, n_out=J, d_inp=d, d_out=E, iterations=T), variants, agreement, heavy=not quick)
+    return Case(
+        "routing_dynamic",
+        "routing",
+        B,
+        "Dynamic routing (Sabour et al. 2017): CapsNet DigitCaps, votes + 3 routing iterations",
+        dict(B=B, n_inp=I, n_out=J, d_inp=d, d_out=E, iterations=T),
+        variants,
+        agreement,
+        heavy=not quick,
+    )
 
 
 def _em_inputs(B, T, H, dev, seed):
@@ -272,13 +334,14 @@ def _yl_layout(poses: torch.Tensor, acts: torch.Tensor) -> torch.Tensor:
 def _from_yl_layout(out: torch.Tensor, C: int) -> list[torch.Tensor]:
     """yl-1993 ``[B, h, w, C*16 + C]`` -> ``[mu [B, C, h, w, 16], a [B, C, h, w]]``."""
     B, h, w, _ = out.shape
-    mu = out[..., :C * 16].reshape(B, h, w, C, 16).permute(0, 3, 1, 2, 4)
-    a = out[..., C * 16:].permute(0, 3, 1, 2)
+    mu = out[..., : C * 16].reshape(B, h, w, C, 16).permute(0, 3, 1, 2, 4)
+    a = out[..., C * 16 :].permute(0, 3, 1, 2)
     return [mu, a]
 
 
-def _em_case(name: str, dev, quick: bool, T_in: int, T_out: int, stride: int, H: int, B: int,
-             qT_in: int, qT_out: int, qH: int) -> Case:
+def _em_case(
+    name: str, dev, quick: bool, T_in: int, T_out: int, stride: int, H: int, B: int, qT_in: int, qT_out: int, qH: int
+) -> Case:
     if quick:
         B, T_in, T_out, H = 2, qT_in, qT_out, qH
     K, iters = 3, 3
@@ -292,15 +355,28 @@ def _em_case(name: str, dev, quick: bool, T_in: int, T_out: int, stride: int, H:
     gs = [_randn(B, T_out, h, h, 16, seed=12, device=dev), _randn(B, T_out, h, h, seed=13, device=dev)]
     gs_yl = [_yl_layout(*gs)]
     variants = {
-        "ours": Variant("capsule_lib ConvCapsules (EM)",
-                        routing_step(lambda p, a: list(ours(p, a)), [poses, acts], list(ours.parameters()), gs)),
-        "yl1993": Variant("yl-1993 ConvCaps pattern",
-                          routing_step(lambda x: [yl(x)], [x_yl], list(yl.parameters()), gs_yl)),
+        "ours": Variant(
+            "capsule_lib ConvCapsules (EM)",
+            routing_step(lambda p, a: list(ours(p, a)), [poses, acts], list(ours.parameters()), gs),
+        ),
+        "yl1993": Variant(
+            "yl-1993 ConvCaps pattern", routing_step(lambda x: [yl(x)], [x_yl], list(yl.parameters()), gs_yl)
+        ),
     }
 
     def agreement(dtype):
-        o = ConvCapsules(T_in, T_out, K, stride, 0, 4, iters, normalize_over_outputs=True, normalize_costs=False,
-                         inverse_temperature=1e-3).to(dev, dtype)
+        o = ConvCapsules(
+            T_in,
+            T_out,
+            K,
+            stride,
+            0,
+            4,
+            iters,
+            normalize_over_outputs=True,
+            normalize_costs=False,
+            inverse_temperature=1e-3,
+        ).to(dev, dtype)
         y = orig.YL1993ConvCaps(T_in, T_out, K, 4, stride, iters).to(dev, dtype)
         _randomize_(o, seed=14, scale=1.0, only=("beta_u", "beta_a"))
         _copy_(y.weights, o.weight.reshape(1, K * K * T_in, T_out, 4, 4))
@@ -308,18 +384,37 @@ def _em_case(name: str, dev, quick: bool, T_in: int, T_out: int, stride: int, H:
         _copy_(y.beta_a, o.beta_a)
         p = _randn(_cb(B, quick), T_in, H, H, 16, seed=15, device=dev, dtype=dtype)
         a = torch.sigmoid(_randn(_cb(B, quick), T_in, H, H, seed=16, device=dev, dtype=dtype))
-        return {"yl1993": compare(lambda pp, aa: list(o(pp, aa)), lambda pp, aa: _from_yl_layout(y(_yl_layout(pp, aa)), T_out),
-                                  [p, a], dtype,
-                                  mode="ours with normalize_over_outputs=True, normalize_costs=False, "
-                                       "inverse_temperature=1e-3",
-                                  note="yl-1993 renormalises R*a over the outputs (cancels a_in) and uses raw costs, "
-                                       "lambda = 1e-3")}
+        return {
+            "yl1993": compare(
+                lambda pp, aa: list(o(pp, aa)),
+                lambda pp, aa: _from_yl_layout(y(_yl_layout(pp, aa)), T_out),
+                [p, a],
+                dtype,
+                mode="ours with normalize_over_outputs=True, normalize_costs=False, inverse_temperature=1e-3",
+                note="yl-1993 renormalises R*a over the outputs (cancels a_in) and uses raw costs, lambda = 1e-3",
+            )
+        }
 
-    return Case(name, "routing", B,
-                f"EM routing (Hinton et al. 2018): smallNORB ConvCaps {T_in}->{T_out} types, k3 s{stride}, "
-                f"{H}x{H} input grid, 4x4 poses, {iters} iterations",
-                dict(B=B, in_types=T_in, out_types=T_out, kernel=K, stride=stride, grid=H, out_grid=h,
-                     pose="4x4", iterations=iters), variants, agreement)
+    return Case(
+        name,
+        "routing",
+        B,
+        f"EM routing (Hinton et al. 2018): smallNORB ConvCaps {T_in}->{T_out} types, k3 s{stride}, "
+        f"{H}x{H} input grid, 4x4 poses, {iters} iterations",
+        dict(
+            B=B,
+            in_types=T_in,
+            out_types=T_out,
+            kernel=K,
+            stride=stride,
+            grid=H,
+            out_grid=h,
+            pose="4x4",
+            iterations=iters,
+        ),
+        variants,
+        agreement,
+    )
 
 
 @register("routing_em_convcaps1")
@@ -341,8 +436,10 @@ def case_heinsen(dev, quick: bool) -> Case:
     mu = _leaf(_randn(B, I, 4, 4, seed=21, device=dev))
 
     def ours_pair(dtype=torch.float32):
-        r1 = GenerativeMatrixRouting(d_cov=4, d_inp=4, d_out=4, n_out=n_parts, n_iters=3).to(dev, dtype)
-        r2 = GenerativeMatrixRouting(d_cov=4, d_inp=4, d_out=4, n_inp=n_parts, n_out=n_objs, n_iters=3).to(dev, dtype)
+        r1 = GenerativeMatrixRouting(d_cov=4, d_inp=4, d_out=4, n_out=n_parts, iterations=3).to(dev, dtype)
+        r2 = GenerativeMatrixRouting(d_cov=4, d_inp=4, d_out=4, n_inp=n_parts, n_out=n_objs, iterations=3).to(
+            dev, dtype
+        )
         for k, r in enumerate((r1, r2)):
             _randomize_(r, seed=22 + k, scale=0.5, only=("B", "beta_use", "beta_ign"))
         return r1, r2
@@ -359,17 +456,25 @@ def case_heinsen(dev, quick: bool) -> Case:
         def f(a_, mu_):
             a1, m1, _ = pair[0](a_, mu_)
             return list(pair[1](a1, m1))
+
         return f
 
     r1, r2 = ours_pair()
     o1, o2 = orig_pair(r1, r2)
-    gs = [_randn(B, n_objs, seed=25, device=dev), _randn(B, n_objs, 4, 4, seed=26, device=dev),
-          _randn(B, n_objs, 4, 4, seed=27, device=dev)]
+    gs = [
+        _randn(B, n_objs, seed=25, device=dev),
+        _randn(B, n_objs, 4, 4, seed=26, device=dev),
+        _randn(B, n_objs, 4, 4, seed=27, device=dev),
+    ]
     variants = {
-        "ours": Variant("capsule_lib GenerativeMatrixRouting x2",
-                        routing_step(run((r1, r2)), [a, mu], [*r1.parameters(), *r2.parameters()], gs)),
-        "heinsen2019": Variant("heinsen_routing 2019 Routing pattern x2",
-                               routing_step(run((o1, o2)), [a, mu], [*o1.parameters(), *o2.parameters()], gs)),
+        "ours": Variant(
+            "capsule_lib GenerativeMatrixRouting x2",
+            routing_step(run((r1, r2)), [a, mu], [*r1.parameters(), *r2.parameters()], gs),
+        ),
+        "heinsen2019": Variant(
+            "heinsen_routing 2019 Routing pattern x2",
+            routing_step(run((o1, o2)), [a, mu], [*o1.parameters(), *o2.parameters()], gs),
+        ),
     }
 
     def agreement(dtype):
@@ -377,14 +482,28 @@ def case_heinsen(dev, quick: bool) -> Case:
         q1, q2 = orig_pair(p1, p2)
         aa = _randn(_cb(B, quick), I, seed=28, device=dev, dtype=dtype)
         mm = _randn(_cb(B, quick), I, 4, 4, seed=29, device=dev, dtype=dtype)
-        return {"heinsen2019": compare(run((p1, p2)), run((q1, q2)), [aa, mm], dtype, mode="ours (default)",
-                                       note="same algorithm; outputs a_out, mu_out, sig2_out of the class routing")}
+        return {
+            "heinsen2019": compare(
+                run((p1, p2)),
+                run((q1, q2)),
+                [aa, mm],
+                dtype,
+                mode="ours (default)",
+                note="same algorithm; outputs a_out, mu_out, sigma2_out of the class routing",
+            )
+        }
 
-    return Case("routing_heinsen_smallnorb", "routing", B,
-                f"Heinsen (2019) routing, smallNORB model's two routings: {I} -> {n_parts} (W shared by all "
-                f"inputs) -> {n_objs}, 4x4 capsules, 3 iterations",
-                dict(B=B, n_inp=I, n_parts=n_parts, n_out=n_objs, capsule="4x4", iterations=3), variants, agreement,
-                heavy=True)
+    return Case(
+        "routing_heinsen_smallnorb",
+        "routing",
+        B,
+        f"Heinsen (2019) routing, smallNORB model's two routings: {I} -> {n_parts} (W shared by all "
+        f"inputs) -> {n_objs}, 4x4 capsules, 3 iterations",
+        dict(B=B, n_inp=I, n_parts=n_parts, n_out=n_objs, capsule="4x4", iterations=3),
+        variants,
+        agreement,
+        heavy=True,
+    )
 
 
 @register("routing_inverted_conv")
@@ -410,32 +529,55 @@ def case_inverted_conv(dev, quick: bool) -> Case:
 
     a_stack, a_unfold = apple("stack", ours), apple("unfold", ours)
     variants = {
-        "ours": Variant("capsule_lib InvertedConvCapsules (unfold)",
-                        routing_step(t2_ours(ours), [P], list(ours.parameters()), gs)),
-        "apple_stack": Variant("apple CapsuleCONV, first published (stack expansion)",
-                               routing_step(t2_apple(a_stack), [P], list(a_stack.parameters()), gs)),
-        "apple_unfold": Variant("apple CapsuleCONV, later unfold expansion (fork)",
-                                routing_step(t2_apple(a_unfold), [P], list(a_unfold.parameters()), gs)),
+        "ours": Variant(
+            "capsule_lib InvertedConvCapsules (unfold)", routing_step(t2_ours(ours), [P], list(ours.parameters()), gs)
+        ),
+        "apple_stack": Variant(
+            "apple CapsuleCONV, first published (stack expansion)",
+            routing_step(t2_apple(a_stack), [P], list(a_stack.parameters()), gs),
+        ),
+        "apple_unfold": Variant(
+            "apple CapsuleCONV, later unfold expansion (fork)",
+            routing_step(t2_apple(a_unfold), [P], list(a_unfold.parameters()), gs),
+        ),
     }
 
     def agreement(dtype):
         res = {}
         pp = F.layer_norm(_randn(_cb(B, quick), N, H, H, d, seed=32, device=dev, dtype=dtype), (d,))
-        for key, expansion, ours_exp in (("apple_stack", "stack", "official_bug"), ("apple_unfold", "unfold", "unfold")):
+        for key, expansion, ours_exp in (
+            ("apple_stack", "stack", "official_bug"),
+            ("apple_unfold", "unfold", "unfold"),
+        ):
             o = InvertedConvCapsules(N, M, d, K, S, expansion=ours_exp).to(dev, dtype)
             _randomize_(o, seed=33, scale=0.3, only=("norm.weight", "norm.bias"))
             a = apple(expansion, o, dtype)
-            res[key] = compare(t2_ours(o), t2_apple(a), [pp], dtype, mode=f"ours with expansion='{ours_exp}'",
-                               note="T = 2 (uniform pass + one attention update)" +
-                                    ("; the stack expansion mixes pose entries and positions (apple PR #1)"
-                                     if expansion == "stack" else ""))
+            res[key] = compare(
+                t2_ours(o),
+                t2_apple(a),
+                [pp],
+                dtype,
+                mode=f"ours with expansion='{ours_exp}'",
+                note="T = 2 (uniform pass + one attention update)"
+                + (
+                    "; the stack expansion mixes pose entries and positions (apple PR #1)"
+                    if expansion == "stack"
+                    else ""
+                ),
+            )
         return res
 
-    return Case("routing_inverted_conv", "routing", B,
-                f"Inverted dot-product attention (Tsai et al. 2020): CIFAR-10 CONV capsules {N}->{M}, k{K} s{S}, "
-                f"{H}x{H} grid, 4x4 poses, T = 2",
-                dict(B=B, in_types=N, out_types=M, kernel=K, stride=S, grid=H, out_grid=h, d=d, T=2), variants,
-                agreement, heavy=not quick)
+    return Case(
+        "routing_inverted_conv",
+        "routing",
+        B,
+        f"Inverted dot-product attention (Tsai et al. 2020): CIFAR-10 CONV capsules {N}->{M}, k{K} s{S}, "
+        f"{H}x{H} grid, 4x4 poses, T = 2",
+        dict(B=B, in_types=N, out_types=M, kernel=K, stride=S, grid=H, out_grid=h, d=d, T=2),
+        variants,
+        agreement,
+        heavy=not quick,
+    )
 
 
 @register("routing_inverted_fc")
@@ -455,10 +597,13 @@ def case_inverted_fc(dev, quick: bool) -> Case:
 
     a = apple(ours)
     variants = {
-        "ours": Variant("capsule_lib InvertedFCCapsules",
-                        routing_step(lambda p: [ours(p, ours(p))], [P], list(ours.parameters()), gs)),
-        "apple": Variant("apple CapsuleFC pattern",
-                         routing_step(lambda p: [a(p, 1, a(p, 0))], [P], list(a.parameters()), gs)),
+        "ours": Variant(
+            "capsule_lib InvertedFCCapsules",
+            routing_step(lambda p: [ours(p, ours(p))], [P], list(ours.parameters()), gs),
+        ),
+        "apple": Variant(
+            "apple CapsuleFC pattern", routing_step(lambda p: [a(p, 1, a(p, 0))], [P], list(a.parameters()), gs)
+        ),
     }
 
     def agreement(dtype):
@@ -466,12 +611,26 @@ def case_inverted_fc(dev, quick: bool) -> Case:
         _randomize_(o, seed=42, scale=0.3, only=("norm.weight", "norm.bias"))
         m = apple(o, dtype)
         pp = F.layer_norm(_randn(_cb(B, quick), N, G, G, d, seed=43, device=dev, dtype=dtype), (d,))
-        return {"apple": compare(lambda p: [o(p, o(p))], lambda p: [m(p, 1, m(p, 0))], [pp], dtype,
-                                 mode="ours (default)", note="T = 2; input is the CONV grid, flattened type-major")}
+        return {
+            "apple": compare(
+                lambda p: [o(p, o(p))],
+                lambda p: [m(p, 1, m(p, 0))],
+                [pp],
+                dtype,
+                mode="ours (default)",
+                note="T = 2; input is the CONV grid, flattened type-major",
+            )
+        }
 
-    return Case("routing_inverted_fc", "routing", B,
-                f"Inverted dot-product attention: CIFAR-10 class capsules, FC {I} -> {J}, 4x4 poses, T = 2",
-                dict(B=B, n_inp=I, n_out=J, d=d, T=2), variants, agreement)
+    return Case(
+        "routing_inverted_fc",
+        "routing",
+        B,
+        f"Inverted dot-product attention: CIFAR-10 class capsules, FC {I} -> {J}, 4x4 poses, T = 2",
+        dict(B=B, n_inp=I, n_out=J, d=d, T=2),
+        variants,
+        agreement,
+    )
 
 
 def _self_attention_case(name: str, dev, quick: bool, B: int) -> Case:
@@ -492,11 +651,17 @@ def _self_attention_case(name: str, dev, quick: bool, B: int) -> Case:
 
     k_e, k_x = keras(ours, "einsum"), keras(ours, "explicit")
     variants = {
-        "ours": Variant("capsule_lib SelfAttentionRouting", routing_step(lambda x: [ours(x)], [u], list(ours.parameters()), gs)),
-        "keras": Variant("Efficient-CapsNet FCCaps ops (Keras einsum)",
-                         routing_step(lambda x: [k_e(x)], [u], list(k_e.parameters()), gs)),
-        "keras_explicit": Variant("FCCaps with the I x I attention matrix formed",
-                                  routing_step(lambda x: [k_x(x)], [u], list(k_x.parameters()), gs)),
+        "ours": Variant(
+            "capsule_lib SelfAttentionRouting", routing_step(lambda x: [ours(x)], [u], list(ours.parameters()), gs)
+        ),
+        "keras": Variant(
+            "Efficient-CapsNet FCCaps ops (Keras einsum)",
+            routing_step(lambda x: [k_e(x)], [u], list(k_e.parameters()), gs),
+        ),
+        "keras_explicit": Variant(
+            "FCCaps with the I x I attention matrix formed",
+            routing_step(lambda x: [k_x(x)], [u], list(k_x.parameters()), gs),
+        ),
     }
 
     def agreement(dtype):
@@ -504,13 +669,27 @@ def _self_attention_case(name: str, dev, quick: bool, B: int) -> Case:
         _randomize_(o, seed=53, scale=0.05, only=("log_prior",))
         x = _randn(_cb(B, quick), I, d, seed=54, device=dev, dtype=dtype, scale=0.3)
         note = "squash_E epsilon 1e-20 inside the norm's root (ours) vs outside (Keras)"
-        return {key: compare(lambda v: [o(v)], lambda v, m=keras(o, att, dtype): [m(v)], [x], dtype,
-                             mode="ours (default)", note=note)
-                for key, att in (("keras", "einsum"), ("keras_explicit", "explicit"))}
+        return {
+            key: compare(
+                lambda v: [o(v)],
+                lambda v, m=keras(o, att, dtype): [m(v)],  # noqa: B008 (built once per variant, on purpose)
+                [x],
+                dtype,
+                mode="ours (default)",
+                note=note,
+            )
+            for key, att in (("keras", "einsum"), ("keras_explicit", "explicit"))
+        }
 
-    return Case(name, "routing", B,
-                f"Self-attention routing (Mazzia et al. 2021): Efficient-CapsNet FCCaps {I} -> {J}, {d} -> {D} dims",
-                dict(B=B, n_inp=I, n_out=J, d_inp=d, d_out=D), variants, agreement)
+    return Case(
+        name,
+        "routing",
+        B,
+        f"Self-attention routing (Mazzia et al. 2021): Efficient-CapsNet FCCaps {I} -> {J}, {d} -> {D} dims",
+        dict(B=B, n_inp=I, n_out=J, d_inp=d, d_out=D),
+        variants,
+        agreement,
+    )
 
 
 @register("routing_self_attention_b16")
@@ -545,7 +724,7 @@ def case_model_capsnet(dev, quick: bool) -> Case:
 
     def loss_ours():
         out = ours(x, y)
-        return margin_loss(out.lengths, y) + 0.0005 * reconstruction_loss(out.reconstruction, x)
+        return margin_loss(out.scores, y) + 0.0005 * reconstruction_loss(out.reconstruction, x)
 
     gram = orig.GramAICapsuleNet().to(dev)
     with torch.no_grad():
@@ -560,11 +739,23 @@ def case_model_capsnet(dev, quick: bool) -> Case:
         "ours": Variant("capsule_lib CapsNet (margin + 0.0005 recon, Adam)", model_step(ours, loss_ours, opt)),
         "gram_ai": Variant("gram-ai CapsuleNet pattern (its loss, Adam)", model_step(gram, loss_gram, opt_g)),
     }
-    agree = {"gram_ai": not_comparable("different models: gram-ai has 8 separate primary convolutions (another "
-                                       "capsule layout), the softmax over input capsules and over the class lengths; "
-                                       "the routing itself is compared in routing_dynamic")}
-    return Case("model_capsnet_mnist", "model", B, "CapsNet MNIST training step (Sabour et al. 2017)",
-                dict(B=B, image="1x28x28"), variants, lambda dtype: agree, heavy=not quick)
+    agree = {
+        "gram_ai": not_comparable(
+            "different models: gram-ai has 8 separate primary convolutions (another "
+            "capsule layout), the softmax over input capsules and over the class lengths; "
+            "the routing itself is compared in routing_dynamic"
+        )
+    }
+    return Case(
+        "model_capsnet_mnist",
+        "model",
+        B,
+        "CapsNet MNIST training step (Sabour et al. 2017)",
+        dict(B=B, image="1x28x28"),
+        variants,
+        lambda dtype: agree,
+        heavy=not quick,
+    )
 
 
 def _efficient_case(name: str, dev, quick: bool, B: int) -> Case:
@@ -582,16 +773,20 @@ def _efficient_case(name: str, dev, quick: bool, B: int) -> Case:
     def loss_fn(model):
         def f():
             out = model(x, y)
-            return margin_loss(out.lengths, y) + 0.392 * reconstruction_loss(out.reconstruction, x, "mean")
+            return margin_loss(out.scores, y) + 0.392 * reconstruction_loss(out.reconstruction, x, "mean")
+
         return f
 
     variants = {
-        "ours": Variant("capsule_lib EfficientCapsNet (margin + 0.392 MSE, Adam)",
-                        model_step(ours, loss_fn(ours), torch.optim.Adam(ours.parameters(), lr=5e-4))),
-        "keras_fccaps": Variant("same model with the Keras FCCaps ops",
-                                model_step(keras_model, loss_fn(keras_model),
-                                           torch.optim.Adam(keras_model.parameters(), lr=5e-4)),
-                                note="the original is TensorFlow; only its routing layer is re-created"),
+        "ours": Variant(
+            "capsule_lib EfficientCapsNet (margin + 0.392 MSE, Adam)",
+            model_step(ours, loss_fn(ours), torch.optim.Adam(ours.parameters(), lr=5e-4)),
+        ),
+        "keras_fccaps": Variant(
+            "same model with the Keras FCCaps ops",
+            model_step(keras_model, loss_fn(keras_model), torch.optim.Adam(keras_model.parameters(), lr=5e-4)),
+            note="the original is TensorFlow; only its routing layer is re-created",
+        ),
     }
 
     def agreement(dtype):
@@ -602,15 +797,31 @@ def _efficient_case(name: str, dev, quick: bool, B: int) -> Case:
         _copy_(k.W, m1.digits.weight)
         _copy_(k.b, m1.digits.log_prior)
         m2.digits = k
-        xx, yy = x[:_cb(B, quick)].to(dtype), y[:_cb(B, quick)]
+        xx, yy = x[: _cb(B, quick)].to(dtype), y[: _cb(B, quick)]
 
         def run(m):
-            return lambda v: [m(v, yy).lengths]
-        return {"keras_fccaps": compare(run(m1), run(m2), [xx], dtype, mode="ours (default), train mode",
-                                        note="class-capsule lengths and input gradients of the whole model")}
+            return lambda v: [m(v, yy).scores]
 
-    return Case(name, "model", B, f"Efficient-CapsNet MNIST training step (Mazzia et al. 2021), B={B}",
-                dict(B=B, image="1x28x28"), variants, agreement)
+        return {
+            "keras_fccaps": compare(
+                run(m1),
+                run(m2),
+                [xx],
+                dtype,
+                mode="ours (default), train mode",
+                note="class-capsule lengths and input gradients of the whole model",
+            )
+        }
+
+    return Case(
+        name,
+        "model",
+        B,
+        f"Efficient-CapsNet MNIST training step (Mazzia et al. 2021), B={B}",
+        dict(B=B, image="1x28x28"),
+        variants,
+        agreement,
+    )
 
 
 @register("model_efficient_mnist_b16")
@@ -630,17 +841,32 @@ def _apple_from_ours(model: CapsModel, expansion: str = "stack") -> orig.AppleCa
     layers = []
     for lay in model.capsule_layers:
         if isinstance(lay, InvertedConvCapsules):
-            a = orig.AppleCapsuleCONV(lay.n_inp, lay.pose_dim, lay.n_out, lay.pose_dim, lay.kernel_size, lay.stride,
-                                      lay.dropout, expansion=expansion)
+            a = orig.AppleCapsuleCONV(
+                lay.n_inp,
+                lay.pose_dim,
+                lay.n_out,
+                lay.pose_dim,
+                lay.kernel_size,
+                lay.stride,
+                lay.dropout,
+                expansion=expansion,
+            )
         else:
             a = orig.AppleCapsuleFC(lay.n_inp, lay.pose_dim, lay.n_out, lay.pose_dim, lay.dropout)
         a = a.to(lay.weight.device, lay.weight.dtype)
         _copy_(a.w, lay.weight)
         a.nonlinear_act.load_state_dict(lay.norm.state_dict())
         layers.append(a)
-    return orig.AppleCapsModel(copy.deepcopy(model.backbone), copy.deepcopy(model.primary.conv),
-                               copy.deepcopy(model.primary.norm), layers, copy.deepcopy(model.final_fc),
-                               cfg.primary_types, cfg.pose_dim, cfg.num_routing)
+    return orig.AppleCapsModel(
+        copy.deepcopy(model.backbone),
+        copy.deepcopy(model.primary.conv),
+        copy.deepcopy(model.primary.norm),
+        layers,
+        copy.deepcopy(model.final_fc),
+        cfg.primary_types,
+        cfg.pose_dim,
+        cfg.iterations,
+    )
 
 
 @register("model_inverted_cifar10")
@@ -649,33 +875,58 @@ def case_model_inverted(dev, quick: bool) -> Case:
     torch.manual_seed(0)
     x, y = _randn(B, 3, 32, 32, seed=80, device=dev), _labels(B, 10, dev, 81)
     backbone = "simple" if quick else "resnet"  # --quick: the one-conv backbone and 8 capsule types
-    small = dict(primary_types=8, capsules=(CapsLayerSpec("conv", 8, 3, 2), CapsLayerSpec("conv", 8, 3, 1))) if quick else {}
-    ours = CapsModel(CapsModelConfig.cifar10(backbone, num_routing=2, **small)).to(dev)
+    small = (
+        dict(primary_types=8, capsules=(CapsLayerSpec("conv", 8, 3, 2), CapsLayerSpec("conv", 8, 3, 1)))
+        if quick
+        else {}
+    )
+    ours = CapsModel(CapsModelConfig.cifar10(backbone, iterations=2, **small)).to(dev)
     apple = _apple_from_ours(ours, "stack").to(dev)
 
     def sgd(m):
         return torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
+
     variants = {
-        "ours": Variant(f"capsule_lib CapsModel ({backbone}, unfold, CE, SGD)",
-                        model_step(ours, lambda: F.cross_entropy(ours(x).lengths, y), sgd(ours))),
-        "apple_stack": Variant("official CapsModel pattern (stack expansion)",
-                               model_step(apple, lambda: F.cross_entropy(apple(x), y), sgd(apple))),
+        "ours": Variant(
+            f"capsule_lib CapsModel ({backbone}, unfold, CE, SGD)",
+            model_step(ours, lambda: F.cross_entropy(ours(x).scores, y), sgd(ours)),
+        ),
+        "apple_stack": Variant(
+            "official CapsModel pattern (stack expansion)",
+            model_step(apple, lambda: F.cross_entropy(apple(x), y), sgd(apple)),
+        ),
     }
 
     def agreement(dtype):
-        m1 = CapsModel(CapsModelConfig.cifar10(backbone, num_routing=2, expansion="official_bug", **small)).to(dev, dtype)
+        m1 = CapsModel(CapsModelConfig.cifar10(backbone, iterations=2, expansion="official_bug", **small)).to(
+            dev, dtype
+        )
         for lay in m1.capsule_layers:
             _randomize_(lay, seed=82, scale=0.3, only=("norm.weight", "norm.bias"))
         m2 = _apple_from_ours(m1, "stack").to(dev, dtype)
         m1.train(), m2.train()
         xx = _randn(_cb(B, quick), 3, 32, 32, seed=83, device=dev, dtype=dtype)
-        return {"apple_stack": compare(lambda v: [m1(v).lengths], lambda v: [m2(v)], [xx], dtype,
-                                       mode="ours with expansion='official_bug', same parameters, train mode",
-                                       note="logits and input gradients of the whole model")}
+        return {
+            "apple_stack": compare(
+                lambda v: [m1(v).scores],
+                lambda v: [m2(v)],
+                [xx],
+                dtype,
+                mode="ours with expansion='official_bug', same parameters, train mode",
+                note="logits and input gradients of the whole model",
+            )
+        }
 
-    return Case("model_inverted_cifar10", "model", B,
-                f"Inverted-attention CapsModel, CIFAR-10 {backbone} backbone, T = 2, training step (Tsai et al. 2020)",
-                dict(B=B, image="3x32x32", backbone=backbone, T=2), variants, agreement, heavy=not quick)
+    return Case(
+        "model_inverted_cifar10",
+        "model",
+        B,
+        f"Inverted-attention CapsModel, CIFAR-10 {backbone} backbone, T = 2, training step (Tsai et al. 2020)",
+        dict(B=B, image="3x32x32", backbone=backbone, T=2),
+        variants,
+        agreement,
+        heavy=not quick,
+    )
 
 
 @register("model_heinsen_smallnorb")
@@ -691,7 +942,7 @@ def case_model_heinsen(dev, quick: bool) -> Case:
         o = copy.deepcopy(m)
         new = []
         for r in m.routings:
-            q = orig.Heinsen2019Routing(r.d_cov, r.d_inp, r.d_out, r.n_inp, r.n_out, r.n_iters).to(dev, dtype)
+            q = orig.Heinsen2019Routing(r.d_cov, r.d_inp, r.d_out, r.n_inp, r.n_out, r.iterations).to(dev, dtype)
             for nm in ("W", "B", "beta_use", "beta_ign"):
                 _copy_(getattr(q, nm), getattr(r, nm))
             new.append(q)
@@ -701,25 +952,44 @@ def case_model_heinsen(dev, quick: bool) -> Case:
     ours, ho = build()
 
     def step(m):
-        return model_step(m, lambda: soft_target_cross_entropy(m(x).lengths, y),
-                          torch.optim.RAdam(m.parameters(), lr=5e-4))
+        return model_step(
+            m, lambda: soft_target_cross_entropy(m(x).scores, y), torch.optim.RAdam(m.parameters(), lr=5e-4)
+        )
+
     variants = {
         "ours": Variant("capsule_lib SmallNORBClassifier (soft CE, RAdam)", step(ours)),
-        "heinsen2019": Variant("same conv stack + 2019 Routing pattern", step(ho),
-                               note="the original model's conv stack is the same network as capsule_lib's"),
+        "heinsen2019": Variant(
+            "same conv stack + 2019 Routing pattern",
+            step(ho),
+            note="the original model's conv stack is the same network as capsule_lib's",
+        ),
     }
 
     def agreement(dtype):
         m1, m2 = build(dtype)
         m1.train(), m2.train()
-        xx = x[:_cb(B, quick)].to(dtype)
-        return {"heinsen2019": compare(lambda v: [m1(v).lengths], lambda v: [m2(v).lengths], [xx], dtype,
-                                       mode="ours (default), same parameters, train mode",
-                                       note="class logits and input gradients of the whole model")}
+        xx = x[: _cb(B, quick)].to(dtype)
+        return {
+            "heinsen2019": compare(
+                lambda v: [m1(v).scores],
+                lambda v: [m2(v).scores],
+                [xx],
+                dtype,
+                mode="ours (default), same parameters, train mode",
+                note="class logits and input gradients of the whole model",
+            )
+        }
 
-    return Case("model_heinsen_smallnorb", "model", B,
-                f"Heinsen (2019) smallNORB classifier training step, 2x{S}x{S} stereo input",
-                dict(B=B, image=f"2x{S}x{S}"), variants, agreement, heavy=not quick)
+    return Case(
+        "model_heinsen_smallnorb",
+        "model",
+        B,
+        f"Heinsen (2019) smallNORB classifier training step, 2x{S}x{S} stereo input",
+        dict(B=B, image=f"2x{S}x{S}"),
+        variants,
+        agreement,
+        heavy=not quick,
+    )
 
 
 @register("model_em_smallnorb")
@@ -727,26 +997,50 @@ def case_model_em(dev, quick: bool) -> Case:
     B = 2 if quick else 16
     cfg = EMCapsNetConfig.small() if quick else EMCapsNetConfig()
     torch.manual_seed(0)
-    x, y = torch.rand(B, 1, cfg.image_size, cfg.image_size, generator=_gen(100)).to(dev), _labels(B, cfg.n_classes, dev, 101)
+    x, y = (
+        torch.rand(B, 1, cfg.image_size, cfg.image_size, generator=_gen(100)).to(dev),
+        _labels(B, cfg.n_classes, dev, 101),
+    )
     ours = EMCapsNet(cfg).to(dev)
-    yl = orig.YL1993CapsNet(A=cfg.conv_channels, B=cfg.primary_types, C=cfg.caps1_types, D=cfg.caps2_types,
-                            E=cfg.n_classes, iters=cfg.iterations, conv1_padding=0).to(dev)
+    yl = orig.YL1993CapsNet(
+        A=cfg.conv_channels,
+        B=cfg.primary_types,
+        C=cfg.caps1_types,
+        D=cfg.caps2_types,
+        E=cfg.n_classes,
+        iters=cfg.iterations,
+        conv1_padding=0,
+    ).to(dev)
     variants = {
-        "ours": Variant("capsule_lib EMCapsNet (spread loss, Adam)",
-                        model_step(ours, lambda: spread_loss(ours(x).lengths, y, 0.2),
-                                   torch.optim.Adam(ours.parameters(), lr=3e-3))),
-        "yl1993": Variant("yl-1993 CapsNet pattern (A=64, B=8, C=D=16, valid conv1)",
-                          model_step(yl, lambda: spread_loss(yl(x), y, 0.2), torch.optim.Adam(yl.parameters(), lr=3e-3)),
-                          note="conv1 padding 0 so the grids are the paper's 14 -> 6 -> 4"),
+        "ours": Variant(
+            "capsule_lib EMCapsNet (spread loss, Adam)",
+            model_step(ours, lambda: spread_loss(ours(x).scores, y, 0.2), torch.optim.Adam(ours.parameters(), lr=3e-3)),
+        ),
+        "yl1993": Variant(
+            "yl-1993 CapsNet pattern (A=64, B=8, C=D=16, valid conv1)",
+            model_step(yl, lambda: spread_loss(yl(x), y, 0.2), torch.optim.Adam(yl.parameters(), lr=3e-3)),
+            note="conv1 padding 0 so the grids are the paper's 14 -> 6 -> 4",
+        ),
     }
-    agree = {"yl1993": not_comparable("different models: yl-1993 adds BatchNorm, renormalises R*a over the outputs, "
-                                      "uses raw costs with lambda 1e-3 and another coordinate addition; the routing "
-                                      "layer is compared in routing_em_convcaps1/2")}
-    return Case("model_em_smallnorb", "model", B,
-                f"Matrix capsules with EM routing, smallNORB model (A=64, B=8, C=D=16), training step" if not quick
-                else "EM capsules, small MNIST-sized model (quick)",
-                dict(B=B, image=f"1x{cfg.image_size}x{cfg.image_size}"), variants, lambda dtype: agree,
-                heavy=not quick)
+    agree = {
+        "yl1993": not_comparable(
+            "different models: yl-1993 adds BatchNorm, renormalises R*a over the outputs, "
+            "uses raw costs with lambda 1e-3 and another coordinate addition; the routing "
+            "layer is compared in routing_em_convcaps1/2"
+        )
+    }
+    return Case(
+        "model_em_smallnorb",
+        "model",
+        B,
+        "Matrix capsules with EM routing, smallNORB model (A=64, B=8, C=D=16), training step"
+        if not quick
+        else "EM capsules, small MNIST-sized model (quick)",
+        dict(B=B, image=f"1x{cfg.image_size}x{cfg.image_size}"),
+        variants,
+        lambda dtype: agree,
+        heavy=not quick,
+    )
 
 
 # ====================================================================================================
@@ -782,6 +1076,7 @@ def peak_memory(step: Callable[[], None], dev: torch.device) -> int | None:
         torch.cuda.synchronize(dev)
         return int(torch.cuda.max_memory_allocated(dev) - base)
     from torch.profiler import ProfilerActivity, profile
+
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         step()
     events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
@@ -794,8 +1089,15 @@ def peak_memory(step: Callable[[], None], dev: torch.device) -> int | None:
     return int(peak)
 
 
-def run_case(case: Case, dev: torch.device, repeat: int, warmup: int, check_dtype: torch.dtype | None,
-             memory: bool = True, min_time: float = 0.0) -> dict:
+def run_case(
+    case: Case,
+    dev: torch.device,
+    repeat: int,
+    warmup: int,
+    check_dtype: torch.dtype | None,
+    memory: bool = True,
+    min_time: float = 0.0,
+) -> dict:
     names = list(case.variants)
     # Routing layers hold no optimizer state, so their first warm-up step is already a steady-state step: its
     # peak memory is measured there (saves one heavy step). Model steps allocate the optimizer state in their
@@ -812,7 +1114,7 @@ def run_case(case: Case, dev: torch.device, repeat: int, warmup: int, check_dtyp
     times = {nm: [] for nm in names}
     r = 0
     while r < repeat:  # interleaved: A B C, C B A, A B C, ...
-        for nm in (names if r % 2 == 0 else names[::-1]):
+        for nm in names if r % 2 == 0 else names[::-1]:
             times[nm].append(time_once(case.variants[nm].step, dev))
         if r == 0 and min_time:  # short steps: more repeats, so each variant is timed for about min_time seconds
             fastest = min(ts[0] for ts in times.values())
@@ -827,15 +1129,27 @@ def run_case(case: Case, dev: torch.device, repeat: int, warmup: int, check_dtyp
         med = statistics.median(ts)
         q = statistics.quantiles(ts, n=4) if len(ts) >= 2 else [med, med, med]
         out_variants[nm] = {
-            "label": case.variants[nm].label, "note": case.variants[nm].note, "times_s": ts,
-            "median_s": med, "min_s": min(ts), "iqr_s": q[2] - q[0],
-            "samples_per_s": case.batch / med, "peak_mem_bytes": mem[nm],
+            "label": case.variants[nm].label,
+            "note": case.variants[nm].note,
+            "times_s": ts,
+            "median_s": med,
+            "min_s": min(ts),
+            "iqr_s": q[2] - q[0],
+            "samples_per_s": case.batch / med,
+            "peak_mem_bytes": mem[nm],
             "speedup_of_ours": None if nm == names[0] else med / ours_med,
         }
-    result = {"kind": case.kind, "description": case.description, "batch": case.batch, "shapes": case.shapes,
-              "repeat": repeat,
-              "variants": out_variants, "ours": names[0], "notes": case.notes,
-              "speedups": {nm: out_variants[nm]["speedup_of_ours"] for nm in names[1:]}}
+    result = {
+        "kind": case.kind,
+        "description": case.description,
+        "batch": case.batch,
+        "shapes": case.shapes,
+        "repeat": repeat,
+        "variants": out_variants,
+        "ours": names[0],
+        "notes": case.notes,
+        "speedups": {nm: out_variants[nm]["speedup_of_ours"] for nm in names[1:]},
+    }
     # free the timing closures before the agreement run (which builds its own modules)
     case.variants.clear()
     gc.collect()
@@ -858,7 +1172,7 @@ def _fmt_time(s: float) -> str:
 def _fmt_mem(b) -> str:
     if b is None:
         return "n/a"
-    return f"{b / 2 ** 20:.0f} MiB" if b >= 2 ** 20 else f"{b / 2 ** 10:.0f} KiB"
+    return f"{b / 2**20:.0f} MiB" if b >= 2**20 else f"{b / 2**10:.0f} KiB"
 
 
 def _fmt_agree(a: dict | None) -> str:
@@ -879,10 +1193,17 @@ def case_rows(name: str, res: dict) -> list[list[str]]:
         return [[name, "ERROR", res["error"], "", "", "", "", ""]]
     for nm, v in res["variants"].items():
         sp = v["speedup_of_ours"]
-        rows.append([name, f"{nm}: {v['label']}", _fmt_time(v["median_s"]),
-                     f"{v['samples_per_s']:.1f}", _fmt_mem(v["peak_mem_bytes"]),
-                     "-" if sp is None else f"{sp:.2f}x",
-                     "" if nm == res["ours"] else _fmt_agree(res.get("agreement", {}).get(nm))])
+        rows.append(
+            [
+                name,
+                f"{nm}: {v['label']}",
+                _fmt_time(v["median_s"]),
+                f"{v['samples_per_s']:.1f}",
+                _fmt_mem(v["peak_mem_bytes"]),
+                "-" if sp is None else f"{sp:.2f}x",
+                "" if nm == res["ours"] else _fmt_agree(res.get("agreement", {}).get(nm)),
+            ]
+        )
     return rows
 
 
@@ -916,11 +1237,21 @@ def _cpu_model() -> str:
 def _git_state() -> dict:
     """The commit the benchmark ran at and whether capsule_lib/ had uncommitted changes (None outside git)."""
     import subprocess
+
     try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=HERE.parent, capture_output=True, text=True,
-                              timeout=10).stdout.strip() or None
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "capsule_lib"], cwd=HERE.parent,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        head = (
+            subprocess.run(
+                ["git", "rev-parse", "HEAD"], cwd=HERE.parent, capture_output=True, text=True, timeout=10
+            ).stdout.strip()
+            or None
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "capsule_lib"],
+            cwd=HERE.parent,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
         return {"git_commit": head, "capsule_lib_dirty": bool(dirty) if head else None}
     except (OSError, subprocess.SubprocessError):
         return {"git_commit": None, "capsule_lib_dirty": None}
@@ -937,21 +1268,34 @@ def _select(patterns: str | None) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     ap.add_argument("--quick", action="store_true", help="tiny shapes, 2 repeats: a smoke test (< 1 min on CPU)")
     ap.add_argument("--only", default=None, help="comma-separated case names or globs (e.g. 'routing_*')")
-    ap.add_argument("--repeat", type=int, default=None, help="timed repeats per variant (default 5; 2 with --quick; "
-                                                             "heavy cases use half, at least 3)")
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=None,
+        help="timed repeats per variant (default 5; 2 with --quick; heavy cases use half, at least 3)",
+    )
     ap.add_argument("--warmup", type=int, default=None, help="warm-up steps per variant (default 1)")
-    ap.add_argument("--min-time", type=float, default=None,
-                    help="cases with short steps get more repeats (up to 200), so that each variant is timed for "
-                         "about this many seconds (default 2; 0 with --quick)")
+    ap.add_argument(
+        "--min-time",
+        type=float,
+        default=None,
+        help="cases with short steps get more repeats (up to 200), so that each variant is timed for "
+        "about this many seconds (default 2; 0 with --quick)",
+    )
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
     ap.add_argument("--out", default=None, help="JSON output (default benchmarks/results/<device>[_quick].json)")
-    ap.add_argument("--check-dtype", default=None, choices=["float32", "float64", "none"],
-                    help="dtype of the numerical agreement runs (default float32; float64 with --quick)")
+    ap.add_argument(
+        "--check-dtype",
+        default=None,
+        choices=["float32", "float64", "none"],
+        help="dtype of the numerical agreement runs (default float32; float64 with --quick)",
+    )
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory step")
     ap.add_argument("--list", action="store_true", help="list the cases and exit")
     ap.add_argument("--table", default=None, metavar="JSON", help="print a result file as a Markdown table and exit")
@@ -981,21 +1325,36 @@ def main(argv: list[str] | None = None) -> dict:
     out = Path(args.out) if args.out else HERE / "results" / f"{dev.type}{'_quick' if args.quick else ''}.json"
 
     meta = {
-        "schema": SCHEMA_VERSION, "date": _dt.datetime.now().isoformat(timespec="seconds"),
-        "argv": sys.argv[1:] if argv is None else list(argv), "quick": args.quick, "device": str(dev),
+        "schema": SCHEMA_VERSION,
+        "date": _dt.datetime.now().isoformat(timespec="seconds"),
+        "argv": sys.argv[1:] if argv is None else list(argv),
+        "quick": args.quick,
+        "device": str(dev),
         "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else _cpu_model(),
-        "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-        "python": platform.python_version(), "platform": platform.platform(),
-        "repeat": repeat, "warmup": warmup, "min_time_s": args.min_time, "check_dtype": cd,
-        "opt_einsum": bool(torch.backends.opt_einsum.is_available()), **_git_state(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "repeat": repeat,
+        "warmup": warmup,
+        "min_time_s": args.min_time,
+        "check_dtype": cd,
+        "opt_einsum": bool(torch.backends.opt_einsum.is_available()),
+        **_git_state(),
         "loadavg_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-        "memory_method": ("torch.cuda.max_memory_allocated above the step's starting level" if dev.type == "cuda" else
-                          "peak of the CPU tensor bytes allocated during one step and not yet freed (tensors that "
-                          "existed before the step are not counted), from torch.profiler memory events"),
+        "memory_method": (
+            "torch.cuda.max_memory_allocated above the step's starting level"
+            if dev.type == "cuda"
+            else "peak of the CPU tensor bytes allocated during one step and not yet freed (tensors that "
+            "existed before the step are not counted), from torch.profiler memory events"
+        ),
         "timing_method": "median of interleaved repeats after warm-up; CUDA events after synchronize on CUDA",
     }
-    print(f"capsule_lib benchmark on {meta['device_name']} ({dev}), torch {torch.__version__}, "
-          f"{meta['torch_threads']} thread(s), repeat {repeat}, quick={args.quick}")
+    print(
+        f"capsule_lib benchmark on {meta['device_name']} ({dev}), torch {torch.__version__}, "
+        f"{meta['torch_threads']} thread(s), repeat {repeat}, quick={args.quick}"
+    )
     print("  " + " | ".join(HEADER))
     cases = {}
     t_all = time.perf_counter()
@@ -1004,8 +1363,9 @@ def main(argv: list[str] | None = None) -> dict:
         try:
             case = CASES[name](dev, args.quick)
             rep = max(3, math.ceil(repeat / 2)) if case.heavy else repeat
-            res = run_case(case, dev, min(rep, repeat), warmup, check_dtype, memory=not args.no_memory,
-                           min_time=args.min_time)
+            res = run_case(
+                case, dev, min(rep, repeat), warmup, check_dtype, memory=not args.no_memory, min_time=args.min_time
+            )
         except Exception as exc:  # keep going; the error is recorded in the JSON
             res = {"error": f"{type(exc).__name__}: {exc}"}
         res["wall_s"] = time.perf_counter() - t0

@@ -9,6 +9,7 @@ does not depend on the values). bf16 runs the step under ``torch.autocast(<devic
 with fp32 master weights, as ``Trainer(amp="bf16")`` does. The JSON records the CPU model, whether it has
 native bf16 instructions (``avx512_bf16`` / ``amx_bf16`` in /proc/cpuinfo), threads and torch version.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,8 +26,11 @@ from capsule_lib.training import CapsuleObjective, ClassifierObjective, select_d
 
 MODELS = {  # name -> (builder, objective, batch size of the shipped run)
     "capsnet_mnist": (lambda: CapsNet(), lambda: CapsuleObjective(0.0005), 128),
-    "efficient_capsnet_mnist": (lambda: EfficientCapsNet(EfficientCapsNetConfig.mnist()),
-                                lambda: CapsuleObjective(0.392, recon_reduction="mean"), 64),
+    "efficient_capsnet_mnist": (
+        lambda: EfficientCapsNet(EfficientCapsNetConfig.mnist()),
+        lambda: CapsuleObjective(0.392, recon_reduction="mean"),
+        64,
+    ),
     "baseline_cnn_mnist": (lambda: BaselineCNN(), lambda: ClassifierObjective(), 128),
 }
 TRAIN_IMAGES = 55_000
@@ -38,8 +42,13 @@ def cpu_info() -> dict:
         text = Path("/proc/cpuinfo").read_text()
         model = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "")
         flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
-        info.update(model=model, avx512f="avx512f" in flags, avx512_bf16="avx512_bf16" in flags,
-                    amx_bf16="amx_bf16" in flags, avx2="avx2" in flags)
+        info.update(
+            model=model,
+            avx512f="avx512f" in flags,
+            avx512_bf16="avx512_bf16" in flags,
+            amx_bf16="amx_bf16" in flags,
+            avx2="avx2" in flags,
+        )
     except OSError:
         pass
     return info
@@ -81,13 +90,24 @@ def main(argv: list[str] | None = None) -> None:
             step = time_training_step(model, obj, (x, y), repeats=a.repeat, warmup=1)
             row[f"{precision}_s_per_step"] = step
             row[f"{precision}_min_per_epoch"] = step * row["steps_per_epoch"] / 60
-            print(f"{name:25s} {precision}: {step * 1000:8.1f} ms/step, {row[f'{precision}_min_per_epoch']:6.1f} min/epoch",
-                  flush=True)
+            print(
+                f"{name:25s} {precision}: {step * 1000:8.1f} ms/step, "
+                f"{row[f'{precision}_min_per_epoch']:6.1f} min/epoch",
+                flush=True,
+            )
         row["bf16_speedup"] = row["fp32_s_per_step"] / row["bf16_s_per_step"]
         rows.append(row)
-    result = {"benchmark": "epoch_times", "date": time.strftime("%Y-%m-%d"), "device": str(device),
-              "cpu": cpu_info(), "threads": torch.get_num_threads(), "torch": torch.__version__,
-              "repeats": a.repeat, "train_images": TRAIN_IMAGES, "results": rows}
+    result = {
+        "benchmark": "epoch_times",
+        "date": time.strftime("%Y-%m-%d"),
+        "device": str(device),
+        "cpu": cpu_info(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "repeats": a.repeat,
+        "train_images": TRAIN_IMAGES,
+        "results": rows,
+    }
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))

@@ -16,6 +16,7 @@ same function differently, checks that both give the same outputs and gradients,
 The prototypes are sketches of suggested changes to capsule_lib (they skip input validation, traces and
 options such as leaky routing); capsule_lib itself is not modified by this file.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,8 +31,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from capsule_lib.functional import squash  # noqa: E402
-from capsule_lib.routing import (DynamicRouting, GenerativeMatrixRouting, InvertedConvCapsules,  # noqa: E402
-                                 SelfAttentionRouting)
+from capsule_lib.routing import DynamicRouting, GenerativeMatrixRouting, InvertedConvCapsules, SelfAttentionRouting  # noqa: E402
 from capsule_lib.routing.inverted import conv_windows  # noqa: E402
 
 
@@ -98,16 +98,16 @@ def heinsen_shared_w_moments(a_inp, mu_inp, layer: GenerativeMatrixRouting):
     D_use-weighted first and second moments of the inputs, M_j = sum_i D_ij mu_i [C, D] and
     Q_j = sum_i D_ij mu_i[c] (x) mu_i[c] [C, D, D], and log p_ij is a quadratic form in (mu_i, mu_i (x) mu_i):
     all are [B, I, 16/64] x [B, 16/64, J] matrix products. Expanding the squares trades memory for cancellation:
-    sig2 = (sum D (mu W)^2 - 2 K (M W) + K^2 sum D) / sum D loses precision when sig2 << |V|^2.
+    sigma2 = (sum D (mu W)^2 - 2 K (M W) + K^2 sum D) / sum D loses precision when sigma2 << |V|^2.
     """
     W, Bb, b_use, b_ign = layer.W[0], layer.B[0], layer.beta_use[0], layer.beta_ign[0]  # [J,D,E], [J,C,E], [J]
-    eps, n_iters = layer.eps, layer.n_iters
+    eps, iterations = layer.eps, layer.iterations
     Bsz, I, C, D = mu_inp.shape
     J = W.shape[0]
     X = mu_inp.reshape(Bsz, I, C * D)  # [B, I, C*D]
     P = torch.einsum("bicd,bicf->bicdf", mu_inp, mu_inp).reshape(Bsz, I, C * D * D)  # [B, I, C*D*D]
     f = torch.sigmoid(a_inp).unsqueeze(-1)  # [B, I, 1]
-    for t in range(n_iters):
+    for t in range(iterations):
         if t == 0:
             R = mu_inp.new_full((Bsz, I, J), 1.0 / J)
         else:
@@ -122,15 +122,15 @@ def heinsen_shared_w_moments(a_inp, mu_inp, layer: GenerativeMatrixRouting):
         K = mu_out - Bb
         Q = torch.bmm(D_use.transpose(1, 2), P).view(Bsz, J, C, D, D)  # [B, J, C, D, D]
         sum_sq = torch.einsum("bjcdf,jde,jfe->bjce", Q, W, W)  # sum_i D (mu_i W)^2
-        sig2 = (sum_sq - 2.0 * K * MW + K.square() * D_sum[..., None, None]) * over + eps  # [B, J, C, E]
-        if t < n_iters - 1:
-            lam = 0.5 / sig2  # [B, J, C, E]
+        sigma2 = (sum_sq - 2.0 * K * MW + K.square() * D_sum[..., None, None]) * over + eps  # [B, J, C, E]
+        if t < iterations - 1:
+            lam = 0.5 / sigma2  # [B, J, C, E]
             A = torch.einsum("jde,jfe,bjce->bjcdf", W, W, lam).reshape(Bsz, J, C * D * D)
             G = torch.einsum("jde,bjce->bjcd", W, K * lam).reshape(Bsz, J, C * D)
             const = (K.square() * lam).sum(dim=(-2, -1))  # [B, J]
             quad = torch.bmm(P, A.transpose(1, 2)) - 2.0 * torch.bmm(X, G.transpose(1, 2)) + const.unsqueeze(-2)
-            log_p = -quad - 0.5 * torch.log(sig2).sum(dim=(-2, -1)).unsqueeze(-2)  # [B, I, J]
-    return a_out, mu_out, sig2
+            log_p = -quad - 0.5 * torch.log(sigma2).sum(dim=(-2, -1)).unsqueeze(-2)  # [B, I, J]
+    return a_out, mu_out, sigma2
 
 
 # ------------------------------------------------------------------------------------------------ timing
@@ -141,11 +141,12 @@ def bench(fns: dict, inputs, params, gs, repeat: int) -> dict:
         outs = f(*inputs)
         outs = outs if isinstance(outs, (list, tuple)) else [outs]
         sum((o * g).sum() for o, g in zip(outs, gs)).backward()
+
     for f in fns.values():
         step(f)
     times = {k: [] for k in fns}
     for r in range(repeat):
-        for k in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
+        for k in list(fns) if r % 2 == 0 else list(fns)[::-1]:
             t0 = time.perf_counter()
             step(fns[k])
             times[k].append(time.perf_counter() - t0)
@@ -184,9 +185,11 @@ def main() -> None:
     fns = {"child-major": lambda x: dynamic_child_major(x, m.weight, m.bias), "capsule_lib": lambda x: m(x)}
     od, gd = check(fns["capsule_lib"], fns["child-major"], [u], params, gs)
     t = bench(fns, [u], params, gs, args.repeat)
-    print(f"dynamic routing B={B}, {I}->10: child-major (before 77d7fe5) {t['child-major']*1e3:.0f} ms, capsule_lib "
-          f"(parent-major) {t['capsule_lib']*1e3:.0f} ms ({t['child-major']/t['capsule_lib']:.2f}x); "
-          f"max|dout| {od:.1e}, max rel dgrad {gd:.1e}")
+    print(
+        f"dynamic routing B={B}, {I}->10: child-major (before 77d7fe5) {t['child-major'] * 1e3:.0f} ms, capsule_lib "
+        f"(parent-major) {t['capsule_lib'] * 1e3:.0f} ms ({t['child-major'] / t['capsule_lib']:.2f}x); "
+        f"max|dout| {od:.1e}, max rel dgrad {gd:.1e}"
+    )
 
     # self-attention routing, Efficient-CapsNet FCCaps
     for B in (16, 128):
@@ -199,13 +202,15 @@ def main() -> None:
         fns = {"capsule_lib": lambda x: lay(x), "broadcast": lambda x: self_attention_broadcast(x, lay)}
         od, gd = check(fns["capsule_lib"], fns["broadcast"], [u], params, gs)
         t = bench(fns, [u], params, gs, max(args.repeat, 200))
-        print(f"self-attention B={B}, 16->10: capsule_lib {t['capsule_lib']*1e3:.2f} ms, broadcast "
-              f"{t['broadcast']*1e3:.2f} ms ({t['capsule_lib']/t['broadcast']:.2f}x); max|dout| {od:.1e}, "
-              f"max rel dgrad {gd:.1e}")
+        print(
+            f"self-attention B={B}, 16->10: capsule_lib {t['capsule_lib'] * 1e3:.2f} ms, broadcast "
+            f"{t['broadcast'] * 1e3:.2f} ms ({t['capsule_lib'] / t['broadcast']:.2f}x); max|dout| {od:.1e}, "
+            f"max rel dgrad {gd:.1e}"
+        )
 
     # Heinsen 2019 routing, smallNORB routing 1 (5184 -> 64, W shared by all inputs)
     B, I = (2, 576) if args.quick else (20, 5184)
-    r1 = GenerativeMatrixRouting(d_cov=4, d_inp=4, d_out=4, n_out=64, n_iters=3)
+    r1 = GenerativeMatrixRouting(d_cov=4, d_inp=4, d_out=4, n_out=64, iterations=3)
     with torch.no_grad():
         for p_ in (r1.B, r1.beta_use, r1.beta_ign):
             p_.normal_(std=0.5)
@@ -215,15 +220,21 @@ def main() -> None:
     params = [r1.W, r1.B, r1.beta_use, r1.beta_ign]
     fns = {"capsule_lib": lambda x, y: list(r1(x, y)), "moments": lambda x, y: list(heinsen_shared_w_moments(x, y, r1))}
     od, gd = check(fns["capsule_lib"], fns["moments"], [a, mu], params, gs)
-    r64 = GenerativeMatrixRouting(d_cov=4, d_inp=4, d_out=4, n_out=64, n_iters=3).double()
+    r64 = GenerativeMatrixRouting(d_cov=4, d_inp=4, d_out=4, n_out=64, iterations=3).double()
     r64.load_state_dict(r1.state_dict())
-    od64, gd64 = check(lambda x, y: list(r64(x, y)), lambda x, y: list(heinsen_shared_w_moments(x, y, r64)),
-                       [a.detach().double().requires_grad_(), mu.detach().double().requires_grad_()],
-                       list(r64.parameters()), [g.double() for g in gs])
+    od64, gd64 = check(
+        lambda x, y: list(r64(x, y)),
+        lambda x, y: list(heinsen_shared_w_moments(x, y, r64)),
+        [a.detach().double().requires_grad_(), mu.detach().double().requires_grad_()],
+        list(r64.parameters()),
+        [g.double() for g in gs],
+    )
     t = bench(fns, [a, mu], params, gs, max(3, args.repeat // 2))
-    print(f"Heinsen routing 1, B={B}, {I}->64: capsule_lib {t['capsule_lib']*1e3:.0f} ms, moments "
-          f"{t['moments']*1e3:.0f} ms ({t['capsule_lib']/t['moments']:.2f}x); float32 max|dout| {od:.1e}, max rel "
-          f"dgrad {gd:.1e}; float64 max|dout| {od64:.1e}, max rel dgrad {gd64:.1e}")
+    print(
+        f"Heinsen routing 1, B={B}, {I}->64: capsule_lib {t['capsule_lib'] * 1e3:.0f} ms, moments "
+        f"{t['moments'] * 1e3:.0f} ms ({t['capsule_lib'] / t['moments']:.2f}x); float32 max|dout| {od:.1e}, max rel "
+        f"dgrad {gd:.1e}; float64 max|dout| {od64:.1e}, max rel dgrad {gd64:.1e}"
+    )
 
     # inverted attention CONV layer, T = 2
     B, N, H = (4, 8, 7) if args.quick else (32, 32, 16)
@@ -232,13 +243,17 @@ def main() -> None:
     h = lay.output_size(H)
     gs = [torch.randn(B, N, h, h, 16)]
     params = list(lay.parameters())
-    fns = {"capsule_lib": lambda p: lay(p, lay(p)),
-           "parent-major": lambda p: inverted_conv_parent_major(p, lay, inverted_conv_parent_major(p, lay))}
+    fns = {
+        "capsule_lib": lambda p: lay(p, lay(p)),
+        "parent-major": lambda p: inverted_conv_parent_major(p, lay, inverted_conv_parent_major(p, lay)),
+    }
     od, gd = check(fns["capsule_lib"], fns["parent-major"], [P], params, gs)
     t = bench(fns, [P], params, gs, args.repeat)
-    print(f"inverted CONV B={B}, {N}->{N}, {H}x{H}: capsule_lib {t['capsule_lib']*1e3:.0f} ms, parent-major "
-          f"{t['parent-major']*1e3:.0f} ms ({t['capsule_lib']/t['parent-major']:.2f}x); max|dout| {od:.1e}, "
-          f"max rel dgrad {gd:.1e}")
+    print(
+        f"inverted CONV B={B}, {N}->{N}, {H}x{H}: capsule_lib {t['capsule_lib'] * 1e3:.0f} ms, parent-major "
+        f"{t['parent-major'] * 1e3:.0f} ms ({t['capsule_lib'] / t['parent-major']:.2f}x); max|dout| {od:.1e}, "
+        f"max rel dgrad {gd:.1e}"
+    )
 
 
 if __name__ == "__main__":

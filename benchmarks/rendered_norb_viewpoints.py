@@ -12,6 +12,7 @@ is the viewpoint-generalisation drop the later chapters study.
 Writes a JSON with the numbers, the configuration and the timings. Model selection uses a held-out tenth
 of the training images (familiar views of the training instances), never the test sets.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,8 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from capsule_lib.data.datasets import ImageDataset
-from capsule_lib.data.render import (CATEGORIES, HINTON_AZIMUTHS_FAMILIAR, HINTON_ELEVATIONS_FAMILIAR,
-                                     render_norb_like)
+from capsule_lib.data.render import CATEGORIES, HINTON_AZIMUTHS_FAMILIAR, HINTON_ELEVATIONS_FAMILIAR, render_norb_like
 from capsule_lib.data.transforms import random_shift
 from capsule_lib.models.capsnet import CapsNet, CapsNetConfig
 from capsule_lib.training import CapsuleObjective, TensorLoader, Trainer, seed_everything
@@ -35,15 +35,22 @@ def downscale(x: torch.Tensor, size: int) -> torch.Tensor:
     """uint8 ``[N, 2, 96, 96]`` -> uint8 ``[N, 2, size, size]`` (area averaging, in chunks)."""
     out = torch.empty(x.shape[0], x.shape[1], size, size, dtype=torch.uint8)
     for lo in range(0, x.shape[0], 2048):
-        y = F.interpolate(x[lo:lo + 2048].float(), size=(size, size), mode="area")
-        out[lo:lo + 2048] = y.round().clamp(0, 255).to(torch.uint8)
+        y = F.interpolate(x[lo : lo + 2048].float(), size=(size, size), mode="area")
+        out[lo : lo + 2048] = y.round().clamp(0, 255).to(torch.uint8)
     return out
 
 
 def as_dataset(d: dict, split: str, size: int) -> ImageDataset:
     extra = {k: d[k] for k in ("instance", "elevation", "azimuth", "lighting")}
-    return ImageDataset("rendered_norb", split, downscale(d["images"], size), d["category"], list(CATEGORIES),
-                        generated=True, extra=extra)
+    return ImageDataset(
+        "rendered_norb",
+        split,
+        downscale(d["images"], size),
+        d["category"],
+        list(CATEGORIES),
+        generated=True,
+        extra=extra,
+    )
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -71,10 +78,12 @@ def main(argv: list[str] | None = None) -> dict:
 
     t0 = time.time()
     tr = render_norb_like("train", **{key: fam}, lightings=a.lightings, seed=a.data_seed, workers=a.workers)
-    te_f = render_norb_like("test", **{key: fam}, lightings=a.lightings, seed=a.data_seed, n=a.test_subsample,
-                            workers=a.workers)
-    te_n = render_norb_like("test", **{key: novel}, lightings=a.lightings, seed=a.data_seed, n=a.test_subsample,
-                            workers=a.workers)
+    te_f = render_norb_like(
+        "test", **{key: fam}, lightings=a.lightings, seed=a.data_seed, n=a.test_subsample, workers=a.workers
+    )
+    te_n = render_norb_like(
+        "test", **{key: novel}, lightings=a.lightings, seed=a.data_seed, n=a.test_subsample, workers=a.workers
+    )
     render_s = time.time() - t0
     train_all = as_dataset(tr, "train", a.size)
     g = torch.Generator().manual_seed(a.seed)
@@ -82,13 +91,26 @@ def main(argv: list[str] | None = None) -> dict:
     n_val = len(train_all) // 10
     train, val = train_all.subset(perm[n_val:]), train_all.subset(perm[:n_val])
     fam_test, nov_test = as_dataset(te_f, "test", a.size), as_dataset(te_n, "test", a.size)
-    print(f"[GENERATED data] rendered_norb: train {len(train)} / val {len(val)} (training instances, familiar {a.axis}s "
-          f"{list(fam)}), test familiar {len(fam_test)}, test novel {len(nov_test)}; rendering took {render_s:.0f} s",
-          flush=True)
+    print(
+        f"[GENERATED data] rendered_norb: train {len(train)} / val {len(val)} (training instances, familiar {a.axis}s "
+        f"{list(fam)}), test familiar {len(fam_test)}, test novel {len(nov_test)}; rendering took {render_s:.0f} s",
+        flush=True,
+    )
 
-    cfg = CapsNetConfig(in_channels=2, image_size=a.size, conv_channels=64, conv_kernel=9, primary_types=8,
-                        primary_dim=8, primary_kernel=9, primary_stride=2, n_classes=len(CATEGORIES), class_dim=16,
-                        iterations=3, decoder=False)
+    cfg = CapsNetConfig(
+        in_channels=2,
+        image_size=a.size,
+        conv_channels=64,
+        conv_kernel=9,
+        primary_types=8,
+        primary_dim=8,
+        primary_kernel=9,
+        primary_stride=2,
+        n_classes=len(CATEGORIES),
+        class_dim=16,
+        iterations=3,
+        decoder=False,
+    )
     model = CapsNet(cfg)
     n_params = sum(q.numel() for q in model.parameters())
 
@@ -102,29 +124,56 @@ def main(argv: list[str] | None = None) -> dict:
     steps = a.epochs * len(train_loader)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.1 ** (s / max(steps, 1)))
     out_dir = Path(a.out).with_suffix("")
-    trainer = Trainer(model, CapsuleObjective(recon_weight=0.0), opt, sched, scheduler_step="batch", device="cpu",
-                      out_dir=out_dir, seed=a.seed, progress=False, meta={"benchmark": "rendered_norb_viewpoints"})
+    trainer = Trainer(
+        model,
+        CapsuleObjective(recon_weight=0.0),
+        opt,
+        sched,
+        scheduler_step="batch",
+        device="cpu",
+        out_dir=out_dir,
+        seed=a.seed,
+        progress=False,
+        meta={"benchmark": "rendered_norb_viewpoints"},
+    )
     t1 = time.time()
     hist = trainer.fit(train_loader, val_loader, a.epochs, resume=False)
     train_s = time.time() - t1
     best = trainer.load_best()
     for r in hist.records:
-        print(f"epoch {r['epoch']}: train acc {r['train_acc']:.3f}, val acc {r['val_acc']:.3f} ({r['epoch_time']:.0f} s)",
-              flush=True)
+        print(
+            f"epoch {r['epoch']}: train acc {r['train_acc']:.3f}, val acc {r['val_acc']:.3f} ({r['epoch_time']:.0f} s)",
+            flush=True,
+        )
     fam_acc = trainer.evaluate(TensorLoader.from_dataset(fam_test, 256), "test")["test_acc"]
     nov_acc = trainer.evaluate(TensorLoader.from_dataset(nov_test, 256), "test")["test_acc"]
     result = {
         "data": "GENERATED rendered_norb (smallNORB-like, capsule_lib.data.render), not smallNORB",
         "protocol": f"train on training instances at familiar {a.axis}s {list(fam)}; test on test instances",
-        "familiar_test_acc": fam_acc, "novel_test_acc": nov_acc, "drop": fam_acc - nov_acc,
-        "chance": 1 / len(CATEGORIES), "best_val_acc": best["val_acc"] if best else None,
+        "familiar_test_acc": fam_acc,
+        "novel_test_acc": nov_acc,
+        "drop": fam_acc - nov_acc,
+        "chance": 1 / len(CATEGORIES),
+        "best_val_acc": best["val_acc"] if best else None,
         "best_epoch": best["epoch"] if best else None,
-        "n_train": len(train), "n_val": len(val), "n_test_familiar": len(fam_test), "n_test_novel": len(nov_test),
+        "n_train": len(train),
+        "n_val": len(val),
+        "n_test_familiar": len(fam_test),
+        "n_test_novel": len(nov_test),
         "model": {"class": "capsule_lib.models.CapsNet", "config": cfg.__dict__, "parameters": n_params},
-        "training": {"epochs": a.epochs, "batch_size": a.batch_size, "lr": a.lr, "schedule": "exp decay to 0.1x",
-                     "loss": "margin (paper reduction), no reconstruction", "augmentation": "random shift ±2 px",
-                     "input": f"stereo pair area-downscaled 96 -> {a.size}", "seed": a.seed, "data_seed": a.data_seed},
-        "render_seconds": render_s, "train_seconds": train_s,
+        "training": {
+            "epochs": a.epochs,
+            "batch_size": a.batch_size,
+            "lr": a.lr,
+            "schedule": "exp decay to 0.1x",
+            "loss": "margin (paper reduction), no reconstruction",
+            "augmentation": "random shift ±2 px",
+            "input": f"stereo pair area-downscaled 96 -> {a.size}",
+            "seed": a.seed,
+            "data_seed": a.data_seed,
+        },
+        "render_seconds": render_s,
+        "train_seconds": train_s,
         "hardware": f"{platform.machine()} CPU, {torch.get_num_threads()} torch threads",
         "torch": torch.__version__,
         "history": hist.records,
@@ -132,8 +181,11 @@ def main(argv: list[str] | None = None) -> dict:
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1, default=str))
-    print(f"familiar {a.axis}s: {fam_acc:.3f}   novel {a.axis}s: {nov_acc:.3f}   (chance {1 / len(CATEGORIES):.2f}) "
-          f"-> {out}", flush=True)
+    print(
+        f"familiar {a.axis}s: {fam_acc:.3f}   novel {a.axis}s: {nov_acc:.3f}   (chance {1 / len(CATEGORIES):.2f}) "
+        f"-> {out}",
+        flush=True,
+    )
     return result
 
 

@@ -1,7 +1,8 @@
 """Input validation shared by every layer: clear ``ValueError`` messages that name the expected shape."""
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -36,7 +37,7 @@ def check_tensor(
         ok_ndim = x.dim() >= n + min_leading
     if not ok_ndim:
         raise ValueError(f"{name}: expected shape {spec}, got {tuple(x.shape)} ({x.dim()} dims)")
-    tail = x.shape[x.dim() - n:]
+    tail = x.shape[x.dim() - n :]
     for got, want in zip(tail, sizes):
         if want is not None and got != want:
             raise ValueError(f"{name}: expected shape {spec} with sizes {_fmt(sizes)}, got {tuple(x.shape)}")
@@ -57,12 +58,21 @@ def check_module_input(x: torch.Tensor, module: torch.nn.Module, name: str, *, d
     if p is None:
         return
     if x.device != p.device and not (x.device.type == p.device.type and None in (x.device.index, p.device.index)):
-        raise ValueError(f"{name}: the input is on {x.device} but the parameters are on {p.device}; move one of "
-                         f"them (x.to({str(p.device)!r}) or model.to({str(x.device)!r}))")
-    if (dtype and x.is_floating_point() and p.is_floating_point() and x.dtype != p.dtype
-            and not torch.is_autocast_enabled(x.device.type)):
-        raise ValueError(f"{name}: the input is {x.dtype} but the parameters are {p.dtype}; convert the input "
-                         f"(x.to({p.dtype})) or the model (model.to({x.dtype})), or run under torch.autocast")
+        raise ValueError(
+            f"{name}: the input is on {x.device} but the parameters are on {p.device}; move one of "
+            f"them (x.to({str(p.device)!r}) or model.to({str(x.device)!r}))"
+        )
+    if (
+        dtype
+        and x.is_floating_point()
+        and p.is_floating_point()
+        and x.dtype != p.dtype
+        and not torch.is_autocast_enabled(x.device.type)
+    ):
+        raise ValueError(
+            f"{name}: the input is {x.dtype} but the parameters are {p.dtype}; convert the input "
+            f"(x.to({p.dtype})) or the model (model.to({x.dtype})), or run under torch.autocast"
+        )
 
 
 def check_image_range(x: torch.Tensor, low: float, high: float, name: str, tol: float = 1e-3) -> None:
@@ -71,9 +81,11 @@ def check_image_range(x: torch.Tensor, low: float, high: float, name: str, tol: 
     if x.is_floating_point() and x.numel():
         lo, hi = float(x.min()), float(x.max())
         if lo < low - tol or hi > high + tol:
-            raise ValueError(f"{name}: float images must be in [{low:g}, {high:g}], got values in [{lo:.3g}, {hi:.3g}]"
-                             f" (pixel values 0-255 or normalised input?); pass uint8 images or scale them to "
-                             f"[{low:g}, {high:g}]")
+            raise ValueError(
+                f"{name}: float images must be in [{low:g}, {high:g}], got values in [{lo:.3g}, {hi:.3g}]"
+                f" (pixel values 0-255 or normalised input?); pass uint8 images or scale them to "
+                f"[{low:g}, {high:g}]"
+            )
 
 
 def module_device(model: torch.nn.Module) -> torch.device:

@@ -5,9 +5,11 @@ saved page keeps an invisible widget that still takes its height: a blank gap in
 bars also collapse their layout (``display: none``) before closing, so a finished bar leaves nothing behind,
 in a live notebook and on the built page alike.
 """
+
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 
 def progress(iterable: Iterable[Any], total: int | None = None, desc: str | None = None):

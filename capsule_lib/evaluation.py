@@ -1,4 +1,5 @@
 """Evaluation helpers shared by the chapters: batched prediction, accuracy, MultiMNIST metrics."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -12,8 +13,14 @@ __all__ = ["predict", "accuracy", "multimnist_accuracy", "confusion_matrix"]
 
 
 @torch.no_grad()
-def predict(model: nn.Module, images: torch.Tensor, batch_size: int = 256, device: str | torch.device | None = None,
-            keep_poses: bool = False, progress: bool = False) -> dict[str, torch.Tensor]:
+def predict(
+    model: nn.Module,
+    images: torch.Tensor,
+    batch_size: int = 256,
+    device: str | torch.device | None = None,
+    keep_poses: bool = False,
+    progress: bool = False,
+) -> dict[str, torch.Tensor]:
     """Run ``model`` over ``images`` (``uint8`` or float ``[N, C, H, W]``) in batches, in eval mode.
 
     The batches are moved to ``device`` (default: the device of the model's parameters). The model itself is
@@ -27,8 +34,10 @@ def predict(model: nn.Module, images: torch.Tensor, batch_size: int = 256, devic
     here = module_device(model)
     device = here if device is None else torch.device(device)
     if device.type != here.type or (device.index is not None and here.index is not None and device != here):
-        raise ValueError(f"predict: the model is on {here} but device={str(device)!r}; move the model first "
-                         f"(model.to({str(device)!r})) or leave device unset")
+        raise ValueError(
+            f"predict: the model is on {here} but device={str(device)!r}; move the model first "
+            f"(model.to({str(device)!r})) or leave device unset"
+        )
     expected = getattr(model, "input_range", None)  # e.g. (0, 1): refuse 0-255 floats or normalised input
     model.eval()
     scores, poses = [], []
@@ -38,12 +47,12 @@ def predict(model: nn.Module, images: torch.Tensor, batch_size: int = 256, devic
 
         rng = progress(rng, desc="predict")
     for lo in rng:
-        x = images[lo:lo + batch_size].to(device)
+        x = images[lo : lo + batch_size].to(device)
         x = x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
         if expected is not None:
             check_image_range(x, *expected, f"predict({type(model).__name__})")
         out: Any = model(x)
-        s = out if isinstance(out, torch.Tensor) else out.lengths
+        s = out if isinstance(out, torch.Tensor) else out.scores
         scores.append(s.float().cpu())
         if keep_poses and not isinstance(out, torch.Tensor):
             poses.append(out.poses.float().cpu())

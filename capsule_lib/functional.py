@@ -3,14 +3,23 @@
 All functions compute in float32 when given float16/bfloat16 (norms of large capsules overflow fp16) and
 return the input dtype, so they are safe under autocast.
 """
+
 from __future__ import annotations
 
 import torch
 from torch import nn
 
 __all__ = [
-    "safe_norm", "squash_hinton", "squash_efficient", "squash", "capsule_lengths",
-    "SafeNorm", "Squash", "Length",
+    "coordinate_channels",
+    "add_coordinate_channels",
+    "safe_norm",
+    "squash_hinton",
+    "squash_efficient",
+    "squash",
+    "capsule_lengths",
+    "SafeNorm",
+    "Squash",
+    "Length",
 ]
 
 
@@ -106,3 +115,21 @@ class Length(nn.Module):
 
     def forward(self, v: torch.Tensor) -> torch.Tensor:
         return capsule_lengths(v, eps=self.eps)
+
+
+# ----------------------------------------------------------------------------------------- coordinates
+def coordinate_channels(
+    height: int, width: int, device: torch.device | str | None = None, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """The two coordinate channels ``[2, H, W]``: channel 0 is ``linspace(-1, 1, H)`` down the rows (constant
+    along a row), channel 1 is ``linspace(-1, 1, W)`` across the columns."""
+    ys = torch.linspace(-1.0, 1.0, height, device=device, dtype=dtype)  # [H]
+    xs = torch.linspace(-1.0, 1.0, width, device=device, dtype=dtype)  # [W]
+    return torch.stack((ys[:, None].expand(height, width), xs[None, :].expand(height, width)))  # [2, H, W]
+
+
+def add_coordinate_channels(x: torch.Tensor) -> torch.Tensor:
+    """Append the coordinate channels to images: ``[..., C, H, W] -> [..., C + 2, H, W]``."""
+    h, w = x.shape[-2:]
+    grid = coordinate_channels(h, w, x.device, x.dtype).expand(*x.shape[:-3], 2, h, w)  # [..., 2, H, W]
+    return torch.cat((x, grid), dim=-3)

@@ -1,5 +1,6 @@
 """Losses of the capsule papers: margin (Sabour 2017 / Mazzia 2021), spread (Hinton 2018),
 reconstruction, and soft-target cross-entropy (Heinsen 2019, used with mixup)."""
+
 from __future__ import annotations
 
 import torch
@@ -9,8 +10,15 @@ from torch import nn
 from ._checks import check_tensor
 
 __all__ = [
-    "one_hot", "margin_loss", "reconstruction_loss", "spread_loss", "spread_margin",
-    "soft_target_cross_entropy", "MarginLoss", "ReconstructionLoss", "SpreadLoss",
+    "one_hot",
+    "margin_loss",
+    "reconstruction_loss",
+    "spread_loss",
+    "spread_margin",
+    "soft_target_cross_entropy",
+    "MarginLoss",
+    "ReconstructionLoss",
+    "SpreadLoss",
     "SoftTargetCrossEntropy",
 ]
 

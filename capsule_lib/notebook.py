@@ -15,6 +15,7 @@ reader can see from the output how the numbers below it were produced. :func:`ch
 dataset the way every chapter should: the real data when it is there (or downloadable), otherwise the
 generated stand-in, which says so loudly (a chapter never stops for missing data).
 """
+
 from __future__ import annotations
 
 import os
@@ -25,8 +26,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["Settings", "settings", "env_flag", "in_colab", "default_data_root", "chapter_dataset",
-           "chapter_device", "display_path"]
+from .data.datasets import data_root, is_offline, repository_root
+
+__all__ = ["Settings", "settings", "env_flag", "in_colab", "chapter_dataset", "chapter_device", "display_path"]
 
 _TRUE = ("1", "true", "yes", "on")
 
@@ -41,16 +43,6 @@ def in_colab() -> bool:
     return "google.colab" in sys.modules
 
 
-def default_data_root(start: str | os.PathLike | None = None) -> Path:
-    """``data/`` at the repository root when running inside the repository (chapters run in ``book/``),
-    else ``./data`` in the current directory (e.g. ``/content/data`` on Colab)."""
-    here = Path(start or os.getcwd()).resolve()
-    for d in (here, *here.parents):
-        if (d / "_toc.yml").is_file() and (d / "capsule_lib").is_dir():
-            return d / "data"
-    return here / "data"
-
-
 def display_path(path: str | os.PathLike) -> str:
     """How a chapter prints a folder without printing the machine's absolute path: ``$CAPSULE_DATA`` when it is
     that folder, a path relative to the repository when inside it, else ``.../<name>``."""
@@ -58,8 +50,8 @@ def display_path(path: str | os.PathLike) -> str:
     env = os.environ.get("CAPSULE_DATA")
     if env and Path(env).expanduser().resolve() == p:
         return "$CAPSULE_DATA"
-    repo = default_data_root().parent
-    if (repo / "_toc.yml").is_file():
+    repo = repository_root()
+    if repo is not None:
         try:
             return p.relative_to(repo).as_posix() + "/"
         except ValueError:
@@ -84,18 +76,30 @@ class Settings:
         mode = "SMOKE run" if self.smoke else "full run"
         train = f"TRAIN on ({self.epochs} epoch{'s' if self.epochs != 1 else ''})" if self.train else "TRAIN off"
         offline = " (offline: stand-ins for missing data)" if self.offline else ""
-        return (f"capsule_lib: {mode} | {train} | device {self.device} | data {display_path(self.data_root)}{offline} "
-                f"| seed {self.seed}")
+        return (
+            f"capsule_lib: {mode} | {train} | device {self.device} | data {display_path(self.data_root)}{offline} "
+            f"| seed {self.seed}"
+        )
 
 
-def settings(SMOKE: bool = False, TRAIN: bool = False, EPOCHS: int = 1, DEVICE: str = "auto",
-             DATA_ROOT: str = "", *, seed: int = 0, smoke_epochs: int = 1, style: bool = True,
-             quiet: bool = False) -> Settings:
+def settings(
+    SMOKE: bool = False,
+    TRAIN: bool = False,
+    EPOCHS: int = 1,
+    DEVICE: str = "auto",
+    DATA_ROOT: str = "",
+    *,
+    seed: int = 0,
+    smoke_epochs: int = 1,
+    style: bool = True,
+    quiet: bool = False,
+) -> Settings:
     """Turn a chapter's parameters into effective settings and apply them.
 
     * ``SMOKE`` is switched on by ``CAPSULE_SMOKE=1`` too (that is how ``make test`` runs nbval); in smoke
       mode ``EPOCHS`` is capped at ``smoke_epochs``.
-    * ``DATA_ROOT``: ``""`` means ``$CAPSULE_DATA`` if set, else :func:`default_data_root`. The chapter passes
+    * ``DATA_ROOT``: ``""`` resolves as :func:`~capsule_lib.data.data_root` does (``$CAPSULE_DATA``, else the
+      repository's ``data/``, else ``./data``). The chapter passes
       ``cfg.data_root`` to every dataset and recipe call; the environment is not modified.
     * ``CAPSULE_OFFLINE=1``: no downloads; missing datasets are replaced by generated stand-ins.
     * ``DEVICE``: ``"auto"`` (cuda, then mps, then cpu) or any ``torch.device`` string; a device that is not
@@ -112,9 +116,16 @@ def settings(SMOKE: bool = False, TRAIN: bool = False, EPOCHS: int = 1, DEVICE: 
         raise ValueError(f"EPOCHS must be >= 1, got {EPOCHS!r}")
     if smoke:
         epochs = min(epochs, smoke_epochs)
-    root = Path(DATA_ROOT or os.environ.get("CAPSULE_DATA") or default_data_root()).expanduser().resolve()
-    cfg = Settings(smoke=smoke, train=bool(TRAIN), epochs=epochs, device=chapter_device(DEVICE),
-                   data_root=root, offline=env_flag("CAPSULE_OFFLINE"), seed=int(seed))
+    root = data_root(DATA_ROOT or None).resolve()
+    cfg = Settings(
+        smoke=smoke,
+        train=bool(TRAIN),
+        epochs=epochs,
+        device=chapter_device(DEVICE),
+        data_root=root,
+        offline=is_offline(),
+        seed=int(seed),
+    )
     seed_everything(cfg.seed)
     if style:
         from .viz.plots import set_style
@@ -132,11 +143,12 @@ def chapter_device(preference: str | torch.device | None = "auto") -> torch.devi
     from .training import select_device
 
     dev = select_device(preference or "auto")
-    ok = {"cuda": torch.cuda.is_available,
-          "mps": lambda: getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()}
+    ok = {
+        "cuda": torch.cuda.is_available,
+        "mps": lambda: getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available(),
+    }
     if dev.type in ok and not ok[dev.type]():
-        print(f"DEVICE={str(preference)!r} requested but {dev.type} is not available here: running on the CPU "
-              "instead.")
+        print(f"DEVICE={str(preference)!r} requested but {dev.type} is not available here: running on the CPU instead.")
         return torch.device("cpu")
     return dev
 
@@ -160,6 +172,8 @@ def chapter_dataset(name: str, split: str, cfg: Settings, *, n_smoke: int = 512,
         ds = ds.subset(n_smoke)
     print(ds.banner())
     if ds.standin_for:
-        print(f"[GENERATED stand-in data] The text of this page describes the results on the real {ds.standin_for}; "
-              f"the numbers and figures below are computed on the stand-in and differ from them.")
+        print(
+            f"[GENERATED stand-in data] The text of this page describes the results on the real {ds.standin_for}; "
+            f"the numbers and figures below are computed on the stand-in and differ from them."
+        )
     return ds

@@ -8,22 +8,34 @@
 
 :func:`load_pretrained` checks the file's sha256 before loading and refuses a mismatch.
 """
+
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from dataclasses import asdict, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
 
 from .training import History
 
-__all__ = ["CHECKPOINT_DIR", "ChecksumMismatchError", "registry", "sha256_file", "load_pretrained", "export_run",
-           "load_pretrained_history", "export_checkpoint", "build_model", "MODEL_BUILDERS"]
+__all__ = [
+    "CHECKPOINT_DIR",
+    "ChecksumMismatchError",
+    "registry",
+    "sha256_file",
+    "load_pretrained",
+    "export_run",
+    "load_pretrained_history",
+    "export_checkpoint",
+    "build_model",
+    "MODEL_BUILDERS",
+]
 
 CHECKPOINT_DIR = Path(__file__).resolve().parent / "checkpoints"
 
@@ -85,8 +97,10 @@ def registry(directory: str | os.PathLike | None = None) -> dict[str, dict[str, 
     try:
         return json.loads(p.read_text())
     except json.JSONDecodeError as e:
-        raise ValueError(f"{p}: the checkpoint registry is not valid JSON ({e}); restore it from the repository "
-                         f"(git checkout -- {p.name} in its folder) or re-export the checkpoints") from None
+        raise ValueError(
+            f"{p}: the checkpoint registry is not valid JSON ({e}); restore it from the repository "
+            f"(git checkout -- {p.name} in its folder) or re-export the checkpoints"
+        ) from None
 
 
 def _atomic_write(path: Path, data: bytes | str) -> None:
@@ -103,8 +117,11 @@ def _entry(name: str, directory: Path) -> dict[str, Any]:
     return reg[name]
 
 
-def load_pretrained(name: str, map_location: str | torch.device = "cpu", directory: str | os.PathLike | None = None,
-                    ) -> tuple[nn.Module, dict[str, Any]]:
+def load_pretrained(
+    name: str,
+    map_location: str | torch.device = "cpu",
+    directory: str | os.PathLike | None = None,
+) -> tuple[nn.Module, dict[str, Any]]:
     """Build the model of a shipped checkpoint and load its weights (as float32), after checking sha256.
 
     Returns ``(model in eval mode, registry entry)``.
@@ -113,13 +130,17 @@ def load_pretrained(name: str, map_location: str | torch.device = "cpu", directo
     entry = _entry(name, d)
     path = d / entry["file"]
     if not path.exists():
-        raise FileNotFoundError(f"checkpoint file {path} for {name!r} is missing (is the repository complete? "
-                                f"git-lfs is not used; the file should be in the repo)")
+        raise FileNotFoundError(
+            f"checkpoint file {path} for {name!r} is missing (is the repository complete? "
+            f"git-lfs is not used; the file should be in the repo)"
+        )
     got = sha256_file(path)
     if got != entry["sha256"]:
-        raise ChecksumMismatchError(f"checkpoint {name!r} ({path}): sha256 mismatch: registry says {entry['sha256']}, "
-                                    f"file has {got}. The file is corrupted or was replaced; restore it from the "
-                                    f"repository or re-export it with capsule_lib.pretrained.export_checkpoint.")
+        raise ChecksumMismatchError(
+            f"checkpoint {name!r} ({path}): sha256 mismatch: registry says {entry['sha256']}, "
+            f"file has {got}. The file is corrupted or was replaced; restore it from the "
+            f"repository or re-export it with capsule_lib.pretrained.export_checkpoint."
+        )
     model = build_model(entry["model"], entry.get("config", {}))
     state = torch.load(path, map_location=map_location, weights_only=True)
     model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})
@@ -133,22 +154,39 @@ def load_pretrained_history(name: str, directory: str | os.PathLike | None = Non
     return History.from_dict(json.loads((d / entry["history"]).read_text()))
 
 
-def export_checkpoint(model: nn.Module, name: str, kind: str, config: Any, *, metrics: dict[str, Any],
-                      training: dict[str, Any], history: History | dict | None = None, notes: str = "",
-                      half: bool = True, directory: str | os.PathLike | None = None) -> dict[str, Any]:
+def export_checkpoint(
+    model: nn.Module,
+    name: str,
+    kind: str,
+    config: Any,
+    *,
+    metrics: dict[str, Any],
+    training: dict[str, Any],
+    history: History | dict | None = None,
+    notes: str = "",
+    half: bool = True,
+    directory: str | os.PathLike | None = None,
+) -> dict[str, Any]:
     """Write ``<name>.pt`` (fp16 weights by default), ``<name>.history.json`` and the registry entry."""
     d = Path(directory or CHECKPOINT_DIR)
     d.mkdir(parents=True, exist_ok=True)
-    state = {k: (v.detach().half() if half and v.is_floating_point() else v.detach()).cpu().contiguous()
-             for k, v in model.state_dict().items()}
+    state = {
+        k: (v.detach().half() if half and v.is_floating_point() else v.detach()).cpu().contiguous()
+        for k, v in model.state_dict().items()
+    }
     file = d / f"{name}.pt"
     tmp = file.with_name(file.name + ".tmp")
     torch.save(state, tmp)
     os.replace(tmp, file)
     entry: dict[str, Any] = {
-        "file": file.name, "sha256": sha256_file(file), "model": kind,
+        "file": file.name,
+        "sha256": sha256_file(file),
+        "model": kind,
         "config": asdict(config) if is_dataclass(config) else dict(config),
-        "dtype": "float16" if half else "float32", "metrics": metrics, "training": training, "notes": notes,
+        "dtype": "float16" if half else "float32",
+        "metrics": metrics,
+        "training": training,
+        "notes": notes,
     }
     if history is not None:
         hist = history.to_dict() if isinstance(history, History) else history
@@ -160,9 +198,16 @@ def export_checkpoint(model: nn.Module, name: str, kind: str, config: Any, *, me
     return reg[name]
 
 
-def export_run(run_dir: str | os.PathLike, name: str, *, data_root: str | None = None, notes: str = "",
-               directory: str | os.PathLike | None = None, device: str = "cpu",
-               max_epoch: int | None = None) -> dict[str, Any]:
+def export_run(
+    run_dir: str | os.PathLike,
+    name: str,
+    *,
+    data_root: str | None = None,
+    notes: str = "",
+    directory: str | os.PathLike | None = None,
+    device: str = "cpu",
+    max_epoch: int | None = None,
+) -> dict[str, Any]:
     """Export the best-validation weights of a :class:`~capsule_lib.training.Trainer` run directory.
 
     The model is rebuilt from the run's ``history.json`` metadata, its weights are rounded to fp16 (what is
@@ -177,8 +222,12 @@ def export_run(run_dir: str | os.PathLike, name: str, *, data_root: str | None =
     run = Path(run_dir)
     hist = History.from_dict(json.loads((run / "history.json").read_text()))
     meta = hist.meta
-    kind = {"capsnet": "capsnet", "efficient": "efficient_capsnet", "baseline_cnn": "baseline_cnn",
-            "efficient_multimnist": "efficient_capsnet"}[meta["recipe"]]
+    kind = {
+        "capsnet": "capsnet",
+        "efficient": "efficient_capsnet",
+        "baseline_cnn": "baseline_cnn",
+        "efficient_multimnist": "efficient_capsnet",
+    }[meta["recipe"]]
     config = dict(meta["config"]["model"])
     if config.get("primary_conv") == "bf16_gemm":  # a training-speed option; readers run the standard conv
         config["primary_conv"] = "standard"
@@ -199,12 +248,20 @@ def export_run(run_dir: str | os.PathLike, name: str, *, data_root: str | None =
         metrics[f"{split}_errors"] = int((res["scores"].argmax(1) != ds.labels).sum())
         metrics[f"{split}_size"] = len(ds)
     recs = hist.records
-    training = {"epochs": len(recs), "wall_time_s": recs[-1]["wall_time"] if recs else None,
-                "hardware": meta.get("hardware"), "device": meta.get("device"), "seed": meta.get("seed"),
-                "torch": meta.get("torch"), "train_images": meta.get("train_images"), "dataset": meta.get("dataset"),
-                "recipe": meta["config"]}
-    return export_checkpoint(model, name, kind, config, metrics=metrics, training=training, history=hist,
-                             notes=notes, directory=directory)
+    training = {
+        "epochs": len(recs),
+        "wall_time_s": recs[-1]["wall_time"] if recs else None,
+        "hardware": meta.get("hardware"),
+        "device": meta.get("device"),
+        "seed": meta.get("seed"),
+        "torch": meta.get("torch"),
+        "train_images": meta.get("train_images"),
+        "dataset": meta.get("dataset"),
+        "recipe": meta["config"],
+    }
+    return export_checkpoint(
+        model, name, kind, config, metrics=metrics, training=training, history=hist, notes=notes, directory=directory
+    )
 
 
 def _main(argv: list[str] | None = None) -> None:

@@ -1,7 +1,9 @@
 """Small helpers to put measured numbers into the rendered page (markdown tables)."""
+
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 __all__ = ["markdown_table", "show_table", "pct"]
 
@@ -13,6 +15,7 @@ def pct(x: float | None, digits: int = 2) -> str:
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """A GitHub-flavoured markdown table (cells converted with ``str``; ``|`` escaped)."""
+
     def cell(v: Any) -> str:
         return str(v).replace("|", "\\|").replace("\n", " ")
 

@@ -4,6 +4,7 @@ per-epoch JSON history, best/last checkpoints and exact resume.
 Model selection uses the validation split only; a test loader, if given, is evaluated for the record and
 never used to choose a checkpoint.
 """
+
 from __future__ import annotations
 
 import json
@@ -11,9 +12,10 @@ import math
 import os
 import random
 import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -22,8 +24,18 @@ from torch import nn
 from .losses import margin_loss, reconstruction_loss
 
 __all__ = [
-    "seed_everything", "select_device", "TensorLoader", "StepOutput", "CapsuleObjective", "ClassifierObjective",
-    "MultiDigitObjective", "History", "Trainer", "RunMismatchError", "load_history", "time_training_step",
+    "seed_everything",
+    "select_device",
+    "TensorLoader",
+    "StepOutput",
+    "CapsuleObjective",
+    "ClassifierObjective",
+    "MultiDigitObjective",
+    "History",
+    "Trainer",
+    "RunMismatchError",
+    "load_history",
+    "time_training_step",
 ]
 
 
@@ -31,7 +43,7 @@ __all__ = [
 def seed_everything(seed: int) -> None:
     """Seed Python, NumPy and torch (all devices)."""
     random.seed(seed)
-    np.random.seed(seed % (2 ** 32))
+    np.random.seed(seed % (2**32))
     torch.manual_seed(seed)
 
 
@@ -55,9 +67,17 @@ class TensorLoader:
     Call :meth:`set_epoch` before iterating (the :class:`Trainer` does).
     """
 
-    def __init__(self, tensors: Sequence[torch.Tensor], batch_size: int = 128, *, shuffle: bool = False,
-                 seed: int = 0, transform: Callable[..., tuple] | None = None, drop_last: bool = False,
-                 device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self,
+        tensors: Sequence[torch.Tensor],
+        batch_size: int = 128,
+        *,
+        shuffle: bool = False,
+        seed: int = 0,
+        transform: Callable[..., tuple] | None = None,
+        drop_last: bool = False,
+        device: torch.device | str = "cpu",
+    ) -> None:
         n = tensors[0].shape[0]
         if any(t.shape[0] != n for t in tensors):
             raise ValueError(f"all tensors need the same first dimension, got {[tuple(t.shape) for t in tensors]}")
@@ -69,7 +89,7 @@ class TensorLoader:
         self._start: dict[str, Any] | None = None
 
     @classmethod
-    def from_dataset(cls, ds: Any, batch_size: int = 128, **kw: Any) -> "TensorLoader":
+    def from_dataset(cls, ds: Any, batch_size: int = 128, **kw: Any) -> TensorLoader:
         """From an :class:`~capsule_lib.data.ImageDataset` (images, labels)."""
         return cls([ds.images, ds.labels], batch_size, **kw)
 
@@ -103,7 +123,7 @@ class TensorLoader:
                 g.set_state(start["generator"])
         self._generator, self.position = g, first
         for k in range(first, len(self)):
-            idx = order[k * self.batch_size:(k + 1) * self.batch_size]
+            idx = order[k * self.batch_size : (k + 1) * self.batch_size]
             batch = tuple(_to_device(t[idx], self.device) for t in self.tensors)
             if self.transform is not None:
                 batch = self.transform(batch, g)
@@ -130,15 +150,24 @@ class StepOutput:
 
 class ClassifierObjective:
     """Cross-entropy on logits for plain classifiers ``model(x) -> [B, K]`` (e.g. the CNN baselines), or
-    on ``out.lengths`` for capsule models that return a :class:`~capsule_lib.models.CapsuleOutput`."""
+    on ``out.scores`` for capsule models that return a :class:`~capsule_lib.types.CapsuleOutput`."""
 
     def __call__(self, model: nn.Module, batch: tuple[torch.Tensor, ...], train: bool) -> StepOutput:
         x, y = batch[0], batch[1]
         out = model(x)
-        logits = out if isinstance(out, torch.Tensor) else out.lengths
+        logits = out if isinstance(out, torch.Tensor) else out.scores
         loss = nn.functional.cross_entropy(logits.float(), y)
         correct = (logits.argmax(1) == y).sum().item()
         return StepOutput(loss, {"ce": loss.item()}, correct, y.shape[0])
+
+
+def _require_lengths(out: Any, objective: str) -> None:
+    """The margin loss is defined on capsule lengths in [0, 1); refuse logits or activations in one line."""
+    if out.kind != "lengths":
+        raise ValueError(
+            f"{objective}: the margin loss needs capsule lengths, but the model's scores are "
+            f"{out.kind}; train it with ClassifierObjective (cross-entropy) or its own loss"
+        )
 
 
 class CapsuleObjective:
@@ -150,22 +179,24 @@ class CapsuleObjective:
     ``recon_reduction``: ``"sum"`` (Sabour, weight 0.0005) or ``"mean"`` (Efficient-CapsNet, weight 0.392).
     """
 
-    def __init__(self, recon_weight: float = 0.0005, margin_reduction: str = "paper",
-                 recon_reduction: str = "sum") -> None:
+    def __init__(
+        self, recon_weight: float = 0.0005, margin_reduction: str = "paper", recon_reduction: str = "sum"
+    ) -> None:
         self.recon_weight, self.margin_reduction, self.recon_reduction = recon_weight, margin_reduction, recon_reduction
 
     def __call__(self, model: nn.Module, batch: tuple[torch.Tensor, ...], train: bool) -> StepOutput:
         x, y = batch[0], batch[1]
         use_decoder = self.recon_weight > 0
         out = model(x, y) if use_decoder else model(x)
-        margin = margin_loss(out.lengths, y, reduction=self.margin_reduction)
+        _require_lengths(out, type(self).__name__)
+        margin = margin_loss(out.scores, y, reduction=self.margin_reduction)
         parts = {"margin": margin.item()}
         loss = margin
         if use_decoder and out.reconstruction is not None:
             recon = reconstruction_loss(out.reconstruction, x, self.recon_reduction)
             loss = loss + self.recon_weight * recon
             parts["recon"] = recon.item()
-        correct = (out.lengths.argmax(1) == y).sum().item()
+        correct = (out.scores.argmax(1) == y).sum().item()
         return StepOutput(loss, parts, correct, y.shape[0])
 
 
@@ -185,8 +216,9 @@ class MultiDigitObjective:
     def __call__(self, model: nn.Module, batch: tuple[torch.Tensor, ...], train: bool) -> StepOutput:
         x, y2, src_a, src_b = batch[:4]
         out = model(x, y2)
-        target = torch.zeros_like(out.lengths, dtype=torch.float32).scatter_(1, y2.long(), 1.0)
-        margin = margin_loss(out.lengths, target)
+        _require_lengths(out, type(self).__name__)
+        target = torch.zeros_like(out.scores, dtype=torch.float32).scatter_(1, y2.long(), 1.0)
+        margin = margin_loss(out.scores, target)
         parts = {"margin": margin.item()}
         loss = margin
         recons = out.extra.get("reconstructions")
@@ -195,13 +227,19 @@ class MultiDigitObjective:
             rb = reconstruction_loss(recons[:, 1], src_b, self.recon_reduction)
             loss = loss + self.recon_weight * (ra + rb)
             parts["recon"] = (ra + rb).item() / 2
-        top2 = out.lengths.topk(2, dim=1).indices
+        top2 = out.scores.topk(2, dim=1).indices
         both = (top2.sort(1).values == y2.long().sort(1).values).all(1)
         return StepOutput(loss, parts, both.sum().item(), x.shape[0])
 
 
-def time_training_step(model: nn.Module, objective: Callable[..., StepOutput], batch: tuple[torch.Tensor, ...],
-                       optimizer: torch.optim.Optimizer | None = None, repeats: int = 3, warmup: int = 1) -> float:
+def time_training_step(
+    model: nn.Module,
+    objective: Callable[..., StepOutput],
+    batch: tuple[torch.Tensor, ...],
+    optimizer: torch.optim.Optimizer | None = None,
+    repeats: int = 3,
+    warmup: int = 1,
+) -> float:
     """Median wall time (seconds) of one training step (forward, loss, backward, optimizer step) on ``batch``.
 
     Works on a copy of the model's state and restores it afterwards, so the model is unchanged."""
@@ -263,7 +301,7 @@ class History:
         os.replace(tmp, p)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "History":
+    def from_dict(cls, d: dict[str, Any]) -> History:
         return cls(list(d.get("records", [])), dict(d.get("meta", {})))
 
 
@@ -287,8 +325,10 @@ def _load_checkpoint(path: Path, device: torch.device | str) -> Any:
     try:
         return torch.load(path, map_location=device, weights_only=False)
     except (RuntimeError, EOFError, OSError, ValueError) as e:
-        raise RuntimeError(f"{path}: cannot read this checkpoint ({type(e).__name__}: {str(e).splitlines()[0][:120]}); "
-                           f"it is truncated or corrupt. Delete it (or the run folder) to start the run afresh") from e
+        raise RuntimeError(
+            f"{path}: cannot read this checkpoint ({type(e).__name__}: {str(e).splitlines()[0][:120]}); "
+            f"it is truncated or corrupt. Delete it (or the run folder) to start the run afresh"
+        ) from e
 
 
 class Trainer:
@@ -316,12 +356,26 @@ class Trainer:
       exists to be looked at while a run is steered.
     """
 
-    def __init__(self, model: nn.Module, objective: Callable[..., StepOutput], optimizer: torch.optim.Optimizer,
-                 scheduler: Any = None, *, scheduler_step: str = "epoch", device: str | torch.device | None = "auto",
-                 amp: str | None = None, out_dir: str | os.PathLike | None = None, seed: int = 0,
-                 grad_clip: float | None = None, callbacks: Iterable[Callable[["Trainer", dict], None]] = (),
-                 progress: bool = True, select_metric: str = "val_acc", meta: dict[str, Any] | None = None,
-                 keep_epochs: bool = False, checkpoint_minutes: float | None = 10.0) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        objective: Callable[..., StepOutput],
+        optimizer: torch.optim.Optimizer,
+        scheduler: Any = None,
+        *,
+        scheduler_step: str = "epoch",
+        device: str | torch.device | None = "auto",
+        amp: str | None = None,
+        out_dir: str | os.PathLike | None = None,
+        seed: int = 0,
+        grad_clip: float | None = None,
+        callbacks: Iterable[Callable[[Trainer, dict], None]] = (),
+        progress: bool = True,
+        select_metric: str = "val_acc",
+        meta: dict[str, Any] | None = None,
+        keep_epochs: bool = False,
+        checkpoint_minutes: float | None = 10.0,
+    ) -> None:
         if scheduler_step not in ("epoch", "batch"):
             raise ValueError("scheduler_step must be 'epoch' or 'batch'")
         if amp not in (None, "bf16", "fp16"):
@@ -364,8 +418,12 @@ class Trainer:
             "epoch": self.epoch,
             "best_metric": self.best_metric,
             "history": self.history.to_dict(),
-            "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
-                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
+            "rng": {
+                "torch": torch.get_rng_state(),
+                "numpy": np.random.get_state(),
+                "python": random.getstate(),
+                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+            },
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -373,9 +431,11 @@ class Trainer:
         if old is not None and old != new:
             diff = "; ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in new if old.get(k) != new.get(k))
             where = self.out_dir / "last.pt" if self.out_dir is not None else "the checkpoint"
-            raise RunMismatchError(f"{where} belongs to a different run ({diff[:300]}); resuming would mix the two. "
-                                   f"Train into another out_dir, or pass resume=False to start afresh (it overwrites "
-                                   f"that run)")
+            raise RunMismatchError(
+                f"{where} belongs to a different run ({diff[:300]}); resuming would mix the two. "
+                f"Train into another out_dir, or pass resume=False to start afresh (it overwrites "
+                f"that run)"
+            )
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scheduler is not None and state.get("scheduler") is not None:
@@ -454,8 +514,15 @@ class Trainer:
             due = self.checkpoint_minutes is not None and time.time() - self._last_save >= 60 * self.checkpoint_minutes
             if resumable and due and loader.position < len(loader):
                 state = self.state_dict()
-                state["in_epoch"] = {"loader": loader.state(), "sums": sums, "loss_sum": loss_sum, "correct": correct,
-                                     "n": n, "lr": self._epoch_lr, "elapsed": time.time() - self._t_epoch}
+                state["in_epoch"] = {
+                    "loader": loader.state(),
+                    "sums": sums,
+                    "loss_sum": loss_sum,
+                    "correct": correct,
+                    "n": n,
+                    "lr": self._epoch_lr,
+                    "elapsed": time.time() - self._t_epoch,
+                }
                 _atomic_save(state, self.out_dir / "last.pt")
                 self._last_save = time.time()
         rec = {"train_loss": loss_sum / max(n, 1), "train_acc": correct / max(n, 1)}
@@ -483,8 +550,15 @@ class Trainer:
         rec.update({f"{prefix}_{k}": v / max(n, 1) for k, v in sums.items()})
         return rec
 
-    def fit(self, train_loader: Any, val_loader: Any = None, epochs: int = 1, *, test_loader: Any = None,
-            resume: bool = True) -> History:
+    def fit(
+        self,
+        train_loader: Any,
+        val_loader: Any = None,
+        epochs: int = 1,
+        *,
+        test_loader: Any = None,
+        resume: bool = True,
+    ) -> History:
         """Train until ``epochs`` epochs are complete (counting epochs done before a resume)."""
         if self.out_dir is not None:
             self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -494,10 +568,11 @@ class Trainer:
                 latest = changes[-1]["config"] if changes else self.history.meta.get("config")
                 if latest != self._meta["config"]:
                     changes.append({"from_epoch": self.epoch + 1, "config": self._meta["config"]})
-                if isinstance(self.scheduler, torch.optim.lr_scheduler.LambdaLR):  # new schedule applies now
-                    for group, base, fn in zip(self.optimizer.param_groups, self.scheduler.base_lrs,
-                                               self.scheduler.lr_lambdas):
-                        group["lr"] = base * fn(self.scheduler.last_epoch)
+                if isinstance(self.scheduler, torch.optim.lr_scheduler.LambdaLR):
+                    # the new schedule applies now: LambdaLR computes the lr from the step count, so one step
+                    # back and one forward sets it from the new lambdas and leaves the count as it was
+                    self.scheduler.last_epoch -= 1
+                    self.scheduler.step()
         self._wall_before = self.history.records[-1]["wall_time"] if self.history.records else 0.0
         self._t0 = time.time()
         self.history.meta.setdefault("device", str(self.device))
@@ -547,8 +622,11 @@ class Trainer:
         best = self.load_best()
         if test_loader is None:
             return None
-        rec = {"epoch": best["epoch"] if best else self.epoch, "selected_by": self.select_metric,
-               **self.evaluate(test_loader, "test")}
+        rec = {
+            "epoch": best["epoch"] if best else self.epoch,
+            "selected_by": self.select_metric,
+            **self.evaluate(test_loader, "test"),
+        }
         self.history.meta["test"] = rec
         if self.out_dir is not None:
             self.history.save(self.out_dir / "history.json")

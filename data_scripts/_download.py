@@ -17,6 +17,7 @@ Every file is fetched the same way:
 
 ``--list`` prints what is present and whether it is verified, without any network access.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,12 +31,23 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import zipfile
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
 
-__all__ = ["Resource", "Dataset", "DownloadError", "OfflineError", "ChecksumError", "fetch", "verify",
-           "file_hashes", "extract_archive", "main", "default_root"]
+__all__ = [
+    "Resource",
+    "Dataset",
+    "DownloadError",
+    "OfflineError",
+    "ChecksumError",
+    "fetch",
+    "verify",
+    "file_hashes",
+    "extract_archive",
+    "main",
+    "default_root",
+]
 
 CHUNK = 1 << 20
 
@@ -83,7 +95,11 @@ class ChecksumError(DownloadError):
 
 
 def default_root() -> Path:
-    return Path(os.environ.get("CAPSULE_DATA") or "data").expanduser()
+    """The data root as capsule_lib resolves it (``$CAPSULE_DATA``, else the repository's ``data/``, else
+    ``./data``)."""
+    from capsule_lib.data.datasets import data_root
+
+    return data_root()
 
 
 def file_hashes(path: Path) -> tuple[str, str]:
@@ -117,20 +133,29 @@ def _offline_message(res: Resource, url: str, final: Path, err: BaseException) -
     reason = getattr(err, "reason", err)
     text = f"{type(reason).__name__}: {reason}" if str(reason) else type(reason).__name__
     text = " ".join(text.split())
-    return (f"offline: host {host} is unreachable ({text}); could not download {url}. Instead: run this script "
-            f"on a machine with internet and copy {res.filename} to {final.parent}, or set CAPSULE_OFFLINE=1 to "
-            f"use the generated stand-in datasets.")
+    return (
+        f"offline: host {host} is unreachable ({text}); could not download {url}. Instead: run this script "
+        f"on a machine with internet and copy {res.filename} to {final.parent}, or set CAPSULE_OFFLINE=1 to "
+        f"use the generated stand-in datasets."
+    )
 
 
 def _is_network_error(err: BaseException) -> bool:
     if isinstance(err, urllib.error.HTTPError):
         return False
-    return isinstance(err, (urllib.error.URLError, socket.timeout, TimeoutError, ConnectionError, socket.gaierror,
-                            OSError))
+    return isinstance(
+        err, (urllib.error.URLError, socket.timeout, TimeoutError, ConnectionError, socket.gaierror, OSError)
+    )
 
 
-def fetch(res: Resource, dest: Path, *, timeout: float = 30.0, opener: Callable | None = None,
-          log: Callable[[str], None] = print) -> Path:
+def fetch(
+    res: Resource,
+    dest: Path,
+    *,
+    timeout: float = 30.0,
+    opener: Callable | None = None,
+    log: Callable[[str], None] = print,
+) -> Path:
     """Make ``dest/res.filename`` present and verified (see the module docstring); returns its path.
     ``opener(request, timeout=...)`` defaults to ``urllib.request.urlopen`` (tests pass a fake)."""
     opener = opener or urllib.request.urlopen
@@ -143,8 +168,10 @@ def fetch(res: Resource, dest: Path, *, timeout: float = 30.0, opener: Callable 
         if state == "unverified":
             log(f"{res.filename}: already present; could not verify (no published checksum); sha256 {sha}")
             return final
-        raise ChecksumError(f"checksum mismatch for {final}: {_expected_and_got(res, sha, md5)}. The file was left "
-                            f"in place and nothing was deleted; remove or replace it and run again.")
+        raise ChecksumError(
+            f"checksum mismatch for {final}: {_expected_and_got(res, sha, md5)}. The file was left "
+            f"in place and nothing was deleted; remove or replace it and run again."
+        )
     part = final.with_name(final.name + ".part")
     first_err: DownloadError | None = None
     for i, url in enumerate(res.urls):
@@ -161,13 +188,17 @@ def fetch(res: Resource, dest: Path, *, timeout: float = 30.0, opener: Callable 
     if first_err is not None:
         raise first_err
     if res.size is not None and part.stat().st_size < res.size:
-        raise DownloadError(f"{res.filename}: incomplete download ({part.stat().st_size} of {res.size} bytes) "
-                            f"kept as {part}; run again to resume")
+        raise DownloadError(
+            f"{res.filename}: incomplete download ({part.stat().st_size} of {res.size} bytes) "
+            f"kept as {part}; run again to resume"
+        )
     state, sha, md5 = verify(part, res)
     if state == "mismatch":
         part.unlink()
-        raise ChecksumError(f"checksum mismatch for {res.filename} (from {res.url}): {_expected_and_got(res, sha, md5)}. "
-                            f"Removed only the downloaded {part.name}; nothing else was deleted.")
+        raise ChecksumError(
+            f"checksum mismatch for {res.filename} (from {res.url}): {_expected_and_got(res, sha, md5)}. "
+            f"Removed only the downloaded {part.name}; nothing else was deleted."
+        )
     os.replace(part, final)
     if state == "verified":
         log(f"{res.filename}: downloaded, verified ({'sha256' if res.sha256 else 'md5'})")
@@ -176,8 +207,9 @@ def fetch(res: Resource, dest: Path, *, timeout: float = 30.0, opener: Callable 
     return final
 
 
-def _download_to_part(url: str, part: Path, timeout: float, opener: Callable, log: Callable[[str], None],
-                      res: Resource) -> None:
+def _download_to_part(
+    url: str, part: Path, timeout: float, opener: Callable, log: Callable[[str], None], res: Resource
+) -> None:
     have = part.stat().st_size if part.exists() else 0
     if res.size is not None and have >= res.size:
         return  # already complete: only verification is left
@@ -208,8 +240,10 @@ def _download_to_part(url: str, part: Path, timeout: float, opener: Callable, lo
                 try:
                     buf = resp.read(CHUNK)
                 except Exception as e:  # noqa: BLE001
-                    raise DownloadError(f"{res.filename}: transfer interrupted after {got} bytes "
-                                        f"({type(e).__name__}); the partial file {part} is kept: run again to resume") from e
+                    raise DownloadError(
+                        f"{res.filename}: transfer interrupted after {got} bytes "
+                        f"({type(e).__name__}); the partial file {part} is kept: run again to resume"
+                    ) from e
                 if not buf:
                     break
                 f.write(buf)
@@ -288,8 +322,14 @@ def status_lines(ds: Dataset, root: Path) -> list[str]:
     return lines
 
 
-def run(ds: Dataset, root: Path, *, timeout: float = 30.0, opener: Callable | None = None,
-        log: Callable[[str], None] = print) -> None:
+def run(
+    ds: Dataset,
+    root: Path,
+    *,
+    timeout: float = 30.0,
+    opener: Callable | None = None,
+    log: Callable[[str], None] = print,
+) -> None:
     """Fetch every resource of ``ds`` under ``root`` and extract its archives."""
     folder = root / ds.folder
     dest = folder / ds.subdir if ds.subdir else folder
@@ -305,8 +345,9 @@ def run(ds: Dataset, root: Path, *, timeout: float = 30.0, opener: Callable | No
 
 def main(ds: Dataset, argv: Sequence[str] | None = None, *, opener: Callable | None = None) -> int:
     """Command line of a dataset script; returns the exit status (0 ok, 1 error/mismatch, 2 offline)."""
-    p = argparse.ArgumentParser(description=f"Download {ds.name} into ROOT/{ds.folder} (resumable, verified, "
-                                            f"idempotent). {ds.notes}")
+    p = argparse.ArgumentParser(
+        description=f"Download {ds.name} into ROOT/{ds.folder} (resumable, verified, idempotent). {ds.notes}"
+    )
     p.add_argument("--root", type=Path, default=None, help="data root (default: $CAPSULE_DATA, else ./data)")
     p.add_argument("--list", action="store_true", help="show what is present and verified; no download")
     p.add_argument("--timeout", type=float, default=30.0, help="network timeout in seconds")

@@ -7,6 +7,7 @@ The archive's md5 is torchvision's (``torchvision.datasets.CIFAR10.tgz_md5``); t
 layout ``torchvision.datasets.CIFAR10(ROOT/cifar10)`` reads (and checks with its per-batch md5s), which is
 what ``get_dataset("cifar10", DIR)`` uses when no ``train_*.npz`` copies are there.
 """
+
 import sys
 from pathlib import Path
 
@@ -14,9 +15,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _download import Dataset, Resource, main  # noqa: E402
 
 DATASET = Dataset(
-    name="CIFAR-10", folder="cifar10",
-    resources=[Resource(("https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz",), "cifar-10-python.tar.gz",
-                        md5="c58f30108f718f92721af3b95e74349a", checksum_source="torchvision CIFAR10.tgz_md5")],
+    name="CIFAR-10",
+    folder="cifar10",
+    resources=[
+        Resource(
+            ("https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz",),
+            "cifar-10-python.tar.gz",
+            md5="c58f30108f718f92721af3b95e74349a",
+            checksum_source="torchvision CIFAR10.tgz_md5",
+        )
+    ],
     extractions={"cifar-10-python.tar.gz": ("cifar-10-batches-py", "cifar-10-batches-py")},
 )
 

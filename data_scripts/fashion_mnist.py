@@ -6,6 +6,7 @@
 Checksums: the md5s published by torchvision (``torchvision.datasets.FashionMNIST.resources``).
 ``get_dataset("fashion_mnist", DIR)`` reads the ``.gz`` files directly.
 """
+
 import sys
 from pathlib import Path
 
@@ -20,9 +21,13 @@ MD5 = {
     "t10k-labels-idx1-ubyte.gz": "bb300cfdad3c16e7a12a480ee83cd310",
 }
 DATASET = Dataset(
-    name="Fashion-MNIST", folder="fashion_mnist", subdir="FashionMNIST/raw",
-    resources=[Resource(tuple(m + f for m in MIRRORS), f, md5=h, checksum_source="torchvision FashionMNIST.resources")
-               for f, h in MD5.items()],
+    name="Fashion-MNIST",
+    folder="fashion_mnist",
+    subdir="FashionMNIST/raw",
+    resources=[
+        Resource(tuple(m + f for m in MIRRORS), f, md5=h, checksum_source="torchvision FashionMNIST.resources")
+        for f, h in MD5.items()
+    ],
 )
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@
 Checksums: the md5s published by torchvision (``torchvision.datasets.MNIST.resources``); mirrors as in
 torchvision. ``get_dataset("mnist", DIR)`` reads the ``.gz`` files directly.
 """
+
 import sys
 from pathlib import Path
 
@@ -21,9 +22,13 @@ MD5 = {
     "t10k-labels-idx1-ubyte.gz": "ec29112dd5afa0611ce80d1b7f02629c",
 }
 DATASET = Dataset(
-    name="MNIST", folder="mnist", subdir="MNIST/raw",
-    resources=[Resource(tuple(m + f for m in MIRRORS), f, md5=h, checksum_source="torchvision MNIST.resources")
-               for f, h in MD5.items()],
+    name="MNIST",
+    folder="mnist",
+    subdir="MNIST/raw",
+    resources=[
+        Resource(tuple(m + f for m in MIRRORS), f, md5=h, checksum_source="torchvision MNIST.resources")
+        for f, h in MD5.items()
+    ],
 )
 
 if __name__ == "__main__":

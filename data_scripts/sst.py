@@ -11,6 +11,7 @@ Checksum: the dataset authors publish none. The sha256 and size below are pinned
 project (found by code search; repository not identified), not by Stanford: if the download does not match,
 the script says so with both hashes and keeps nothing.
 """
+
 import sys
 from pathlib import Path
 
@@ -18,10 +19,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _download import Dataset, Resource, main  # noqa: E402
 
 DATASET = Dataset(
-    name="SST (sentiment treebank)", folder="sst",
-    resources=[Resource(("https://nlp.stanford.edu/sentiment/trainDevTestTrees_PTB.zip",), "trainDevTestTrees_PTB.zip",
-                        sha256="5c613a4f673fc74097d523a2c83f38e0cc462984d847b82c7aaf36b01cbbbfcc", size=789539,
-                        checksum_source="a third-party pin (not published by the authors)")],
+    name="SST (sentiment treebank)",
+    folder="sst",
+    resources=[
+        Resource(
+            ("https://nlp.stanford.edu/sentiment/trainDevTestTrees_PTB.zip",),
+            "trainDevTestTrees_PTB.zip",
+            sha256="5c613a4f673fc74097d523a2c83f38e0cc462984d847b82c7aaf36b01cbbbfcc",
+            size=789539,
+            checksum_source="a third-party pin (not published by the authors)",
+        )
+    ],
     extractions={"trainDevTestTrees_PTB.zip": ("trees", "trees")},
 )
 

@@ -1,6 +1,7 @@
 """benchmarks/bench.py: the smoke configuration runs, writes every case, and each re-created original agrees
 numerically with capsule_lib wherever the benchmark documents it as comparable (what makes the timings a
 comparison of the same computation)."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -18,9 +19,18 @@ BENCH = REPO / "benchmarks" / "bench.py"
 
 #: the cases the issue asks for (papers' shapes in the full run)
 REQUIRED = {
-    "routing_dynamic", "routing_em_convcaps1", "routing_heinsen_smallnorb", "routing_inverted_conv",
-    "routing_inverted_fc", "routing_self_attention_b16", "routing_self_attention_b128", "model_capsnet_mnist",
-    "model_efficient_mnist_b16", "model_efficient_mnist_b64", "model_inverted_cifar10", "model_heinsen_smallnorb",
+    "routing_dynamic",
+    "routing_em_convcaps1",
+    "routing_heinsen_smallnorb",
+    "routing_inverted_conv",
+    "routing_inverted_fc",
+    "routing_self_attention_b16",
+    "routing_self_attention_b128",
+    "model_capsnet_mnist",
+    "model_efficient_mnist_b16",
+    "model_efficient_mnist_b64",
+    "model_inverted_cifar10",
+    "model_heinsen_smallnorb",
     "model_em_smallnorb",
 }
 #: originals documented as "not comparable numerically" (different models, see bench.py)
@@ -50,8 +60,14 @@ def bench():
 def quick(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench") / "cpu_quick.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    r = subprocess.run([sys.executable, str(BENCH), "--quick", "--device", "cpu", "--threads", "1", "--out", str(out)],
-                       cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
+    r = subprocess.run(
+        [sys.executable, str(BENCH), "--quick", "--device", "cpu", "--threads", "1", "--out", str(out)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert r.returncode == 0, (r.stdout[-4000:], r.stderr[-4000:])
     return json.loads(out.read_text())
 
@@ -119,7 +135,7 @@ def test_peak_memory_counts_a_known_allocation(bench):
         y.sum().backward()
 
     peak = bench.peak_memory(step, torch.device("cpu"))
-    assert 4 * 2 ** 20 <= peak < 64 * 2 ** 20
+    assert 4 * 2**20 <= peak < 64 * 2**20
 
 
 def test_only_selects_cases(bench):

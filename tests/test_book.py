@@ -1,5 +1,6 @@
 """The book's structure and conventions: clean notebooks, chapter conventions, table of contents, citations,
 offline configuration, and the helpers of the build (cache guard, offline check)."""
+
 from __future__ import annotations
 
 import ast
@@ -15,11 +16,16 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 BOOK = REPO / "book"
+
+
 def _pages(pattern: str) -> list[Path]:
     """Book pages: files under book/ except checkpoints and the build assets in book/_* folders."""
-    return sorted(p for p in BOOK.rglob(pattern)
-                  if ".ipynb_checkpoints" not in p.parts and not any(part.startswith("_") for part in
-                                                                      p.relative_to(BOOK).parts[:-1]))
+    return sorted(
+        p
+        for p in BOOK.rglob(pattern)
+        if ".ipynb_checkpoints" not in p.parts
+        and not any(part.startswith("_") for part in p.relative_to(BOOK).parts[:-1])
+    )
 
 
 NOTEBOOKS = _pages("*.ipynb")
@@ -27,10 +33,24 @@ MARKDOWN = _pages("*.md")
 CONFIG = yaml.safe_load((REPO / "_config.yml").read_text())
 TOC = yaml.safe_load((REPO / "_toc.yml").read_text())
 PARAMETERS = {"SMOKE": bool, "TRAIN": bool, "EPOCHS": int, "DEVICE": str, "DATA_ROOT": str}
-REQUIRED_BIB = ["sabour2017dynamic", "hinton2018matrix", "heinsen2019algorithm", "heinsen2022algorithm",
-                "tsai2020capsules", "mazzia2021efficient", "lecun1998gradient", "lecun1998mnist", "krizhevsky2009learning",
-                "lecun2004learning", "tieleman2013affnist", "socher2013recursive", "he2016deep", "kingma2015adam",
-                "zhang2018mixup", "liu2020variance"]
+REQUIRED_BIB = [
+    "sabour2017dynamic",
+    "hinton2018matrix",
+    "heinsen2019algorithm",
+    "heinsen2022algorithm",
+    "tsai2020capsules",
+    "mazzia2021efficient",
+    "lecun1998gradient",
+    "lecun1998mnist",
+    "krizhevsky2009learning",
+    "lecun2004learning",
+    "tieleman2013affnist",
+    "socher2013recursive",
+    "he2016deep",
+    "kingma2015adam",
+    "zhang2018mixup",
+    "liu2020variance",
+]
 
 
 def nb_json(path: Path) -> dict:
@@ -67,11 +87,16 @@ def test_there_are_chapters():
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=nb_id)
 def test_notebook_is_committed_without_outputs(path):
     nb = nb_json(path)
-    dirty = [i for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code"
-             and (c.get("outputs") or c.get("execution_count") is not None)]
-    assert not dirty, (f"{nb_id(path)}: code cells {dirty} have outputs or execution counts; notebooks are "
-                       f"committed clean (the book executes them). Clear them, e.g. "
-                       f"`jupyter nbconvert --clear-output --inplace {nb_id(path)}`")
+    dirty = [
+        i
+        for i, c in enumerate(nb["cells"])
+        if c["cell_type"] == "code" and (c.get("outputs") or c.get("execution_count") is not None)
+    ]
+    assert not dirty, (
+        f"{nb_id(path)}: code cells {dirty} have outputs or execution counts; notebooks are "
+        f"committed clean (the book executes them). Clear them, e.g. "
+        f"`jupyter nbconvert --clear-output --inplace {nb_id(path)}`"
+    )
     assert "widgets" not in nb.get("metadata", {}), f"{nb_id(path)}: saved widget state in the metadata"
 
 
@@ -85,43 +110,49 @@ def test_notebook_conventions(path):
     assert cells, f"{name}: no code cells"
 
     first = src(cells[0])
-    assert '"google.colab" in sys.modules' in first and "pip" in first, \
+    assert '"google.colab" in sys.modules' in first and "pip" in first, (
         f"{name}: the first code cell must install capsule_lib in Colab only"
+    )
 
     params = [i for i, c in enumerate(cells) if "parameters" in tags(c)]
     assert len(params) == 1, f"{name}: expected exactly one cell tagged 'parameters', found {len(params)}"
     p = params[0]
     found: dict[str, object] = {}
     for stmt in ast.parse(src(cells[p])).body:
-        assert isinstance(stmt, (ast.Assign, ast.AnnAssign)), \
+        assert isinstance(stmt, (ast.Assign, ast.AnnAssign)), (
             f"{name}: the parameters cell may only assign plain literals (papermill), found {ast.dump(stmt)[:80]}"
+        )
         target = stmt.targets[0] if isinstance(stmt, ast.Assign) else stmt.target
-        assert isinstance(target, ast.Name) and isinstance(stmt.value, ast.Constant), \
+        assert isinstance(target, ast.Name) and isinstance(stmt.value, ast.Constant), (
             f"{name}: parameters must be `NAME = <literal>` (papermill cannot parse expressions)"
+        )
         found[target.id] = stmt.value.value
     for key, typ in PARAMETERS.items():
         assert key in found, f"{name}: parameter {key} missing from the parameters cell"
         assert type(found[key]) is typ, f"{name}: parameter {key} should be a {typ.__name__} literal"
-    assert p + 1 < len(cells) and re.search(r"settings\(\s*SMOKE,\s*TRAIN,\s*EPOCHS,\s*DEVICE,\s*DATA_ROOT",
-                                             src(cells[p + 1])), \
-        f"{name}: the cell after the parameters must call settings(SMOKE, TRAIN, EPOCHS, DEVICE, DATA_ROOT)"
+    assert p + 1 < len(cells) and re.search(
+        r"settings\(\s*SMOKE,\s*TRAIN,\s*EPOCHS,\s*DEVICE,\s*DATA_ROOT", src(cells[p + 1])
+    ), f"{name}: the cell after the parameters must call settings(SMOKE, TRAIN, EPOCHS, DEVICE, DATA_ROOT)"
 
     for i, cell in enumerate(cells):
         code = python_of(cell)
         tree = ast.parse(code)
         for node in ast.walk(tree):
-            assert not isinstance(node, ast.ClassDef), \
+            assert not isinstance(node, ast.ClassDef), (
                 f"{name}, code cell {i}: defines class {node.name}; layers/models belong in capsule_lib"
+            )
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 assert node.name != "forward", f"{name}, code cell {i}: defines forward(); belongs in capsule_lib"
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-                assert node.func.attr not in ("backward", "zero_grad"), \
+                assert node.func.attr not in ("backward", "zero_grad"), (
                     f"{name}, code cell {i}: calls .{node.func.attr}(); training loops belong in capsule_lib"
+                )
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
                 for m in mods:
-                    assert m.split(".")[0] not in ("plotly", "bokeh", "altair", "seaborn"), \
+                    assert m.split(".")[0] not in ("plotly", "bokeh", "altair", "seaborn"), (
                         f"{name}: figures are drawn with matplotlib (found import {m})"
+                    )
                     if m.split(".")[0] == "tqdm":
                         assert m == "tqdm.auto", f"{name}: progress bars come from tqdm.auto (found {m})"
 
@@ -241,13 +272,15 @@ def test_offline_check_finds_network_resources(tmp_path):
     mod = _load(REPO / "book" / "_ext" / "offline_book.py", "offline_book")
     (tmp_path / "ok.html").write_text(
         '<script src="_static/a.js"></script><a href="https://example.org">link</a>'
-        '<script type="application/vnd.jupyter.widget-state+json">{"u": "https://cdn.jsdelivr.net/x"}</script>')
+        '<script type="application/vnd.jupyter.widget-state+json">{"u": "https://cdn.jsdelivr.net/x"}</script>'
+    )
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "bad.html").write_text(
         '<script src="https://cdn.jsdelivr.net/npm/x.js"></script>'
         '<link rel="stylesheet" href="//fonts.googleapis.com/css">'
         '<script>const THEBE_JS_URL = "https://unpkg.com/thebe@0.8.2/lib/index.js"</script>'
-        '<script data-jupyter-widgets-cdn="https://cdn.jsdelivr.net/npm/" src="_static/w.js"></script>')
+        '<script data-jupyter-widgets-cdn="https://cdn.jsdelivr.net/npm/" src="_static/w.js"></script>'
+    )
     found = mod.network_findings(tmp_path)
     assert list(found) == ["sub/bad.html"]
     assert len(found["sub/bad.html"]) == 4
@@ -292,15 +325,31 @@ def test_cache_guard_clears_the_cache_when_code_or_environment_change(tmp_path, 
     assert run() is False  # environment changed: cache cleared
 
 
-def test_api_docstring_fields_are_normalised():
-    mod = _load(REPO / "book" / "_ext" / "capsule_api.py", "capsule_api")
-    doc = ["Route votes.", "", "Parameters", "----------", "votes: the votes ``[B, I, J, E]``.",
-           "iterations: how many", "    iterations (>= 1).", "x : int", "    NumPy style, kept.", "",
-           "Nothing is detached.", "", "Returns", "-------", "out: kept as is outside parameter sections."]
-    assert mod.normalize_fields(doc) == [
-        "Route votes.", "", "Nothing is detached.", "", "Parameters", "----------", "votes",
-        "    the votes ``[B, I, J, E]``.", "iterations", "    how many", "    iterations (>= 1).", "x : int",
-        "    NumPy style, kept.", "", "Returns", "-------", "out: kept as is outside parameter sections."]
+def test_library_docstrings_are_numpydoc_without_a_custom_extension():
+    """Parameter sections are NumPy style (``name`` or ``name : type`` on one line, the description indented
+    below), so napoleon renders them without help: a ``name: description`` field would be read as a *type*."""
+    import ast
+    import re
+
+    field = re.compile(r"^(\*{0,2}[A-Za-z_][A-Za-z0-9_]*): \S")
+    bad = []
+    for path in sorted((REPO / "capsule_lib").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            doc = ast.get_docstring(node) if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)) else None
+            lines = (doc or "").splitlines()
+            for i, line in enumerate(lines):
+                if (
+                    line.strip() in ("Parameters", "Other Parameters", "Attributes")
+                    and i + 1 < len(lines)
+                    and set(lines[i + 1].strip()) == {"-"}
+                ):
+                    for entry in lines[i + 2 :]:
+                        if entry.strip() and set(entry.strip()) == {"-"}:
+                            break
+                        if entry == entry.lstrip() and field.match(entry):
+                            bad.append(f"{path.relative_to(REPO)}: {getattr(node, 'name', 'module')}: {entry[:60]}")
+    assert not bad, "name: description fields in NumPy sections:\n" + "\n".join(bad)
+    assert "normalize_fields" not in (REPO / "book" / "_ext" / "capsule_api.py").read_text()
 
 
 # ------------------------------------------------------------------------------- reader-facing checks
@@ -332,8 +381,7 @@ def test_colab_cell_installs_and_imports_the_library(tmp_path):
 
     mod = _load(REPO / "book" / "_tools" / "colab_cell.py", "colab_cell")
     src_dir = tmp_path / "src"
-    shutil.copytree(REPO / "capsule_lib", src_dir / "capsule_lib",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.pt"))
+    shutil.copytree(REPO / "capsule_lib", src_dir / "capsule_lib", ignore=shutil.ignore_patterns("__pycache__", "*.pt"))
     for f in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy(REPO / f, src_dir / f)
     target = tmp_path / "site"
@@ -350,7 +398,8 @@ def test_colab_cell_installs_and_imports_the_library(tmp_path):
         f"    return _run([*cmd, '--no-deps', '--no-build-isolation', '--target', {str(target)!r}], **kw)\n"
         "subprocess.run = run\n"
         f"exec(compile({cell!r}, 'colab-cell', 'exec'))\n"
-        f"assert capsule_lib.__file__.startswith({str(target)!r}), capsule_lib.__file__\n")
+        f"assert capsule_lib.__file__.startswith({str(target)!r}), capsule_lib.__file__\n"
+    )
     out = subprocess.run([sys.executable, str(driver)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert f"capsule_lib {mod.library_version()} installed from" in out.stdout
@@ -364,15 +413,18 @@ def test_no_reference_to_the_private_environment():
     hits = []
     for p in REPO.rglob("*"):
         rel = p.relative_to(REPO)
-        if (not p.is_file() or rel.parts[0] in (".git", ".venv", "_build", "runs", "data", "node_modules", ".ci")
-                or "egg-info" in rel.parts[0] or p.suffix in (".pt", ".png", ".pyc", ".woff", ".woff2")):
+        if (
+            not p.is_file()
+            or rel.parts[0] in (".git", ".venv", "_build", "runs", "data", "node_modules", ".ci")
+            or "egg-info" in rel.parts[0]
+            or p.suffix in (".pt", ".png", ".pyc", ".woff", ".woff2")
+        ):
             continue
         try:
             text = p.read_text()
         except (UnicodeDecodeError, OSError):
             continue
-        hits += [f"{rel}:{n}" for n, line in enumerate(text.splitlines(), 1)
-                 if re.search(PRIVATE, line)]
+        hits += [f"{rel}:{n}" for n, line in enumerate(text.splitlines(), 1) if re.search(PRIVATE, line)]
     assert not hits, f"references to the private environment: {hits[:10]}"
 
 
@@ -382,8 +434,9 @@ def test_intro_lists_exactly_the_chapters_that_exist():
     chapters = {p.relative_to(BOOK).with_suffix("").as_posix() for p in NOTEBOOKS + MARKDOWN} - {"intro"}
     assert chapters <= linked, f"intro.md does not mention {sorted(chapters - linked)}"
     assert linked <= chapters, f"intro.md links pages that do not exist: {sorted(linked - chapters)}"
-    uses_cifar = any("cifar" in src(c).lower() for p in NOTEBOOKS if p.name != "data.ipynb"
-                     for c in code_cells(nb_json(p)))
+    uses_cifar = any(
+        "cifar" in src(c).lower() for p in NOTEBOOKS if p.name != "data.ipynb" for c in code_cells(nb_json(p))
+    )
     assert uses_cifar or "krizhevsky2009learning" not in intro, "intro.md says chapters use CIFAR-10; none does"
 
 
@@ -392,8 +445,9 @@ def test_chapters_never_move_their_model_in_place(path):
     """`x = model.cpu()` moves the chapter's model too (nn.Module.cpu is in place): later GPU calls break."""
     for i, cell in enumerate(code_cells(nb_json(path))):
         for m in re.finditer(r"^\s*\w+\s*=\s*(\w+)\.(cpu|cuda)\(\)", python_of(cell), re.M):
-            assert m.group(1) not in ("model", "net", "cnn", "capsnet"), \
+            assert m.group(1) not in ("model", "net", "cnn", "capsnet"), (
                 f"{nb_id(path)}, code cell {i}: `{m.group(0).strip()}` moves the model in place; use copy.deepcopy"
+            )
 
 
 # ------------------------------------------------------------------------ make book: failures, stand-ins
@@ -403,21 +457,35 @@ def test_a_notebook_that_raises_fails_the_build_report(tmp_path):
     report (run by `make book` and `make test` after it) must fail and name the notebook and the cell."""
     import subprocess
 
-    (tmp_path / "_config.yml").write_text("title: t\nexecute:\n  execute_notebooks: cache\n  allow_errors: false\n"
-                                          "only_build_toc_files: true\n")
+    (tmp_path / "_config.yml").write_text(
+        "title: t\nexecute:\n  execute_notebooks: cache\n  allow_errors: false\nonly_build_toc_files: true\n"
+    )
     (tmp_path / "_toc.yml").write_text("format: jb-book\nroot: intro\nchapters:\n- file: broken\n")
     (tmp_path / "intro.md").write_text("# Intro\n")
-    nb = {"cells": [{"cell_type": "markdown", "metadata": {}, "source": ["# Broken"]},
-                    {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
-                     "source": ["x = 1\n", "raise RuntimeError('simulated failure')"]}],
-          "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
-          "nbformat": 4, "nbformat_minor": 5}
+    nb = {
+        "cells": [
+            {"cell_type": "markdown", "metadata": {}, "source": ["# Broken"]},
+            {
+                "cell_type": "code",
+                "execution_count": None,
+                "metadata": {},
+                "outputs": [],
+                "source": ["x = 1\n", "raise RuntimeError('simulated failure')"],
+            },
+        ],
+        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
     (tmp_path / "broken.ipynb").write_text(json.dumps(nb))
     jb = Path(sys.executable).parent / "jupyter-book"
     built = subprocess.run([str(jb), "build", str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert built.returncode == 0  # the reason this report exists
-    rep = subprocess.run([sys.executable, str(BOOK / "_tools" / "build_report.py"), "--build",
-                          str(tmp_path / "_build")], capture_output=True, text=True)
+    rep = subprocess.run(
+        [sys.executable, str(BOOK / "_tools" / "build_report.py"), "--build", str(tmp_path / "_build")],
+        capture_output=True,
+        text=True,
+    )
     assert rep.returncode == 1, rep.stdout
     assert "notebook FAILED: broken.ipynb" in rep.stdout
     assert "| raise RuntimeError('simulated failure')" in rep.stdout
@@ -428,11 +496,14 @@ def test_build_report_summarises_the_stand_in_pages(tmp_path, capsys):
     mod = _load(BOOK / "_tools" / "build_report.py", "build_report")
     ex = tmp_path / "_build" / "jupyter_execute" / "book"
     ex.mkdir(parents=True)
-    line = ("[GENERATED stand-in data] mnist is not available here (offline mode): using 'glyph_digits' instead. "
-            "Numbers below are NOT mnist results.\n")
+    line = (
+        "[GENERATED stand-in data] mnist is not available here (offline mode): using 'glyph_digits' instead. "
+        "Numbers below are NOT mnist results.\n"
+    )
     for name, text in [("a", line), ("b", line), ("c", "[real data] mnist/test: 10000 images\n")]:
-        nb = {"cells": [{"cell_type": "code", "outputs": [{"output_type": "stream", "name": "stdout",
-                                                           "text": [text]}]}]}
+        nb = {
+            "cells": [{"cell_type": "code", "outputs": [{"output_type": "stream", "name": "stdout", "text": [text]}]}]
+        }
         (ex / f"{name}.ipynb").write_text(json.dumps(nb))
     assert mod.main(["--build", str(tmp_path / "_build")]) == 0
     out = capsys.readouterr().out.strip().splitlines()
@@ -451,5 +522,7 @@ def test_metrics_are_labelled_with_the_data_they_were_computed_on(path):
             continue
         headers = re.findall(r"show_table\(\s*\[([^\]]*)\]", code)
         for h in headers:
-            assert not re.search(r"[\"']MNIST test", h), \
-                f"{nb_id(path)}, code cell {i}: a table header names MNIST literally ({h.strip()[:80]}); use the data label"
+            assert not re.search(r"[\"']MNIST test", h), (
+                f"{nb_id(path)}, code cell {i}: a table header names MNIST literally ({h.strip()[:80]}); "
+                "use the data label"
+            )

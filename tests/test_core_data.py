@@ -89,10 +89,17 @@ def test_cifar_npz_layout(tmp_path):
     folder.mkdir()
     rng = np.random.default_rng(0)
     for k in range(5):
-        np.savez_compressed(folder / f"train_{k}.npz", x=rng.integers(0, 256, (4, 32, 32, 3), dtype=np.uint8),
-                            y=np.arange(4, dtype=np.uint8))
-    np.savez_compressed(folder / "test.npz", x=rng.integers(0, 256, (6, 32, 32, 3), dtype=np.uint8),
-                        y=np.arange(6, dtype=np.uint8), exact=np.array([1, 1, 0, 0, 0, 0], bool))
+        np.savez_compressed(
+            folder / f"train_{k}.npz",
+            x=rng.integers(0, 256, (4, 32, 32, 3), dtype=np.uint8),
+            y=np.arange(4, dtype=np.uint8),
+        )
+    np.savez_compressed(
+        folder / "test.npz",
+        x=rng.integers(0, 256, (6, 32, 32, 3), dtype=np.uint8),
+        y=np.arange(6, dtype=np.uint8),
+        exact=np.array([1, 1, 0, 0, 0, 0], bool),
+    )
     te = get_dataset("cifar10", tmp_path, "test")
     assert te.images.shape == (6, 3, 32, 32) and te.extra["exact"].sum() == 2
     full = get_dataset("cifar10", tmp_path, "train_full")

@@ -1,5 +1,6 @@
 """affNIST: the official .mat structure (written here with scipy.io.savemat), the zip, the loader and the
 40x40 placement helpers."""
+
 import zipfile
 
 import numpy as np
@@ -16,9 +17,11 @@ def fake_affnist(path, n=12, seed=0, with_transform=True):
     rng = np.random.default_rng(seed)
     imgs = rng.integers(0, 256, (n, 40, 40), dtype=np.uint8)
     labels = (np.arange(n) % 10).astype(np.uint8)
-    rec = {"image": imgs.reshape(n, 1600).T.copy(),  # [1600, N]: each column one row-major 40x40 image
-           "label_int": labels[None, :],
-           "label_one_of_n": np.eye(10, dtype=np.uint8)[labels].T.copy()}
+    rec = {
+        "image": imgs.reshape(n, 1600).T.copy(),  # [1600, N]: each column one row-major 40x40 image
+        "label_int": labels[None, :],
+        "label_one_of_n": np.eye(10, dtype=np.uint8)[labels].T.copy(),
+    }
     if with_transform:
         rec["human_readable_transform"] = rng.normal(size=(7, n))
     scipy.io.savemat(path, {"affNISTdata": rec})
@@ -55,8 +58,10 @@ def test_bad_files_and_splits(tmp_path):
     scipy.io.savemat(folder / "affNIST_test.mat", {"somethingelse": np.zeros(3)})
     with pytest.raises(AffNISTFormatError, match="no 'affNISTdata' struct"):
         get_dataset("affnist", tmp_path, "test")
-    scipy.io.savemat(folder / "affNIST_test.mat", {"affNISTdata": {"image": np.zeros((784, 3), np.uint8),
-                                                                  "label_int": np.zeros((1, 3), np.uint8)}})
+    scipy.io.savemat(
+        folder / "affNIST_test.mat",
+        {"affNISTdata": {"image": np.zeros((784, 3), np.uint8), "label_int": np.zeros((1, 3), np.uint8)}},
+    )
     with pytest.raises(AffNISTFormatError, match=r"\[1600, N\]"):
         get_dataset("affnist", tmp_path, "test")
     (folder / "affNIST_test.mat").write_bytes(b"MATLAB 5.0 garbage" + bytes(100))
@@ -71,7 +76,9 @@ def test_missing_affnist_message(tmp_path, monkeypatch):
     with pytest.raises(DatasetUnavailableError) as e:
         get_dataset("affnist", tmp_path, "test")
     msg = str(e.value)
-    assert "affnist" in msg and f"python data_scripts/affnist.py --root {tmp_path}" in msg and "CAPSULE_OFFLINE=1" in msg
+    assert (
+        "affnist" in msg and f"python data_scripts/affnist.py --root {tmp_path}" in msg and "CAPSULE_OFFLINE=1" in msg
+    )
 
 
 def test_center_pad_and_random_place():
@@ -86,7 +93,7 @@ def test_center_pad_and_random_place():
     for b in range(64):  # each is the digit at some offset in 0..12
         nz = (p[b, 0] > 0).nonzero()
         top, left = nz[:, 0].min().item(), nz[:, 1].min().item()
-        assert torch.equal(p[b, 0, top:top + 28, left:left + 28], x[b, 0])
+        assert torch.equal(p[b, 0, top : top + 28, left : left + 28], x[b, 0])
         tops.add(top)
     assert min(tops) >= 0 and max(tops) <= 12 and len(tops) > 5
     assert torch.equal(random_place(x, 40, torch.Generator().manual_seed(0)), p)

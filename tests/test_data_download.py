@@ -1,6 +1,7 @@
 """data_scripts/_download.py and the dataset scripts, against a local HTTP server on 127.0.0.1 serving
 fabricated bytes (with and without Range support) and a fake opener for the unreachable-host case. No
 traffic to any other host."""
+
 import hashlib
 import importlib.util
 import io
@@ -70,7 +71,7 @@ class Server:
                 self.send_header("Content-Length", str(len(chunk)))
                 self.end_headers()
                 if outer.cut_after is not None:
-                    self.wfile.write(chunk[:outer.cut_after])
+                    self.wfile.write(chunk[: outer.cut_after])
                     self.wfile.flush()
                     self.connection.shutdown(socket.SHUT_RDWR)
                     return
@@ -205,10 +206,17 @@ def test_unknown_checksum_prints_sha256_and_list_says_unverified(tmp_path, capsy
         r = D.Resource((s.url + "/f",), "file.bin")
         D.fetch(r, tmp_path / "demo", log=logs.append)
     assert any("could not verify" in m and SHA in m for m in logs)
-    ds = D.Dataset("Demo", "demo", [r, D.Resource(("http://x/y",), "missing.bin", sha256=SHA),
-                                    D.Resource(("http://x/z",), "half.bin", sha256=SHA),
-                                    D.Resource(("http://x/w",), "good.bin", sha256=SHA, checksum_source="a test"),
-                                    D.Resource(("http://x/v",), "bad.bin", sha256=SHA)])
+    ds = D.Dataset(
+        "Demo",
+        "demo",
+        [
+            r,
+            D.Resource(("http://x/y",), "missing.bin", sha256=SHA),
+            D.Resource(("http://x/z",), "half.bin", sha256=SHA),
+            D.Resource(("http://x/w",), "good.bin", sha256=SHA, checksum_source="a test"),
+            D.Resource(("http://x/v",), "bad.bin", sha256=SHA),
+        ],
+    )
     (tmp_path / "demo" / "half.bin.part").write_bytes(b"12345")
     (tmp_path / "demo" / "good.bin").write_bytes(PAYLOAD)
     (tmp_path / "demo" / "bad.bin").write_bytes(b"x")
@@ -237,10 +245,15 @@ def test_run_fetches_and_extracts_atomically_then_is_idempotent(tmp_path, capsys
         z.writestr("test.mat", b"MAT")
     zb = zbuf.getvalue()
     with Server({"/p.tar.gz": tgz, "/t.zip": zb}) as s:
-        ds = D.Dataset("Demo", "demo", [
-            D.Resource((s.url + "/p.tar.gz",), "p.tar.gz", md5=hashlib.md5(tgz).hexdigest()),
-            D.Resource((s.url + "/t.zip",), "t.zip", sha256=hashlib.sha256(zb).hexdigest())],
-            extractions={"p.tar.gz": ("pkg", "pkg"), "t.zip": ("test.mat", "renamed.mat")})
+        ds = D.Dataset(
+            "Demo",
+            "demo",
+            [
+                D.Resource((s.url + "/p.tar.gz",), "p.tar.gz", md5=hashlib.md5(tgz).hexdigest()),
+                D.Resource((s.url + "/t.zip",), "t.zip", sha256=hashlib.sha256(zb).hexdigest()),
+            ],
+            extractions={"p.tar.gz": ("pkg", "pkg"), "t.zip": ("test.mat", "renamed.mat")},
+        )
         assert D.main(ds, ["--root", str(tmp_path)]) == 0
         n = len(s.requests)
         assert D.main(ds, ["--root", str(tmp_path)]) == 0
@@ -285,7 +298,11 @@ def test_scripts_list_without_network(tmp_path):
     import subprocess
 
     for name in ("mnist", "fashion_mnist", "cifar10", "cifar100", "smallnorb", "affnist", "sst"):
-        r = subprocess.run([sys.executable, str(SCRIPTS / f"{name}.py"), "--root", str(tmp_path), "--list"],
-                           capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            [sys.executable, str(SCRIPTS / f"{name}.py"), "--root", str(tmp_path), "--list"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert r.returncode == 0 and "missing" in r.stdout, (name, r.stdout, r.stderr)
     assert list(tmp_path.iterdir()) == []  # --list writes nothing

@@ -1,5 +1,6 @@
 """Loaders on fabricated files in the real formats: CIFAR python batches (the layout data_scripts/cifar*.py
 extract), Fashion-MNIST IDX, the SST trees; plus the registry and its error messages."""
+
 import gzip
 import pickle
 import struct
@@ -13,8 +14,18 @@ from capsule_lib.data.sst import load_sst, parse_tree
 
 
 def test_registry_names():
-    assert {"smallnorb", "affnist", "multimnist", "affine_mnist", "rendered_norb", "mnist", "fashion_mnist",
-            "cifar10", "cifar100", "glyph_digits"} <= set(available_datasets())
+    assert {
+        "smallnorb",
+        "affnist",
+        "multimnist",
+        "affine_mnist",
+        "rendered_norb",
+        "mnist",
+        "fashion_mnist",
+        "cifar10",
+        "cifar100",
+        "glyph_digits",
+    } <= set(available_datasets())
 
 
 def _batch(path, n, seed, key=b"labels", n_classes=10):
@@ -65,8 +76,15 @@ def test_fashion_mnist_idx_layout(tmp_path):
     assert np.array_equal(te.images[:, 0].numpy(), x) and te.classes[9] == "Ankle boot"
 
 
-@pytest.mark.parametrize("name,script", [("smallnorb", "smallnorb.py"), ("affnist", "affnist.py"),
-                                         ("cifar100", "cifar100.py"), ("fashion_mnist", "fashion_mnist.py")])
+@pytest.mark.parametrize(
+    "name,script",
+    [
+        ("smallnorb", "smallnorb.py"),
+        ("affnist", "affnist.py"),
+        ("cifar100", "cifar100.py"),
+        ("fashion_mnist", "fashion_mnist.py"),
+    ],
+)
 def test_missing_data_errors_name_dataset_command_and_offline_option(tmp_path, monkeypatch, name, script):
     monkeypatch.setenv("CAPSULE_OFFLINE", "1")
     with pytest.raises(DatasetUnavailableError) as e:

@@ -1,4 +1,5 @@
 """MultiMNIST (Sabour and Efficient-CapsNet recipes) and affine-MNIST: statistics, determinism, sources."""
+
 import gzip
 import struct
 
@@ -19,8 +20,11 @@ def digits(n=200, seed=0):
     x = torch.zeros(n, 1, 28, 28, dtype=torch.uint8)
     for i in range(n):
         h, w = torch.randint(6, 20, (2,), generator=g).tolist()
-        t, l = 4 + torch.randint(0, 21 - h, (1,), generator=g).item(), 4 + torch.randint(0, 21 - w, (1,), generator=g).item()
-        x[i, 0, t:t + h, l:l + w] = torch.randint(60, 256, (h, w), generator=g, dtype=torch.uint8)
+        t, l = (
+            4 + torch.randint(0, 21 - h, (1,), generator=g).item(),
+            4 + torch.randint(0, 21 - w, (1,), generator=g).item(),
+        )
+        x[i, 0, t : t + h, l : l + w] = torch.randint(60, 256, (h, w), generator=g, dtype=torch.uint8)
     return x, torch.arange(n) % 10
 
 
@@ -66,7 +70,9 @@ def test_overlap_statistics_and_known_boxes():
     b[1, 0, 5:7, 5:7] = 1  # disjoint
     assert bounding_boxes(a).tolist() == [[0, 3, 0, 3], [0, 1, 0, 1]]
     ov = bbox_overlap(a, b)
-    assert torch.allclose(ov["iou"], torch.tensor([4 / 28, 0.0])) and torch.allclose(ov["inter_over_min"], torch.tensor([4 / 16, 0.0]))
+    assert torch.allclose(ov["iou"], torch.tensor([4 / 28, 0.0])) and torch.allclose(
+        ov["inter_over_min"], torch.tensor([4 / 16, 0.0])
+    )
     x, y = digits(300)
     s4 = overlap_stats(make_multimnist(x, y, n=2000, variant="sabour", seed=0))
     s6 = overlap_stats(make_multimnist(x, y, n=2000, variant="efficient", seed=0))

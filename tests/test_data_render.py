@@ -1,5 +1,6 @@
 """The rendered smallNORB-like set: ray-casting against analytic answers, viewpoint coverage, the instance
 split, determinism, stereo/lighting/viewpoint effects and the viewpoint-generalisation split."""
+
 import math
 
 import pytest
@@ -10,17 +11,21 @@ from capsule_lib.data import render as R
 
 
 def _prims(kind, size, center=(0.0, 0.0, 0.0)):
-    return R.Primitives(torch.tensor([kind]), torch.tensor([center]), torch.eye(3)[None], torch.tensor([size]),
-                        torch.tensor([0.8]))
+    return R.Primitives(
+        torch.tensor([kind]), torch.tensor([center]), torch.eye(3)[None], torch.tensor([size]), torch.tensor([0.8])
+    )
 
 
-@pytest.mark.parametrize("kind,size,axis,expected", [
-    (R.ELLIPSOID, (0.5, 0.5, 0.5), 2, 4.5),   # sphere r = 0.5 seen from 5 along z
-    (R.ELLIPSOID, (0.3, 0.7, 0.9), 0, 4.7),   # ellipsoid: the x radius faces a camera on the x axis
-    (R.BOX, (1.0, 0.5, 0.25), 1, 4.5),
-    (R.CYLINDER, (0.4, 0.4, 0.8), 2, 4.2),    # along the axis: the cap at z = 0.8
-    (R.CYLINDER, (0.4, 0.6, 0.8), 1, 4.4),    # across: the side, y radius 0.6
-])
+@pytest.mark.parametrize(
+    "kind,size,axis,expected",
+    [
+        (R.ELLIPSOID, (0.5, 0.5, 0.5), 2, 4.5),  # sphere r = 0.5 seen from 5 along z
+        (R.ELLIPSOID, (0.3, 0.7, 0.9), 0, 4.7),  # ellipsoid: the x radius faces a camera on the x axis
+        (R.BOX, (1.0, 0.5, 0.25), 1, 4.5),
+        (R.CYLINDER, (0.4, 0.4, 0.8), 2, 4.2),  # along the axis: the cap at z = 0.8
+        (R.CYLINDER, (0.4, 0.6, 0.8), 1, 4.4),  # across: the side, y radius 0.6
+    ],
+)
 def test_trace_matches_analytic_hit_distances(kind, size, axis, expected):
     o = torch.zeros(1, 3)
     o[0, axis] = 5.0
@@ -35,8 +40,13 @@ def test_trace_matches_analytic_hit_distances(kind, size, axis, expected):
 
 
 def test_trace_takes_the_nearest_of_several_primitives():
-    p = R.Primitives(torch.tensor([R.ELLIPSOID, R.BOX]), torch.tensor([[0.0, 0, 0], [0.0, 0, 1.5]]),
-                     torch.eye(3).repeat(2, 1, 1), torch.tensor([[0.5, 0.5, 0.5], [0.2, 0.2, 0.2]]), torch.tensor([0.5, 0.9]))
+    p = R.Primitives(
+        torch.tensor([R.ELLIPSOID, R.BOX]),
+        torch.tensor([[0.0, 0, 0], [0.0, 0, 1.5]]),
+        torch.eye(3).repeat(2, 1, 1),
+        torch.tensor([[0.5, 0.5, 0.5], [0.2, 0.2, 0.2]]),
+        torch.tensor([0.5, 0.9]),
+    )
     t, which = R.trace(torch.tensor([[0.0, 0, 5]]), torch.tensor([[[0.0, 0, -1]]]), p)
     assert which.item() == 1 and t.item() == pytest.approx(5 - 1.7, abs=1e-5)
 
@@ -110,8 +120,9 @@ def test_instances_differ_within_a_category():
 
 
 def test_viewpoint_split_and_registry(tmp_path):
-    ds = get_dataset("rendered_norb", tmp_path, "test", instances=[0], lightings=[0], categories=[0, 2],
-                     elevations=[0, 4])
+    ds = get_dataset(
+        "rendered_norb", tmp_path, "test", instances=[0], lightings=[0], categories=[0, 2], elevations=[0, 4]
+    )
     assert ds.generated and "GENERATED" in ds.banner() and ds.classes == R.CATEGORIES
     assert len(ds) == 2 * 2 * 18 and set(ds.extra) >= {"instance", "elevation", "azimuth", "lighting"}
     fam, nov = R.viewpoint_split(ds)
@@ -144,7 +155,9 @@ def test_train_val_partition_without_rendering(tmp_path, monkeypatch):
 
     def keys(d):
         e = d.extra
-        return set(((((d.labels * 10 + e["instance"]) * 9 + e["elevation"]) * 18 + e["azimuth"]) * 6 + e["lighting"]).tolist())
+        return set(
+            ((((d.labels * 10 + e["instance"]) * 9 + e["elevation"]) * 18 + e["azimuth"]) * 6 + e["lighting"]).tolist()
+        )
 
     assert keys(tr).isdisjoint(keys(va)) and keys(tr) | keys(va) == keys(full)
 

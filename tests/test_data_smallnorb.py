@@ -1,5 +1,6 @@
 """smallNORB: the binary matrix format (on files written here byte by byte), the loader and the papers'
 preprocessing transforms."""
+
 import gzip
 import struct
 
@@ -9,9 +10,19 @@ import torch
 import torch.nn.functional as F
 
 from capsule_lib.data import DatasetUnavailableError, get_dataset
-from capsule_lib.data.smallnorb import (EfficientNorbTransform, NorbFormatError, add_coordinate_channels,
-                                        channel_stats, heinsen_transform, hinton_transform, load_smallnorb_arrays,
-                                        read_norb_matrix, shift_edge, stereo_as_samples, write_norb_matrix)
+from capsule_lib.data.smallnorb import (
+    EfficientNorbTransform,
+    NorbFormatError,
+    channel_stats,
+    heinsen_transform,
+    hinton_transform,
+    load_smallnorb_arrays,
+    read_norb_matrix,
+    shift_edge,
+    stereo_as_samples,
+    write_norb_matrix,
+)
+from capsule_lib.functional import add_coordinate_channels
 
 BYTE, INT, SHORT, SINGLE, DOUBLE = 0x1E3D4C55, 0x1E3D4C54, 0x1E3D4C56, 0x1E3D4C51, 0x1E3D4C53
 TRAIN = "smallnorb-5x46789x9x18x6x2x96x96-training"
@@ -39,8 +50,15 @@ def fake_split(folder, prefix, n, seed=0, gz=True, instances=(4, 6, 7, 8, 9)):
     rng = np.random.default_rng(seed)
     dat = rng.integers(0, 256, (n, 2, 96, 96), dtype=np.uint8)
     cat = (np.arange(n) % 5).astype("<i4")
-    info = np.stack([np.array(instances)[np.arange(n) % len(instances)], np.arange(n) % 9, 2 * (np.arange(n) % 18),
-                     np.arange(n) % 6], 1).astype("<i4")
+    info = np.stack(
+        [
+            np.array(instances)[np.arange(n) % len(instances)],
+            np.arange(n) % 9,
+            2 * (np.arange(n) % 18),
+            np.arange(n) % 6,
+        ],
+        1,
+    ).astype("<i4")
     ext = ".mat.gz" if gz else ".mat"
     folder.mkdir(parents=True, exist_ok=True)
     write(folder / f"{prefix}-dat{ext}", norb_bytes(BYTE, [n, 2, 96, 96], dat.tobytes()))
@@ -86,15 +104,21 @@ def test_writer_leaves_nothing_when_the_rename_fails(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("damage,match", [
-    (lambda b: b[:-1], r"truncated: shape \(2, 3, 4\) of uint8 needs 24 data bytes after the 20-byte header, found 23"),
-    (lambda b: b + b"\x00", "too long"),
-    (lambda b: b[:12], "truncated header"),
-    (lambda b: b[:5], "truncated NORB matrix"),
-    (lambda b: struct.pack("<i", 0x12345678) + b[4:], "bad magic number 0x12345678"),
-    (lambda b: struct.pack("<i", 0x1E3D4C52) + b[4:], "packed"),
-    (lambda b: b[:4] + struct.pack("<i", -1) + b[8:], "implausible number of dimensions"),
-])
+@pytest.mark.parametrize(
+    "damage,match",
+    [
+        (
+            lambda b: b[:-1],
+            r"truncated: shape \(2, 3, 4\) of uint8 needs 24 data bytes after the 20-byte header, found 23",
+        ),
+        (lambda b: b + b"\x00", "too long"),
+        (lambda b: b[:12], "truncated header"),
+        (lambda b: b[:5], "truncated NORB matrix"),
+        (lambda b: struct.pack("<i", 0x12345678) + b[4:], "bad magic number 0x12345678"),
+        (lambda b: struct.pack("<i", 0x1E3D4C52) + b[4:], "packed"),
+        (lambda b: b[:4] + struct.pack("<i", -1) + b[8:], "implausible number of dimensions"),
+    ],
+)
 def test_truncated_and_corrupted_files_raise_clear_errors_and_write_nothing(tmp_path, damage, match):
     good = norb_bytes(BYTE, [2, 3, 4], bytes(range(24)))
     p = tmp_path / "bad.mat"
@@ -165,7 +189,11 @@ def test_missing_smallnorb_names_dataset_script_and_offline_option(tmp_path, mon
     with pytest.raises(DatasetUnavailableError) as e:
         get_dataset("smallnorb", tmp_path, "train")
     msg = str(e.value)
-    assert "smallnorb" in msg and f"python data_scripts/smallnorb.py --root {tmp_path}" in msg and "CAPSULE_OFFLINE=1" in msg
+    assert (
+        "smallnorb" in msg
+        and f"python data_scripts/smallnorb.py --root {tmp_path}" in msg
+        and "CAPSULE_OFFLINE=1" in msg
+    )
     monkeypatch.delenv("CAPSULE_OFFLINE")
     with pytest.raises(DatasetUnavailableError, match="data_scripts/smallnorb.py"):
         get_dataset("smallnorb", tmp_path, "test")
@@ -176,13 +204,15 @@ def test_coordinate_channels_and_edge_shift_match_a_reference():
     x = torch.rand(3, 2, 6, 7)
     c = add_coordinate_channels(x)
     assert c.shape == (3, 4, 6, 7) and torch.equal(c[:, :2], x)
-    assert torch.allclose(c[0, 2, :, 0], torch.linspace(-1, 1, 6)) and torch.allclose(c[0, 3, 0], torch.linspace(-1, 1, 7))
+    assert torch.allclose(c[0, 2, :, 0], torch.linspace(-1, 1, 6)) and torch.allclose(
+        c[0, 3, 0], torch.linspace(-1, 1, 7)
+    )
     dx, dy = torch.tensor([2, -3, 0]), torch.tensor([-1, 2, 3])
     out = shift_edge(x, dx, dy)
     m = 4
     for b in range(3):  # RandomCrop(padding=m, padding_mode="edge") with offset (m - dy, m - dx)
         padded = np.pad(x[b].numpy(), ((0, 0), (m, m), (m, m)), mode="edge")
-        ref = padded[:, m - dy[b]:m - dy[b] + 6, m - dx[b]:m - dx[b] + 7]
+        ref = padded[:, m - dy[b] : m - dy[b] + 6, m - dx[b] : m - dx[b] + 7]
         assert np.allclose(out[b].numpy(), ref)
 
 
@@ -199,7 +229,7 @@ def test_heinsen_transform_shapes_and_shift_range():
         src = int(round(tr[b, 0, 48, 48].item() * 96 * 96))
         dy, dx = 48 - src // 96, 48 - src % 96
         assert abs(dx) <= 16 and abs(dy) <= 16
-        assert torch.equal(shift_edge(x[b:b + 1], torch.tensor([dx]), torch.tensor([dy]))[0], tr[b, :2])
+        assert torch.equal(shift_edge(x[b : b + 1], torch.tensor([dx]), torch.tensor([dy]))[0], tr[b, :2])
         shifts.add((dx, dy))
     assert len(shifts) > 1
 
@@ -212,14 +242,17 @@ def test_channel_stats_and_efficient_transform():
     assert torch.allclose(std.double(), ref.std(dim=(0, 2, 3), unbiased=False), atol=1e-6)
     xf = x.float() / 255
     (te, _) = EfficientNorbTransform(mean, std, train=False)((xf, None))
-    z = F.interpolate((xf - mean.view(1, 2, 1, 1)) / std.view(1, 2, 1, 1), size=(64, 64), mode="bilinear",
-                      align_corners=False)
+    z = F.interpolate(
+        (xf - mean.view(1, 2, 1, 1)) / std.view(1, 2, 1, 1), size=(64, 64), mode="bilinear", align_corners=False
+    )
     assert te.shape == (6, 2, 48, 48) and torch.allclose(te, z[:, :, 8:56, 8:56], atol=1e-5)
     # without brightness/contrast jitter a training image is a 48x48 crop of the same 64x64 image
     g = torch.Generator().manual_seed(1)
     (tr, _) = EfficientNorbTransform(mean, std, train=True, max_delta=0.0, contrast=(1.0, 1.0))((xf, None), g)
     for b in range(6):
-        assert any(torch.allclose(tr[b], z[b, :, i:i + 48, j:j + 48], atol=1e-5) for i in range(17) for j in range(17))
+        assert any(
+            torch.allclose(tr[b], z[b, :, i : i + 48, j : j + 48], atol=1e-5) for i in range(17) for j in range(17)
+        )
     # jitter: brightness shifts the mean by up to 2, contrast scales the deviation by 0.5-1.5
     g1, g2 = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
     (a, _) = EfficientNorbTransform(mean, std, train=True)((xf, None), g1)
@@ -236,7 +269,7 @@ def test_hinton_transform_resize_crop_and_jitter():
     g = torch.Generator().manual_seed(0)
     (tr, _) = hinton_transform(True, brightness=0.0, contrast=0.0)((x, None), g)
     for b in range(5):
-        assert any(torch.allclose(tr[b], r[b, :, i:i + 32, j:j + 32]) for i in range(17) for j in range(17))
+        assert any(torch.allclose(tr[b], r[b, :, i : i + 32, j : j + 32]) for i in range(17) for j in range(17))
     (jit, _) = hinton_transform(True)((x, None), torch.Generator().manual_seed(0))
     assert jit.shape == (5, 1, 32, 32) and jit.min() >= 0 and jit.max() <= 1 and not torch.allclose(jit, tr)
 

@@ -1,4 +1,5 @@
 """capsule_lib.viz.data: the figures of the data page build, and generated sets are labelled as such."""
+
 import matplotlib
 
 matplotlib.use("Agg")

@@ -1,13 +1,14 @@
 """The chapters' helpers never move a caller's model: a chapter keeps its model on ``cfg.device`` (a GPU in
 Colab) from the first cell to the last, so every helper must bring its inputs to the model, not the model to
 its inputs. A ``model.cpu()`` hidden in a helper (or in a chapter) breaks every later call on the GPU."""
+
 import matplotlib
 import pytest
 import torch
 
+from capsule_lib._checks import module_device
 from capsule_lib.evaluation import predict
 from capsule_lib.models import CapsNet, CapsNetConfig, EfficientCapsNet, EfficientCapsNetConfig
-from capsule_lib._checks import module_device
 from capsule_lib.viz.capsules import plot_perturbation, plot_perturbation_grid
 
 matplotlib.use("Agg")
@@ -46,7 +47,7 @@ def test_helpers_leave_the_model_where_it_is(model):
 
     x = torch.rand(3, 1, 28, 28)
     res = predict(model, (x * 255).to(torch.uint8), keep_poses=True)
-    poses, y = res["poses"], res["scores"].argmax(1)                              # [3, 10, 16], [3]
+    poses, y = res["poses"], res["scores"].argmax(1)  # [3, 10, 16], [3]
     plt.close(plot_perturbation(model, x[0], poses[0], int(y[0]), [0.1] * 16))
     plt.close(plot_perturbation_grid(model, poses[0], int(y[0]), values=(-0.1, 0.0, 0.1), dims=[0, 1]))
     ex = perturbation_explorer(model, x, poses, y)

@@ -33,6 +33,7 @@ and the test then also clicks "reset" and checks that the image and the readout 
 The module also checks the Colab path offline (no browser needed): each chapter's first cell does nothing
 outside Colab and, inside Colab, pip-installs from this book's repository.
 """
+
 from __future__ import annotations
 
 import base64
@@ -60,7 +61,9 @@ BOOK = REPO / "book"
 OUT = REPO / "_build" / "e2e"
 CHROMIUM = Path("/usr/bin/chromium")
 CHAPTERS = sorted(p for p in BOOK.rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
-needs_chromium = pytest.mark.skipif(not CHROMIUM.exists(), reason="chromium not installed (apt-get install -y chromium)")
+needs_chromium = pytest.mark.skipif(
+    not CHROMIUM.exists(), reason="chromium not installed (apt-get install -y chromium)"
+)
 
 
 @dataclass(frozen=True)
@@ -82,11 +85,13 @@ class ExplorerCase:
 EXPLORERS = [
     ExplorerCase("primer.ipynb", slider="iterations", steps=3, readout_pattern=r"^iteration {value}: \|v_A\|="),
     # the capsule-dimension perturbation explorer of the dynamic-routing chapter (16 sliders, sample, reset)
-    ExplorerCase("dynamic_routing.ipynb", slider="dim 3", steps=5, readout_pattern=r"^capsule lengths: ",
-                 reset_button="reset"),
+    ExplorerCase(
+        "dynamic_routing.ipynb", slider="dim 3", steps=5, readout_pattern=r"^capsule lengths: ", reset_button="reset"
+    ),
     # the same explorer in the Efficient-CapsNet chapter (the original repository's ±0.30 range)
-    ExplorerCase("efficient_capsnet.ipynb", slider="dim 4", steps=4, readout_pattern=r"^capsule lengths: ",
-                 reset_button="reset"),
+    ExplorerCase(
+        "efficient_capsnet.ipynb", slider="dim 4", steps=4, readout_pattern=r"^capsule lengths: ", reset_button="reset"
+    ),
 ]
 
 RUN_TIMEOUT_S = 600  # running a whole chapter in smoke mode on a busy 2-core machine
@@ -142,9 +147,14 @@ def jupyterlab(tmp_path_factory):
     shutil.copytree(BOOK, root, ignore=shutil.ignore_patterns(".ipynb_checkpoints", "_build"))
     port, token = _free_port(), secrets.token_hex(24)
     runtime = tmp / "runtime"
-    env = dict(os.environ, CAPSULE_SMOKE="1", JUPYTER_RUNTIME_DIR=str(runtime),
-               JUPYTER_CONFIG_DIR=str(tmp / "config"), JUPYTERLAB_WORKSPACES_DIR=str(tmp / "workspaces"),
-               PYTHONPATH=str(REPO))
+    env = dict(
+        os.environ,
+        CAPSULE_SMOKE="1",
+        JUPYTER_RUNTIME_DIR=str(runtime),
+        JUPYTER_CONFIG_DIR=str(tmp / "config"),
+        JUPYTERLAB_WORKSPACES_DIR=str(tmp / "workspaces"),
+        PYTHONPATH=str(REPO),
+    )
     env.setdefault("CAPSULE_DATA", str(REPO / "data"))
     # no "get notified about Jupyter news?" toast over the screenshots
     notification = tmp / "user-settings" / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
@@ -152,11 +162,22 @@ def jupyterlab(tmp_path_factory):
     notification.write_text(json.dumps({"fetchNews": "false"}))
     log_path = tmp / "jupyterlab.log"
     log = open(log_path, "w")
-    cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-           "--port-retries=0", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
-           "--LabApp.expose_app_in_browser=True", "--LabApp.news_url=None",
-           "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-           f"--LabApp.user_settings_dir={tmp / 'user-settings'}", f"--LabApp.workspaces_dir={tmp / 'workspaces'}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "jupyterlab",
+        "--no-browser",
+        "--ip=127.0.0.1",
+        f"--port={port}",
+        "--port-retries=0",
+        f"--IdentityProvider.token={token}",
+        f"--ServerApp.root_dir={root}",
+        "--LabApp.expose_app_in_browser=True",
+        "--LabApp.news_url=None",
+        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        f"--LabApp.user_settings_dir={tmp / 'user-settings'}",
+        f"--LabApp.workspaces_dir={tmp / 'workspaces'}",
+    ]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         cmd.append("--allow-root")
     proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -217,7 +238,9 @@ def open_notebook(page, lab: Lab, notebook: str, timeout_s: float = 120) -> None
                               && w.sessionContext && w.sessionContext.session
                               && w.sessionContext.session.kernel
                               && w.sessionContext.session.kernel.status === 'idle'; }""",
-        arg=notebook, timeout=timeout_s * 1000)
+        arg=notebook,
+        timeout=timeout_s * 1000,
+    )
 
 
 def run_all_cells(page, timeout_s: float = RUN_TIMEOUT_S) -> None:
@@ -240,7 +263,9 @@ def run_all_cells(page, timeout_s: float = RUN_TIMEOUT_S) -> None:
                                                     && !c.promptNode?.textContent.includes('*'));
                        const k = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel;
                        return done && k.status === 'idle'; }""",
-            timeout=timeout_s * 1000, polling=500)
+            timeout=timeout_s * 1000,
+            polling=500,
+        )
     except Exception as e:  # playwright TimeoutError
         pytest.fail(f"notebook did not finish running within {timeout_s} s ({type(e).__name__})")
     errors = page.evaluate(errors_js)
@@ -297,8 +322,9 @@ def output_image_hash(box) -> str | None:
     return hashlib.sha256(data).hexdigest()
 
 
-def wait_for_image_change(page, box, reference: str | None, what: str, timeout_s: float = CHANGE_TIMEOUT_S,
-                          want_equal: bool = False) -> str:
+def wait_for_image_change(
+    page, box, reference: str | None, what: str, timeout_s: float = CHANGE_TIMEOUT_S, want_equal: bool = False
+) -> str:
     """Poll until the box's image hash differs from ``reference`` (or equals it, ``want_equal``)."""
     deadline = time.monotonic() + timeout_s
     current = output_image_hash(box)
@@ -331,14 +357,14 @@ def _wait_until_settled(page, read, what: str, settle_s: float, timeout_s: float
     return current
 
 
-def wait_for_stable_readout(page, box, what: str, settle_s: float = 1.0,
-                            timeout_s: float = CHANGE_TIMEOUT_S) -> str:
+def wait_for_stable_readout(page, box, what: str, settle_s: float = 1.0, timeout_s: float = CHANGE_TIMEOUT_S) -> str:
     """The box's (non-empty) readout, once it has not changed for ``settle_s`` seconds."""
     return _wait_until_settled(page, lambda: readout_text(box), f"{what}: readout", settle_s, timeout_s)
 
 
-def wait_for_readout_change(page, box, reference: str, what: str, pattern: str | None = None,
-                            timeout_s: float = CHANGE_TIMEOUT_S) -> str:
+def wait_for_readout_change(
+    page, box, reference: str, what: str, pattern: str | None = None, timeout_s: float = CHANGE_TIMEOUT_S
+) -> str:
     """Poll until the box's readout differs from ``reference`` (and matches ``pattern``, if given)."""
     deadline = time.monotonic() + timeout_s
     current = readout_text(box)
@@ -369,13 +395,17 @@ def click_button(page, label: str) -> None:
 def browser():
     if not CHROMIUM.exists():
         pytest.skip("chromium not installed (apt-get install -y chromium)")
-    pytest.importorskip("playwright.sync_api",
-                        reason="playwright (Python) is not installed (pip install -r requirements.txt)")
+    pytest.importorskip(
+        "playwright.sync_api", reason="playwright (Python) is not installed (pip install -r requirements.txt)"
+    )
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True,
-                               args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"])
+        b = pw.chromium.launch(
+            executable_path=str(CHROMIUM),
+            headless=True,
+            args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"],
+        )
         try:
             yield b
         finally:
@@ -398,9 +428,13 @@ def test_explorer_slider_redraws_figure(case: ExplorerCase, jupyterlab, browser)
         first_hash = wait_for_image_change(page, box, None, f"{case}: initial figure")
         first_value = slider_value(page, case.slider)
         # the readout widget may render after the first image: wait for it, then for it to settle
-        wait_for_readout_change(page, box, "", f"{case}: initial readout",
-                                pattern=case.readout_pattern.replace("{value}", f"{first_value:g}")
-                                if case.readout_pattern else None)
+        wait_for_readout_change(
+            page,
+            box,
+            "",
+            f"{case}: initial readout",
+            pattern=case.readout_pattern.replace("{value}", f"{first_value:g}") if case.readout_pattern else None,
+        )
         first_readout = wait_for_stable_readout(page, box, f"{case}: initial readout")
         box.screenshot(path=str(OUT / f"{stem}-before.png"))
 
@@ -466,5 +500,6 @@ def test_colab_setup_cell(nb_path, monkeypatch):
     repo_url = yaml.safe_load((REPO / "_config.yml").read_text())["repository"]["url"].rstrip("/")
     spec = cmd[-1]
     version = re.search(r'^version = "([^"]+)"', (REPO / "pyproject.toml").read_text(), re.M).group(1)
-    assert spec.startswith("capsule_lib") and spec.endswith(f"@ git+{repo_url}@v{version}"), \
+    assert spec.startswith("capsule_lib") and spec.endswith(f"@ git+{repo_url}@v{version}"), (
         f"{nb_path.name}: installs {spec!r}, not capsule_lib from {repo_url}"
+    )

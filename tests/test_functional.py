@@ -1,8 +1,16 @@
 import pytest
 import torch
 
-from capsule_lib.functional import (Length, SafeNorm, Squash, capsule_lengths, safe_norm, squash, squash_efficient,
-                                    squash_hinton)
+from capsule_lib.functional import (
+    Length,
+    SafeNorm,
+    Squash,
+    capsule_lengths,
+    safe_norm,
+    squash,
+    squash_efficient,
+    squash_hinton,
+)
 
 SQUASHES = [squash_hinton, squash_efficient]
 

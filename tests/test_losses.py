@@ -1,8 +1,18 @@
 import pytest
 import torch
 
-from capsule_lib.losses import (MarginLoss, ReconstructionLoss, SoftTargetCrossEntropy, SpreadLoss, margin_loss,
-                                one_hot, reconstruction_loss, soft_target_cross_entropy, spread_loss, spread_margin)
+from capsule_lib.losses import (
+    MarginLoss,
+    ReconstructionLoss,
+    SoftTargetCrossEntropy,
+    SpreadLoss,
+    margin_loss,
+    one_hot,
+    reconstruction_loss,
+    soft_target_cross_entropy,
+    spread_loss,
+    spread_margin,
+)
 
 
 def test_margin_loss_hand_computed():
@@ -70,5 +80,6 @@ def test_soft_target_cross_entropy_matches_ce_on_hard_targets():
     ce = torch.nn.functional.cross_entropy(logits, y)
     assert torch.allclose(soft_target_cross_entropy(logits, y), ce, atol=1e-6)
     soft = torch.nn.functional.one_hot(y, 4).float() * 0.5 + 0.125
-    assert torch.allclose(SoftTargetCrossEntropy()(logits, soft),
-                          -(soft * logits.log_softmax(-1)).sum(-1).mean(), atol=1e-6)
+    assert torch.allclose(
+        SoftTargetCrossEntropy()(logits, soft), -(soft * logits.log_softmax(-1)).sum(-1).mean(), atol=1e-6
+    )

@@ -29,9 +29,9 @@ def test_forward_shapes_and_trace(B):
     m = CapsNet()
     x = torch.rand(B, 1, 28, 28)
     out = m(x, return_routing=True)
-    assert out.lengths.shape == (B, 10) and out.poses.shape == (B, 10, 16)
+    assert out.scores.shape == (B, 10) and out.poses.shape == (B, 10, 16)
     assert out.reconstruction.shape == (B, 1, 28, 28)
-    assert torch.all((out.lengths >= 0) & (out.lengths < 1))
+    assert torch.all((out.scores >= 0) & (out.scores < 1))
     assert [c.shape for c in out.trace.coefficients] == [(B, 1152, 10)] * 3
 
 
@@ -40,7 +40,7 @@ def test_every_parameter_gets_gradient():
     x = torch.rand(2, 1, 28, 28)
     y = torch.tensor([3, 7])
     out = m(x, y)
-    (out.lengths.sum() + out.reconstruction.sum()).backward()
+    (out.scores.sum() + out.reconstruction.sum()).backward()
     for name, p in m.named_parameters():
         assert p.grad is not None and torch.any(p.grad != 0), name
 
@@ -49,7 +49,7 @@ def test_decoder_uses_label_in_training_and_longest_at_test():
     m = CapsNet(CapsNetConfig(conv_channels=16, primary_types=4))
     x = torch.rand(2, 1, 28, 28)
     out = m(x)
-    pred = out.lengths.argmax(1)
+    pred = out.scores.argmax(1)
     assert torch.allclose(out.reconstruction, m.reconstruct(out.poses, pred))
     other = (pred + 1) % 10
     assert not torch.allclose(m(x, other).reconstruction, out.reconstruction)
@@ -59,7 +59,7 @@ def test_mask_capsules_variants():
     v = torch.randn(2, 4, 3)
     lengths = v.norm(dim=-1)
     top = mask_capsules(v)
-    kept = (top.abs().sum(-1) > 0)
+    kept = top.abs().sum(-1) > 0
     assert torch.equal(kept.float().argmax(1), lengths.argmax(1)) and kept.sum().item() == 2
     assert (mask_capsules(v, k=2).abs().sum(-1) > 0).sum().item() == 4
     lab = mask_capsules(v, torch.tensor([1, 2]))
@@ -77,7 +77,7 @@ def test_primary_capsule_ordering_is_type_major():
     raw = pc.conv(x)  # [1, 8, 4, 4]
     c, y, xx = 2, 1, 3
     i = c * 16 + y * 4 + xx
-    s = raw[0, c * 2:(c + 1) * 2, y, xx]
+    s = raw[0, c * 2 : (c + 1) * 2, y, xx]
     n2 = (s * s).sum()
     assert torch.allclose(caps[0, i], n2 / (1 + n2) * s / n2.sqrt(), atol=1e-5)
 

@@ -1,4 +1,5 @@
 """Efficient-CapsNet model (Mazzia et al. 2021), its MNIST augmentation and the training recipe."""
+
 import json
 import math
 
@@ -6,11 +7,21 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from capsule_lib.data.transforms import (content_margins, efficient_mnist_augment, erase_patches, random_erase,
-                                         random_margin_shift, random_rotation, random_squish, rotate_images,
-                                         shift_images, squish_images)
-from capsule_lib.models.capsnet import CapsuleOutput
-from capsule_lib.models.efficient import EfficientCapsNet, EfficientCapsNetConfig, UpsampleConvDecoder
+from capsule_lib import CapsuleOutput
+from capsule_lib.data.transforms import (
+    content_margins,
+    efficient_mnist_augment,
+    erase_patches,
+    random_erase,
+    random_margin_shift,
+    random_rotation,
+    random_squish,
+    rotate_images,
+    shift_images,
+    squish_images,
+)
+from capsule_lib.layers import UpsampleConvDecoder
+from capsule_lib.models.efficient import EfficientCapsNet, EfficientCapsNetConfig
 from capsule_lib.routing.self_attention import SelfAttentionRouting
 
 PRESETS = ["mnist", "multimnist", "smallnorb"]
@@ -56,12 +67,14 @@ def test_decoder_parameter_counts():
     assert sum(p.numel() for p in fc.parameters()) == 160 * 512 + 512 + 512 * 1024 + 1024 + 1024 * 784 + 784
     conv = _model("smallnorb").decoder
     assert isinstance(conv, UpsampleConvDecoder)
-    assert sum(p.numel() for p in conv.parameters()) == (80 * 64 + 64) + (9 * 64 + 64) + (9 * 64 * 128 + 128) \
-        + (9 * 128 * 128 + 128) + (9 * 128 * 2 + 2)
+    assert sum(p.numel() for p in conv.parameters()) == (80 * 64 + 64) + (9 * 64 + 64) + (9 * 64 * 128 + 128) + (
+        9 * 128 * 128 + 128
+    ) + (9 * 128 * 2 + 2)
 
 
-@pytest.mark.parametrize("name,sizes", [("mnist", [24, 22, 20, 9]), ("multimnist", [32, 30, 14, 6]),
-                                        ("smallnorb", [21, 19, 17, 8])])
+@pytest.mark.parametrize(
+    "name,sizes", [("mnist", [24, 22, 20, 9]), ("multimnist", [32, 30, 14, 6]), ("smallnorb", [21, 19, 17, 8])]
+)
 def test_backbone_sizes_and_layer_order(name, sizes):
     m = _model(name)
     cfg = m.config
@@ -88,13 +101,13 @@ def test_forward_shapes(name, B):
         mode()
         out = m(_input(cfg, B), return_routing=True)
         assert isinstance(out, CapsuleOutput)
-        assert out.lengths.shape == (B, K) and out.poses.shape == (B, K, 16)
+        assert out.scores.shape == (B, K) and out.poses.shape == (B, K, 16)
         assert out.reconstruction.shape == (B, cfg.in_channels, cfg.image_size, cfg.image_size)
-        assert ((out.lengths > 0) & (out.lengths < 1)).all()
+        assert ((out.scores > 0) & (out.scores < 1)).all()
         assert out.trace.coefficients[0].shape == (B, 16, K)
         assert out.trace.extra["attention"].shape == (B, K, 16, 16)
         torch.testing.assert_close(out.trace.coefficients[0].sum(-1), torch.ones(B, 16))
-        torch.testing.assert_close(out.lengths, out.poses.pow(2).sum(-1).add(1e-7).sqrt())
+        torch.testing.assert_close(out.scores, out.poses.pow(2).sum(-1).add(1e-7).sqrt())
         assert ((out.reconstruction >= 0) & (out.reconstruction <= 1)).all()
         if name == "multimnist":
             assert out.extra["reconstructions"].shape == (B, 2, 1, 36, 36)
@@ -111,7 +124,7 @@ def test_masking_by_label_and_by_length():
     out = m(x, y)
     torch.testing.assert_close(out.reconstruction, m.decoder(out.poses * F.one_hot(y, 10)[..., None].float()))
     out0 = m(x)
-    top = out0.lengths.argmax(1)
+    top = out0.scores.argmax(1)
     torch.testing.assert_close(out0.reconstruction, m.decoder(out0.poses * F.one_hot(top, 10)[..., None].float()))
 
 
@@ -119,7 +132,7 @@ def test_multimnist_decodes_each_of_the_top_two_capsules():
     m = _model("multimnist").eval()
     x = _input(m.config, 3)
     out = m(x)
-    order = out.lengths.argsort(dim=1, descending=True)[:, :2]
+    order = out.scores.argsort(dim=1, descending=True)[:, :2]
     for r in range(2):
         single = m.decoder(out.poses * F.one_hot(order[:, r], 10)[..., None].float())
         torch.testing.assert_close(out.extra["reconstructions"][:, r], single)
@@ -132,8 +145,9 @@ def test_multimnist_decodes_each_of_the_top_two_capsules():
     for b, pair in enumerate([(0, 2), (5, 6), (1, 9)]):
         got = {int(k) for k in multi_hot[b].nonzero().flatten()}
         assert got == set(pair)
-        decoded = {k: m.decoder(out.poses[b:b + 1] * F.one_hot(torch.tensor([k]), 10)[..., None].float())
-                   for k in pair}
+        decoded = {
+            k: m.decoder(out.poses[b : b + 1] * F.one_hot(torch.tensor([k]), 10)[..., None].float()) for k in pair
+        }
         for r in range(2):
             assert any(torch.allclose(each[b, r], decoded[k][0]) for k in pair)
         assert not torch.allclose(each[b, 0], each[b, 1])
@@ -146,9 +160,9 @@ def test_no_nan_on_zeros_and_large_inputs(name, scale):
     m = _model(name)
     x = _input(m.config, 2, scale).requires_grad_()
     out = m(x, torch.tensor([0, 1]))
-    loss = out.lengths.sum() + out.reconstruction.sum()
+    loss = out.scores.sum() + out.reconstruction.sum()
     loss.backward()
-    assert torch.isfinite(out.lengths).all() and torch.isfinite(out.reconstruction).all()
+    assert torch.isfinite(out.scores).all() and torch.isfinite(out.reconstruction).all()
     assert torch.isfinite(x.grad).all()
     assert all(torch.isfinite(p.grad).all() for p in m.parameters() if p.grad is not None)
 
@@ -159,8 +173,8 @@ def test_bf16_autocast(name):
     x = _input(m.config, 2)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = m(x, torch.tensor([1, 0]), return_routing=True)
-    (out.lengths.float().sum() + out.reconstruction.float().mean()).backward()
-    assert torch.isfinite(out.lengths.float()).all() and torch.isfinite(out.reconstruction.float()).all()
+    (out.scores.float().sum() + out.reconstruction.float().mean()).backward()
+    assert torch.isfinite(out.scores.float()).all() and torch.isfinite(out.reconstruction.float()).all()
     torch.testing.assert_close(out.trace.coefficients[0].sum(-1), torch.ones(2, 16))
     assert all(torch.isfinite(p.grad).all() for p in m.parameters())
 
@@ -168,9 +182,13 @@ def test_bf16_autocast(name):
 @pytest.mark.parametrize("name", PRESETS)
 def test_every_parameter_gets_a_gradient(name):
     m = _model(name)
-    y = torch.tensor([0, 1, 2]) if name != "multimnist" else F.one_hot(torch.tensor([[0, 1], [2, 3], [4, 5]]), 10).sum(1)
+    y = (
+        torch.tensor([0, 1, 2])
+        if name != "multimnist"
+        else F.one_hot(torch.tensor([[0, 1], [2, 3], [4, 5]]), 10).sum(1)
+    )
     out = m(_input(m.config, 3), y)
-    loss = (out.lengths * torch.randn_like(out.lengths)).sum() + out.reconstruction.mean()
+    loss = (out.scores * torch.randn_like(out.scores)).sum() + out.reconstruction.mean()
     loss.backward()
     for n, p in m.named_parameters():
         assert p.grad is not None and p.grad.abs().sum() > 0, n
@@ -195,8 +213,8 @@ def test_keras_initialisation():
 def test_deterministic_under_a_seed_and_eval_is_deterministic():
     a, b = _model("mnist", seed=5).eval(), _model("mnist", seed=5).eval()
     x = _input(a.config, 2)
-    assert torch.equal(a(x).lengths, b(x).lengths)
-    assert torch.equal(a(x).lengths, a(x).lengths)
+    assert torch.equal(a(x).scores, b(x).scores)
+    assert torch.equal(a(x).scores, a(x).scores)
 
 
 def test_bad_inputs_raise_value_error():
@@ -225,7 +243,7 @@ def _digits(B=64, seed=0):
     for b in range(B):
         t, l = torch.randint(2, 10, (2,), generator=g).tolist()
         h, w = torch.randint(8, 16, (2,), generator=g).tolist()
-        x[b, 0, t:t + h, l:l + w] = torch.rand(h, w, generator=g) * 0.8 + 0.2
+        x[b, 0, t : t + h, l : l + w] = torch.rand(h, w, generator=g) * 0.8 + 0.2
     return x
 
 
@@ -329,8 +347,8 @@ def test_squish_matches_antialiased_pil_resize(kernel):
         w = 28 - int(wm[b])
         ref = np.array(Image.fromarray(x[b, 0].numpy(), mode="F").resize((w, 28), resample))
         o = int(off[b])
-        torch.testing.assert_close(y[b, 0, :, o:o + w], torch.from_numpy(ref), rtol=0, atol=1e-5)
-        assert (y[b, 0, :, :o] == 0).all() and (y[b, 0, :, o + w:] == 0).all()
+        torch.testing.assert_close(y[b, 0, :, o : o + w], torch.from_numpy(ref), rtol=0, atol=1e-5)
+        assert (y[b, 0, :, :o] == 0).all() and (y[b, 0, :, o + w :] == 0).all()
 
 
 def test_random_squish_narrows_by_1_to_7_columns():
@@ -348,15 +366,18 @@ def test_random_squish_narrows_by_1_to_7_columns():
 def test_recipe_smoke(tmp_path, monkeypatch):
     import capsule_lib.recipes as recipes
     from capsule_lib.data import get_dataset
-    from capsule_lib.recipes import RECIPES, EfficientCapsNetRecipe, train_efficient_capsnet
+    from capsule_lib.recipes import RECIPES, EfficientCapsNetRecipe
+    from capsule_lib.train import train
 
     # small generated splits (rendering the default 10k glyphs dominates the run time otherwise)
-    monkeypatch.setattr(recipes, "get_dataset", lambda name, root, split, **kw: get_dataset(name, root, split, n=48, **kw))
+    monkeypatch.setattr(
+        recipes, "get_dataset", lambda name, root, split, **kw: get_dataset(name, root, split, n=48, **kw)
+    )
 
-    assert RECIPES["efficient"] == (EfficientCapsNetRecipe, train_efficient_capsnet)
+    assert RECIPES["efficient"] is EfficientCapsNetRecipe
     r = EfficientCapsNetRecipe(epochs=1, dataset="glyph_digits", train_subset=32, eval_subset=16, device="cpu")
     assert (r.batch_size, r.lr, r.recon_weight, r.lr_decay, r.lr_min) == (16, 5e-4, 0.392, 0.97, 5e-5)
-    model, trainer = train_efficient_capsnet(r, tmp_path, progress=False, test=False)
+    model, trainer = train(r, out_dir=tmp_path, progress=False, test=False)
     hist = json.loads((tmp_path / "history.json").read_text())
     rec = hist["records"][0]
     assert rec["lr"] == 5e-4 and "train_recon" in rec and math.isfinite(rec["val_loss"])
@@ -364,7 +385,7 @@ def test_recipe_smoke(tmp_path, monkeypatch):
     assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(5e-4 * 0.97)
     lam = trainer.scheduler.lr_lambdas[0]
     assert lam(100) == pytest.approx(0.1)  # floor 5e-5
-    assert lam(10) == pytest.approx(0.97 ** 10)
+    assert lam(10) == pytest.approx(0.97**10)
 
 
 @pytest.mark.slow
@@ -374,5 +395,5 @@ def test_torch_compile_smoke():
     compiled = torch.compile(m)
     ref = m(x, torch.tensor([1, 2]))
     out = compiled(x, torch.tensor([1, 2]))
-    torch.testing.assert_close(out.lengths, ref.lengths, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(out.scores, ref.scores, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(out.reconstruction, ref.reconstruction, rtol=1e-4, atol=1e-5)

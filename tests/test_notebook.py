@@ -1,11 +1,13 @@
 """capsule_lib.notebook: the settings every chapter applies in its first cells."""
+
 from pathlib import Path
 
 import pytest
 import torch
 
 from capsule_lib.data import DatasetUnavailableError, get_dataset
-from capsule_lib.notebook import Settings, chapter_dataset, default_data_root, env_flag, in_colab, settings
+from capsule_lib.data.datasets import data_root
+from capsule_lib.notebook import Settings, chapter_dataset, env_flag, in_colab, settings
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -66,9 +68,13 @@ def test_data_root_precedence(monkeypatch, tmp_path):
     assert os.environ["CAPSULE_DATA"] == str(env_root)  # settings() reads the environment, never writes it
 
 
-def test_default_data_root_is_repo_data_inside_the_repository(tmp_path):
-    assert default_data_root(REPO / "book") == REPO / "data"
-    assert default_data_root(tmp_path) == tmp_path.resolve() / "data"
+def test_data_root_default_is_repo_data_inside_the_repository(tmp_path, monkeypatch):
+    monkeypatch.delenv("CAPSULE_DATA", raising=False)
+    assert data_root(start=REPO / "book") == REPO / "data"
+    assert data_root(start=tmp_path) == tmp_path.resolve() / "data"
+    monkeypatch.setenv("CAPSULE_DATA", str(tmp_path / "env"))
+    assert data_root(start=REPO / "book") == tmp_path / "env"  # the environment beats the default
+    assert data_root(tmp_path / "arg", start=REPO) == tmp_path / "arg"  # an argument beats both
 
 
 def test_offline_flag_and_device(monkeypatch):
@@ -129,14 +135,17 @@ def _no_network(monkeypatch):
 def test_chapter_dataset_falls_back_when_the_download_fails_outside_offline_mode(tmp_path, monkeypatch, capsys):
     """`make book` on a machine without the data and without internet: the chapter runs on the stand-in."""
     _no_network(monkeypatch)
-    cfg = Settings(smoke=False, train=False, epochs=1, device=torch.device("cpu"), data_root=tmp_path,
-                   offline=False, seed=0)
+    cfg = Settings(
+        smoke=False, train=False, epochs=1, device=torch.device("cpu"), data_root=tmp_path, offline=False, seed=0
+    )
     ds = chapter_dataset("mnist", "test", cfg)
     out = capsys.readouterr().out
     assert ds.generated and ds.name == "glyph_digits" and len(ds) == 2000 and ds.standin_for == "mnist"
     assert "The text of this page describes the results on the real mnist" in out
-    assert "[GENERATED stand-in data] mnist is not available here (not under the data root and could not be " \
-           "downloaded)" in out
+    assert (
+        "[GENERATED stand-in data] mnist is not available here (not under the data root and could not be "
+        "downloaded)" in out
+    )
     multi = chapter_dataset("multimnist", "test", cfg, n=16)
     assert multi.generated and "glyph_digits (NOT MNIST)" in multi.description
 

@@ -1,6 +1,7 @@
 """The browser checks of the built pages (book/_tools/screenshots.py) catch what a reader would see as broken:
 a code cell cut off at the right edge, the build machine's absolute paths in the text, a blank output area.
 A deliberately broken page must fail each check; a clean page must pass them all."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -20,14 +21,25 @@ PAGE = """<!DOCTYPE html><html><head><meta charset="utf-8"><style>
 <p>{text}</p>
 </main></body></html>"""
 
-BROKEN = PAGE.format(code="result = some_function(" + ", ".join(f"argument_{k}" for k in range(20)) + ")",
-                     output="", gap="", text="capsule_lib: full run | data /root/work/data | seed 0")
+BROKEN = PAGE.format(
+    code="result = some_function(" + ", ".join(f"argument_{k}" for k in range(20)) + ")",
+    output="",
+    gap="",
+    text="capsule_lib: full run | data /root/work/data | seed 0",
+)
 # a progress bar closed during the build: its widget is hidden but still takes space, between two outputs
-GAP = PAGE.format(code="x = 1", output="some output",
-                  gap='<div class="widget-subarea"><div style="visibility: hidden; height: 32px">50%</div></div>',
-                  text="nothing else wrong")
-CLEAN = PAGE.format(code="x = 1", output="[real data] mnist/test: 10000 images", gap="",
-                    text="capsule_lib: full run | data $CAPSULE_DATA | seed 0")
+GAP = PAGE.format(
+    code="x = 1",
+    output="some output",
+    gap='<div class="widget-subarea"><div style="visibility: hidden; height: 32px">50%</div></div>',
+    text="nothing else wrong",
+)
+CLEAN = PAGE.format(
+    code="x = 1",
+    output="[real data] mnist/test: 10000 images",
+    gap="",
+    text="capsule_lib: full run | data $CAPSULE_DATA | seed 0",
+)
 
 
 def _screenshots():

@@ -4,8 +4,14 @@ import pytest
 import torch
 
 from capsule_lib.models.capsnet import CapsNet, CapsNetConfig
-from capsule_lib.pretrained import (ChecksumMismatchError, export_checkpoint, load_pretrained,
-                                    load_pretrained_history, registry, sha256_file)
+from capsule_lib.pretrained import (
+    ChecksumMismatchError,
+    export_checkpoint,
+    load_pretrained,
+    load_pretrained_history,
+    registry,
+    sha256_file,
+)
 from capsule_lib.training import History
 
 TINY = CapsNetConfig(conv_channels=8, primary_types=4, class_dim=8, decoder_hidden=(16, 32))
@@ -14,14 +20,22 @@ TINY = CapsNetConfig(conv_channels=8, primary_types=4, class_dim=8, decoder_hidd
 def test_export_load_roundtrip(tmp_path):
     model = CapsNet(TINY).eval()
     hist = History([{"epoch": 1, "val_acc": 0.5}], {"seed": 0})
-    entry = export_checkpoint(model, "tiny", "capsnet", TINY, metrics={"test_acc": 0.1}, training={"epochs": 1},
-                              history=hist, directory=tmp_path)
+    entry = export_checkpoint(
+        model,
+        "tiny",
+        "capsnet",
+        TINY,
+        metrics={"test_acc": 0.1},
+        training={"epochs": 1},
+        history=hist,
+        directory=tmp_path,
+    )
     assert entry["sha256"] == sha256_file(tmp_path / "tiny.pt")
     loaded, e = load_pretrained("tiny", directory=tmp_path)
     assert e["metrics"]["test_acc"] == 0.1 and not loaded.training
     x = torch.rand(2, 1, 28, 28)
     with torch.no_grad():
-        a, b = model(x).lengths, loaded(x).lengths
+        a, b = model(x).scores, loaded(x).scores
     assert torch.allclose(a, b, atol=2e-3)  # weights stored in fp16
     assert load_pretrained_history("tiny", directory=tmp_path).records == hist.records
 
@@ -54,12 +68,21 @@ def test_shipped_registry_files_match_their_hashes():
 def test_export_run_at_an_epoch_budget(tmp_path):
     from capsule_lib.models.baselines import BaselineCNNConfig
     from capsule_lib.pretrained import export_run
-    from capsule_lib.recipes import BaselineCNNRecipe, train_baseline_cnn
+    from capsule_lib.train import train
 
     run = tmp_path / "run"
-    train_baseline_cnn(BaselineCNNRecipe(epochs=2, dataset="glyph_digits", train_subset=64, eval_subset=64,
-                                         device="cpu", model=BaselineCNNConfig(channels=(4, 4, 4))),
-                       run, progress=False, test=False)
+    train(
+        "baseline_cnn",
+        epochs=2,
+        dataset="glyph_digits",
+        train_subset=64,
+        eval_subset=64,
+        device="cpu",
+        model=BaselineCNNConfig(channels=(4, 4, 4)),
+        out_dir=run,
+        progress=False,
+        test=False,
+    )
     assert (run / "epoch_001.pt").exists() and (run / "epoch_002.pt").exists()
     entry = export_run(run, "cnn1", max_epoch=1, directory=tmp_path / "ck")
     assert entry["metrics"]["selected_epoch"] == 1 and entry["training"]["epochs"] == 1

@@ -1,5 +1,6 @@
 """Progress bars leave nothing behind: a finished notebook bar must not keep a hidden widget that takes space
 on the built page (a blank gap under the cell)."""
+
 import tqdm.auto
 import tqdm.notebook
 

@@ -1,5 +1,6 @@
 """Data, checkpoint and training paths that must fail loudly (one actionable line naming the file) or keep the
 right weights, instead of silently producing wrong results."""
+
 import gzip
 import json
 
@@ -23,8 +24,10 @@ def _idx(images: np.ndarray) -> bytes:
 
 def _write_mnist(raw, n_img: int, n_lab: int, truncate: bool = False):
     raw.mkdir(parents=True)
-    for stem, arr in [("t10k-images-idx3-ubyte", np.zeros((n_img, 28, 28), np.uint8)),
-                      ("t10k-labels-idx1-ubyte", np.zeros((n_lab,), np.uint8))]:
+    for stem, arr in [
+        ("t10k-images-idx3-ubyte", np.zeros((n_img, 28, 28), np.uint8)),
+        ("t10k-labels-idx1-ubyte", np.zeros((n_lab,), np.uint8)),
+    ]:
         data = gzip.compress(_idx(arr))
         (raw / f"{stem}.gz").write_bytes(data[: len(data) // 2] if truncate and "images" in stem else data)
 
@@ -33,7 +36,9 @@ def test_truncated_gzip_names_the_file_and_the_fix(tmp_path, monkeypatch):
     monkeypatch.setenv("CAPSULE_OFFLINE", "1")
     raw = tmp_path / "mnist" / "MNIST" / "raw"
     _write_mnist(raw, 10, 10, truncate=True)
-    with pytest.raises(ValueError, match=r"t10k-images-idx3-ubyte\.gz: corrupt or truncated file .*data_scripts/mnist\.py"):
+    with pytest.raises(
+        ValueError, match=r"t10k-images-idx3-ubyte\.gz: corrupt or truncated file .*data_scripts/mnist\.py"
+    ):
         read_idx(raw / "t10k-images-idx3-ubyte.gz")
     with pytest.raises(ValueError, match="corrupt or truncated"):
         get_dataset("mnist", tmp_path, "test", standin=False)
@@ -143,6 +148,7 @@ def test_resume_refuses_a_different_run_in_one_line(tmp_path, glyphs):
 
 def test_recipes_read_the_test_split_once_after_selection(tmp_path, monkeypatch):
     from capsule_lib import recipes
+    from capsule_lib.train import train
     from capsule_lib.training import Trainer as T
 
     calls = []
@@ -155,7 +161,7 @@ def test_recipes_read_the_test_split_once_after_selection(tmp_path, monkeypatch)
     monkeypatch.setattr(T, "evaluate", spy)
     r = recipes.CapsNetRecipe(epochs=2, train_subset=128, eval_subset=64, model=TINY, device="cpu")
     monkeypatch.setenv("CAPSULE_OFFLINE", "1")
-    _, trainer = recipes.train_capsnet(r, out_dir=tmp_path, data_root=str(tmp_path), progress=False)
+    _, trainer = train(r, out_dir=tmp_path, data_root=str(tmp_path), progress=False)
     assert [c for c in calls if c[0] == "test"] == [("test", 2)]  # once, after the last epoch
     assert all("test_acc" not in rec for rec in trainer.history.records)
     test = trainer.history.meta["test"]
@@ -169,9 +175,11 @@ def test_predict_refuses_images_outside_the_models_input_range():
 
     m = CapsNet(TINY).eval()
     x = torch.randint(0, 256, (4, 1, 28, 28), dtype=torch.uint8)
-    ok = predict(m, x)["scores"]                                    # uint8 is converted
+    ok = predict(m, x)["scores"]  # uint8 is converted
     assert torch.allclose(ok, predict(m, x.float() / 255)["scores"])
-    with pytest.raises(ValueError, match=r"predict\(CapsNet\): float images must be in \[0, 1\], got values in \[0, 255\]"):
+    with pytest.raises(
+        ValueError, match=r"predict\(CapsNet\): float images must be in \[0, 1\], got values in \[0, 255\]"
+    ):
         predict(m, x.float())
     with pytest.raises(ValueError, match="normalised input"):
         predict(m, (x.float() / 255 - 0.1307) / 0.3081)
@@ -182,7 +190,9 @@ def test_models_name_a_dtype_or_device_mismatch_in_one_line():
 
     for m in (CapsNet(TINY), EfficientCapsNet(EfficientCapsNetConfig.mnist())):
         name = type(m).__name__
-        with pytest.raises(ValueError, match=rf"^{name}: the input is torch.float16 but the parameters are torch.float32; "):
+        with pytest.raises(
+            ValueError, match=rf"^{name}: the input is torch.float16 but the parameters are torch.float32; "
+        ):
             m(torch.rand(2, 1, 28, 28).half())
         with pytest.raises(ValueError, match=rf"^{name}: the input is on meta but the parameters are on cpu; "):
             m(torch.rand(2, 1, 28, 28, device="meta"))
@@ -207,8 +217,10 @@ def test_mid_epoch_checkpoint_resumes_exactly(tmp_path, glyphs):
 
     def loaders():
         aug = lambda b, g: (random_shift(b[0], 2, g), *b[1:])  # noqa: E731
-        return (TensorLoader.from_dataset(tr, 64, shuffle=True, seed=0, transform=aug),
-                TensorLoader.from_dataset(va, 128))
+        return (
+            TensorLoader.from_dataset(tr, 64, shuffle=True, seed=0, transform=aug),
+            TensorLoader.from_dataset(va, 128),
+        )
 
     def trainer(out_dir, objective=None):
         t = _trainer(out_dir)
@@ -248,18 +260,15 @@ def test_mid_epoch_checkpoint_resumes_exactly(tmp_path, glyphs):
 
 ROUTINGS = {  # name -> (layer, input maker); the inputs are near zero, where LayerNorm-based routings have
     # their largest gradients
-    "dynamic": (lambda: R.DynamicRouting(32, 10, 8, 16),
-                lambda: (1e-3 * torch.randn(16, 32, 8),)),
-    "self_attention": (lambda: R.SelfAttentionRouting(16, 10, 8, 16),
-                       lambda: (1e-3 * torch.randn(16, 16, 8),)),
-    "em": (lambda: R.EMRouting(32, 10, 4),
-           lambda: (1e-3 * torch.randn(16, 32, 16), torch.rand(16, 32))),
-    "heinsen2019": (lambda: R.GenerativeMatrixRouting(
-        4, 4, 4, n_inp=32, n_out=10), lambda: (torch.randn(16, 32), 1e-3 * torch.randn(16, 32, 4, 4))),
-    "heinsen2022": (lambda: R.EfficientVectorRouting(32, 10, 8, 16),
-                    lambda: (1e-3 * torch.randn(16, 32, 8),)),
-    "inverted": (lambda: R.InvertedFCCapsules(32, 10, 16),
-                 lambda: (1e-3 * torch.randn(16, 32, 16),)),
+    "dynamic": (lambda: R.DynamicRouting(32, 10, 8, 16), lambda: (1e-3 * torch.randn(16, 32, 8),)),
+    "self_attention": (lambda: R.SelfAttentionRouting(16, 10, 8, 16), lambda: (1e-3 * torch.randn(16, 16, 8),)),
+    "em": (lambda: R.EMRouting(32, 10, 4), lambda: (1e-3 * torch.randn(16, 32, 16), torch.rand(16, 32))),
+    "heinsen2019": (
+        lambda: R.GenerativeMatrixRouting(4, 4, 4, n_inp=32, n_out=10),
+        lambda: (torch.randn(16, 32), 1e-3 * torch.randn(16, 32, 4, 4)),
+    ),
+    "heinsen2022": (lambda: R.EfficientVectorRouting(32, 10, 8, 16), lambda: (1e-3 * torch.randn(16, 32, 8),)),
+    "inverted": (lambda: R.InvertedFCCapsules(32, 10, 16), lambda: (1e-3 * torch.randn(16, 32, 16),)),
 }
 
 
@@ -285,14 +294,14 @@ def test_layernorm_routings_train_stably_under_bf16_from_near_zero_inputs(name):
     torch.manual_seed(0)
     layer = build()
     head = torch.nn.Linear(16, 1)
-    x, = inputs()
+    (x,) = inputs()
     x = x.requires_grad_()
     y = torch.randint(0, 10, (x.shape[0],))
     opt = torch.optim.Adam([*layer.parameters(), *head.parameters(), x], lr=1e-3)
     losses = []
     for _ in range(60):
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            logits = head(layer(x)).squeeze(-1)                      # [16, 10]
+            logits = head(layer(x)).squeeze(-1)  # [16, 10]
         loss = torch.nn.functional.cross_entropy(logits.float(), y)
         opt.zero_grad()
         loss.backward()

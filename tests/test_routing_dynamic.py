@@ -13,7 +13,7 @@ def loop_dynamic_routing(votes, iterations, bias=None):
     for b in range(B):
         logits = [[0.0] * J for _ in range(I)]
         cs = []
-        for t in range(iterations):
+        for _ in range(iterations):
             c = [[0.0] * J for _ in range(I)]
             for i in range(I):
                 z = sum(torch.exp(torch.tensor(logits[i][j], dtype=torch.float64)) for j in range(J))
@@ -28,7 +28,7 @@ def loop_dynamic_routing(votes, iterations, bias=None):
                 if bias is not None:
                     s = s + bias[j].double()
                 n2 = float((s * s).sum())
-                v.append(n2 / (1 + n2) * s / (n2 ** 0.5))
+                v.append(n2 / (1 + n2) * s / (n2**0.5))
             for i in range(I):
                 for j in range(J):
                     logits[i][j] += float((votes[b, i, j].double() * v[j]).sum())
@@ -66,7 +66,7 @@ def test_golden_values_fixed_case():
 def test_coefficients_sum_to_one(coupling, axis):
     votes = torch.randn(3, 20, 5, 8)
     _, trace = dynamic_routing(votes, 4, coupling=coupling, return_routing=True)
-    assert trace.n_iters == 4
+    assert trace.iterations == 4
     for c in trace.coefficients:
         assert torch.allclose(c.sum(dim=axis), torch.ones(()), atol=1e-5)
         assert torch.all(c >= 0)

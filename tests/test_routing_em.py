@@ -1,4 +1,5 @@
 """EM routing (Hinton, Sabour & Frosst 2018): capsule_lib.routing.em and capsule_lib.models.em_capsnet."""
+
 from __future__ import annotations
 
 import math
@@ -6,16 +7,12 @@ import time
 
 import pytest
 import torch
-import torch.nn.functional as F
 
+from capsule_lib import CapsuleOutput, RoutingTrace
+from capsule_lib.layers import ClassCapsules, ConvCapsules, MatrixPrimaryCapsules, grid_centers
 from capsule_lib.losses import spread_loss
-from capsule_lib.models.capsnet import CapsuleOutput
 from capsule_lib.models.em_capsnet import EMCapsNet, EMCapsNetConfig, receptive_field_centers
-from capsule_lib.routing.em import (
-    ClassCapsules, ConvCapsules, EMRouting, MatrixPrimaryCapsules, em_routing, grid_centers,
-    inverse_temperature_schedule, matrix_votes,
-)
-from capsule_lib.routing.trace import RoutingTrace
+from capsule_lib.routing.em import EMRouting, em_routing, inverse_temperature_schedule, matrix_votes
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -57,9 +54,10 @@ def _finite(*xs):
 @pytest.mark.parametrize("quirk", [False, True])
 def test_coefficients_sum_to_one_over_outputs_every_iteration(quirk):
     votes, a_in, bu, ba = _inputs()
-    (mu, a_out), trace = em_routing(votes, a_in, bu, ba, iterations=4, normalize_over_outputs=quirk,
-                                    return_routing=True)
-    assert isinstance(trace, RoutingTrace) and trace.algorithm == "em" and trace.n_iters == 4
+    (mu, a_out), trace = em_routing(
+        votes, a_in, bu, ba, iterations=4, normalize_over_outputs=quirk, return_routing=True
+    )
+    assert isinstance(trace, RoutingTrace) and trace.algorithm == "em" and trace.iterations == 4
     assert torch.allclose(trace.coefficients[0], torch.full_like(trace.coefficients[0], 1 / 3))
     for R in trace.coefficients + [trace.extra["posterior"]]:
         assert R.shape == (2, 6, 3)
@@ -142,7 +140,9 @@ def _reference_em(V, a, bu, ba, iters, lams, quirk=False, norm_costs=True, eps=1
             for j in range(J):
                 dens = 1.0
                 for h in range(D):
-                    dens *= math.exp(-(V[i][j][h] - mu[j][h]) ** 2 / (2 * s2[j][h])) / math.sqrt(2 * math.pi * s2[j][h])
+                    dens *= math.exp(-((V[i][j][h] - mu[j][h]) ** 2) / (2 * s2[j][h])) / math.sqrt(
+                        2 * math.pi * s2[j][h]
+                    )
                 p[i][j] = dens
         logps.append([[math.log(p[i][j]) for j in range(J)] for i in range(I)])
         for i in range(I):
@@ -153,8 +153,9 @@ def _reference_em(V, a, bu, ba, iters, lams, quirk=False, norm_costs=True, eps=1
     return Rs, logps, mus, acts, R
 
 
-@pytest.mark.parametrize("quirk,norm_costs,lam",
-                         [(False, True, None), (False, False, 0.05), (True, True, [0.3, 1.0, 2.0])])
+@pytest.mark.parametrize(
+    "quirk,norm_costs,lam", [(False, True, None), (False, False, 0.05), (True, True, [0.3, 1.0, 2.0])]
+)
 def test_tiny_case_matches_loop_reference(quirk, norm_costs, lam):
     torch.manual_seed(3)
     I, J, D, T = 3, 2, 4, 3
@@ -165,11 +166,21 @@ def test_tiny_case_matches_loop_reference(quirk, norm_costs, lam):
     bu = torch.tensor([0.2, -0.1], dtype=torch.float64)
     ba = torch.tensor([0.5, -0.3], dtype=torch.float64)
     lams = inverse_temperature_schedule(T) if lam is None else ([lam] * T if isinstance(lam, float) else lam)
-    (mu, a_out), tr = em_routing(V[None], a[None], bu, ba, T, inverse_temperature=lam, normalize_over_outputs=quirk,
-                                 normalize_costs=norm_costs, return_routing=True)
+    (mu, a_out), tr = em_routing(
+        V[None],
+        a[None],
+        bu,
+        ba,
+        T,
+        inverse_temperature=lam,
+        normalize_over_outputs=quirk,
+        normalize_costs=norm_costs,
+        return_routing=True,
+    )
     assert mu.dtype == torch.float64
-    Rs, logps, mus, acts, post = _reference_em(V.tolist(), a.tolist(), bu.tolist(), ba.tolist(), T, lams,
-                                               quirk, norm_costs)
+    Rs, logps, mus, acts, post = _reference_em(
+        V.tolist(), a.tolist(), bu.tolist(), ba.tolist(), T, lams, quirk, norm_costs
+    )
     t64 = lambda x: torch.tensor(x, dtype=torch.float64)  # noqa: E731
     for t in range(T):
         assert torch.allclose(tr.coefficients[t][0], t64(Rs[t]), atol=1e-10, rtol=1e-8)
@@ -249,9 +260,9 @@ def test_autocast_model_no_nan(dtype, scale):
     x = torch.rand(2, 1, 24, 24) * scale
     with torch.autocast("cpu", dtype=dtype):
         out = model(x, return_routing=True)
-        loss = spread_loss(out.lengths.float(), torch.tensor([1, 2]), 0.2)
-    assert out.lengths.dtype == dtype  # results come back in the votes' (autocast) dtype
-    assert _finite(out.lengths, out.poses, *out.trace.coefficients, *out.trace.agreements)
+        loss = spread_loss(out.scores.float(), torch.tensor([1, 2]), 0.2)
+    assert out.scores.dtype == dtype  # results come back in the votes' (autocast) dtype
+    assert _finite(out.scores, out.poses, *out.trace.coefficients, *out.trace.agreements)
     for R in out.trace.coefficients:
         assert torch.allclose(R.sum(-1), torch.ones_like(R.sum(-1)), atol=1e-5)
     assert out.trace.coefficients[0].dtype == torch.float32  # routing internals in fp32
@@ -292,7 +303,7 @@ def test_every_model_parameter_gets_a_gradient(bn):
     torch.manual_seed(0)
     model = EMCapsNet(_tiny_cfg(batch_norm=bn, image_size=24))
     out = model(torch.rand(3, 1, 24, 24))
-    loss = spread_loss(out.lengths, torch.tensor([0, 2, 1]), 0.2) + 1e-3 * out.poses.square().mean()
+    loss = spread_loss(out.scores, torch.tensor([0, 2, 1]), 0.2) + 1e-3 * out.poses.square().mean()
     loss.backward()
     for name, q in model.named_parameters():
         assert q.grad is not None and torch.isfinite(q.grad).all() and q.grad.abs().sum() > 0, name
@@ -343,8 +354,10 @@ def test_bad_inputs_raise_value_error_naming_the_shape():
 # ---------------------------------------------------------------------------------------------------
 # Layers
 # ---------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("H,K,s,p,expected", [(14, 3, 2, 0, 6), (6, 3, 1, 0, 4), (12, 3, 2, 0, 5), (7, 3, 1, 1, 7),
-                                              (9, 5, 2, 0, 3), (4, 1, 1, 0, 4)])
+@pytest.mark.parametrize(
+    "H,K,s,p,expected",
+    [(14, 3, 2, 0, 6), (6, 3, 1, 0, 4), (12, 3, 2, 0, 5), (7, 3, 1, 1, 7), (9, 5, 2, 0, 3), (4, 1, 1, 0, 4)],
+)
 def test_conv_caps_output_spatial_sizes(H, K, s, p, expected):
     poses, acts = _grid(B=1, T=2, H=H, W=H)
     layer = ConvCapsules(2, 3, K, s, p, iterations=2)
@@ -365,7 +378,7 @@ def test_conv_caps_equals_explicit_per_window_routing():
         layer.beta_a.normal_(0, 0.1)
     poses, acts = _grid(B=2, T=T, H=7, W=7)
     mu, a = layer(poses, acts)
-    for (oy, ox) in [(0, 0), (1, 2), (2, 1)]:
+    for oy, ox in [(0, 0), (1, 2), (2, 1)]:
         votes, a_win = [], []
         for u in range(K):
             for v in range(K):
@@ -373,8 +386,14 @@ def test_conv_caps_equals_explicit_per_window_routing():
                     M = poses[:, t, oy * s + u, ox * s + v].reshape(2, 4, 4)
                     votes.append(torch.stack([(M @ layer.weight[u, v, t, j]).reshape(2, 16) for j in range(J)], 1))
                     a_win.append(acts[:, t, oy * s + u, ox * s + v])
-        ref_mu, ref_a = em_routing(torch.stack(votes, 1), torch.stack(a_win, 1), layer.beta_u, layer.beta_a, 3,
-                                   inverse_temperature=layer.inverse_temperature)
+        ref_mu, ref_a = em_routing(
+            torch.stack(votes, 1),
+            torch.stack(a_win, 1),
+            layer.beta_u,
+            layer.beta_a,
+            3,
+            inverse_temperature=layer.inverse_temperature,
+        )
         assert torch.allclose(mu[:, :, oy, ox], ref_mu, atol=1e-5)
         assert torch.allclose(a[:, :, oy, ox], ref_a, atol=1e-6)
 
@@ -450,8 +469,9 @@ def test_normalize_costs_is_a_per_layer_constant():
     """Normalised costs = raw costs * n_out / n_inp (so it equals rescaling lambda and beta_a)."""
     votes, a_in, bu, ba = _inputs(I=8, J=2)
     (_, a1), t1 = em_routing(votes, a_in, bu, ba, 1, inverse_temperature=1.0, return_routing=True)
-    (_, a2), t2 = em_routing(votes, a_in, bu, ba, 1, inverse_temperature=1.0, normalize_costs=False,
-                             return_routing=True)
+    (_, a2), t2 = em_routing(
+        votes, a_in, bu, ba, 1, inverse_temperature=1.0, normalize_costs=False, return_routing=True
+    )
     assert torch.allclose(t1.extra["costs"][0] * 8 / 2, t2.extra["costs"][0], atol=1e-5)
     (_, a3) = em_routing(votes, a_in, bu, ba * 4, 1, inverse_temperature=0.25, normalize_costs=False)
     assert torch.allclose(a1, a3, atol=1e-6)
@@ -468,8 +488,8 @@ def test_model_output_shapes_default_and_small():
     with torch.no_grad():
         out = model(torch.rand(2, 1, 32, 32), return_routing=True)
     assert isinstance(out, CapsuleOutput)
-    assert out.lengths.shape == (2, 5) and out.poses.shape == (2, 5, 16) and out.reconstruction is None
-    assert ((out.lengths > 0) & (out.lengths < 1)).all()
+    assert out.scores.shape == (2, 5) and out.poses.shape == (2, 5, 16) and out.reconstruction is None
+    assert ((out.scores > 0) & (out.scores < 1)).all()
     assert out.trace.algorithm == "em" and out.trace.coefficients[0].shape == (2, 4 * 4 * 16, 5)
     tr1 = out.extra["traces"]["conv_caps1"]
     assert tr1.coefficients[0].shape == (2, 6, 6, 3 * 3 * 8, 16)
@@ -478,15 +498,19 @@ def test_model_output_shapes_default_and_small():
     assert (small.config.conv_grid, small.config.caps1_grid, small.config.caps2_grid) == (12, 5, 3)
     for B in (1, 3):
         o = small(torch.rand(B, 1, 28, 28))
-        assert o.lengths.shape == (B, 10) and o.poses.shape == (B, 10, 16) and o.trace is None
+        assert o.scores.shape == (B, 10) and o.poses.shape == (B, 10, 16) and o.trace is None
     o2 = EMCapsNet(EMCapsNetConfig(in_channels=2))(torch.rand(1, 2, 32, 32))
-    assert o2.lengths.shape == (1, 5)
+    assert o2.scores.shape == (1, 5)
 
 
 def test_model_parameter_counts():
     assert EMCapsNet().parameter_breakdown() == {
-        "conv1": 1 * 64 * 25 + 64, "primary_caps": 64 * 8 * 17 + 8 * 17, "conv_caps1": 9 * 8 * 16 * 16 + 32,
-        "conv_caps2": 9 * 16 * 16 * 16 + 32, "class_caps": 16 * 5 * 16 + 10, "total": 67_154,
+        "conv1": 1 * 64 * 25 + 64,
+        "primary_caps": 64 * 8 * 17 + 8 * 17,
+        "conv_caps1": 9 * 8 * 16 * 16 + 32,
+        "conv_caps2": 9 * 16 * 16 * 16 + 32,
+        "class_caps": 16 * 5 * 16 + 10,
+        "total": 67_154,
     }
     assert EMCapsNet(in_channels=2).parameter_breakdown()["total"] == 68_754
     assert EMCapsNet(EMCapsNetConfig.large()).parameter_breakdown()["total"] == 316_394  # paper: 310K
@@ -511,14 +535,15 @@ def test_model_deterministic_under_seed():
         torch.manual_seed(123)
         model = EMCapsNet(EMCapsNetConfig.small())
         outs.append(model(x, return_routing=True))
-    assert torch.equal(outs[0].lengths, outs[1].lengths) and torch.equal(outs[0].poses, outs[1].poses)
+    assert torch.equal(outs[0].scores, outs[1].scores) and torch.equal(outs[0].poses, outs[1].poses)
     for r0, r1 in zip(outs[0].trace.coefficients, outs[1].trace.coefficients):
         assert torch.equal(r0, r1)
 
 
 def test_model_quirk_flag_reaches_every_layer():
-    model = EMCapsNet(EMCapsNetConfig.small(normalize_over_outputs=True, iterations=2, final_lambda=0.5,
-                                            lambda_schedule="fixed"))
+    model = EMCapsNet(
+        EMCapsNetConfig.small(normalize_over_outputs=True, iterations=2, final_lambda=0.5, lambda_schedule="fixed")
+    )
     for layer in (model.conv_caps1, model.conv_caps2, model.class_caps):
         assert layer.normalize_over_outputs and layer.inverse_temperature == [0.5, 0.5]
 
@@ -535,7 +560,7 @@ def test_model_can_fit_a_tiny_batch():
     losses = []
     for _ in range(25):
         opt.zero_grad()
-        loss = spread_loss(model(x).lengths, y, 0.5)
+        loss = spread_loss(model(x).scores, y, 0.5)
         loss.backward()
         opt.step()
         losses.append(loss.item())

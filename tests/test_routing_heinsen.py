@@ -1,4 +1,5 @@
 """Tests for Heinsen's routings (2019 matrix routing, 2022 vector routing) and the Heinsen models."""
+
 from __future__ import annotations
 
 import math
@@ -6,12 +7,21 @@ import math
 import pytest
 import torch
 
+from capsule_lib import RoutingTrace
+from capsule_lib.functional import add_coordinate_channels, coordinate_channels
 from capsule_lib.losses import soft_target_cross_entropy
-from capsule_lib.models.heinsen import (SequenceClassifierConfig, SequenceClassifierHead, SmallNORBClassifier,
-                                        SmallNORBConfig, add_coordinate_channels, coordinate_channels)
-from capsule_lib.routing.heinsen import (EfficientVectorRouting, GenerativeMatrixRouting,
-                                         efficient_vector_routing, generative_matrix_routing)
-from capsule_lib.routing.trace import RoutingTrace
+from capsule_lib.models.heinsen import (
+    SequenceClassifierConfig,
+    SequenceClassifierHead,
+    SmallNORBClassifier,
+    SmallNORBConfig,
+)
+from capsule_lib.routing.heinsen import (
+    EfficientVectorRouting,
+    GenerativeMatrixRouting,
+    efficient_vector_routing,
+    generative_matrix_routing,
+)
 
 AUTOCAST_OUT = {"autocast_bf16": torch.bfloat16, "autocast_fp16": torch.float16}  # every routing layer
 
@@ -44,10 +54,10 @@ def all_finite(*ts) -> bool:
 @pytest.mark.parametrize("p_model", ["gaussian", "skm"])
 @pytest.mark.parametrize("kw", [dict(n_inp=5, n_out=3), dict(n_out=3), dict(n_inp=5)])
 def test_gmr_coefficients_sum_to_one_every_iteration(p_model, kw):
-    m = randomize_(GenerativeMatrixRouting(3, 4, 2, p_model=p_model, n_iters=4, **kw), 0.5)
+    m = randomize_(GenerativeMatrixRouting(3, 4, 2, p_model=p_model, iterations=4, **kw), 0.5)
     a, mu = gmr_inputs(2)
-    (a_out, mu_out, sig2), tr = m(a, mu, n_out=None if "n_out" in kw else 3, return_routing=True)
-    assert isinstance(tr, RoutingTrace) and tr.algorithm == "heinsen" and tr.n_iters == 4
+    (a_out, mu_out, sigma2), tr = m(a, mu, n_out=None if "n_out" in kw else 3, return_routing=True)
+    assert isinstance(tr, RoutingTrace) and tr.algorithm == "heinsen" and tr.iterations == 4
     assert torch.equal(tr.coefficients[0], torch.full((2, 5, 3), 1 / 3))  # t = 0 is uniform 1/J
     for R in tr.coefficients:
         assert R.shape == (2, 5, 3)
@@ -56,22 +66,23 @@ def test_gmr_coefficients_sum_to_one_every_iteration(p_model, kw):
     assert not torch.allclose(tr.coefficients[1], tr.coefficients[0])  # routing actually moved
     for name, shape in (("agreements", (2, 5, 3)), ("outputs", (2, 3, 3, 2)), ("activations", (2, 3))):
         assert len(getattr(tr, name)) == 4 and getattr(tr, name)[0].shape == shape
-    assert len(tr.extra["D_use"]) == len(tr.extra["D_ign"]) == len(tr.extra["sig2"]) == 4
+    assert len(tr.extra["D_use"]) == len(tr.extra["D_ign"]) == len(tr.extra["sigma2"]) == 4
     # D-step: D_use + D_ign = sigmoid(a_inp) for every output; the trace's last entries are the outputs.
-    torch.testing.assert_close(tr.extra["D_use"][-1] + tr.extra["D_ign"][-1],
-                               torch.sigmoid(a)[..., None].expand(2, 5, 3))
+    torch.testing.assert_close(
+        tr.extra["D_use"][-1] + tr.extra["D_ign"][-1], torch.sigmoid(a)[..., None].expand(2, 5, 3)
+    )
     torch.testing.assert_close(tr.outputs[-1], mu_out)
     torch.testing.assert_close(tr.activations[-1], a_out)
-    torch.testing.assert_close(tr.extra["sig2"][-1], sig2)
+    torch.testing.assert_close(tr.extra["sigma2"][-1], sigma2)
 
 
 @pytest.mark.parametrize("lead", [(1,), (3,), (2, 3), ()])
 def test_gmr_shapes(lead):
     m = GenerativeMatrixRouting(d_cov=3, d_inp=4, d_out=2, n_inp=5, n_out=6)
-    a_out, mu_out, sig2 = m(*gmr_inputs(*lead))
+    a_out, mu_out, sigma2 = m(*gmr_inputs(*lead))
     assert a_out.shape == (*lead, 6)
-    assert mu_out.shape == sig2.shape == (*lead, 6, 3, 2)
-    assert bool((sig2 > 0).all())
+    assert mu_out.shape == sigma2.shape == (*lead, 6, 3, 2)
+    assert bool((sigma2 > 0).all())
 
 
 def test_gmr_parameters_and_inits():
@@ -96,12 +107,12 @@ def test_gmr_variable_n_inp_shares_weights():
     m = randomize_(GenerativeMatrixRouting(3, 4, 2, n_out=3), 0.3)
     for n in (1, 5, 9):
         a, mu = gmr_inputs(2, n=n, seed=n)
-        a_out, mu_out, sig2 = m(a, mu)
+        a_out, mu_out, sigma2 = m(a, mu)
         assert a_out.shape == (2, 3) and mu_out.shape == (2, 3, 3, 2)
     # shared weights: with one iteration, one input repeated k times routes like that input alone
     # (same shares, same weighted mean and variance up to eps), except that a_out, a sum over inputs, is
     # k times larger.
-    one = randomize_(GenerativeMatrixRouting(3, 4, 2, n_out=3, n_iters=1, eps=1e-12), 0.3).double()
+    one = randomize_(GenerativeMatrixRouting(3, 4, 2, n_out=3, iterations=1, eps=1e-12), 0.3).double()
     a, mu = gmr_inputs(1, n=1, dtype=torch.float64)
     ref = one(a, mu)
     rep = one(a.repeat(1, 4), mu.repeat(1, 4, 1, 1))
@@ -114,8 +125,8 @@ def test_gmr_variable_n_out_and_symmetry_breaker():
     m = GenerativeMatrixRouting(3, 4, 2, n_inp=5)
     a, mu = gmr_inputs(2)
     for J in (2, 7):
-        a_out, mu_out, sig2 = m(a, mu, n_out=J)
-        assert a_out.shape == (2, J) and mu_out.shape == sig2.shape == (2, J, 3, 2)
+        a_out, mu_out, sigma2 = m(a, mu, n_out=J)
+        assert a_out.shape == (2, J) and mu_out.shape == sigma2.shape == (2, J, 3, 2)
     assert m(a, mu)[0].shape == (2, 5)  # default: n_out = n_inp, as in the original
     # With B_brk = 0 every output has the same W, B and betas: all outputs are identical (the symmetry that
     # B_brk * linspace(-1, 1, n_out) breaks).
@@ -137,8 +148,13 @@ def _ref_gmr(a, mu, W, B, bu, bi, T, p_model, eps):
     I, C, D = mu.shape
     J, E = W.shape[1], W.shape[3]
     mu, W, B, a, bu, bi = (x.tolist() for x in (mu, W, B, a, bu, bi))
-    V = [[[[sum(mu[i][c][d] * W[i][j][d][e] for d in range(D)) + B[i][j][c][e] for e in range(E)]
-           for c in range(C)] for j in range(J)] for i in range(I)]
+    V = [
+        [
+            [[sum(mu[i][c][d] * W[i][j][d][e] for d in range(D)) + B[i][j][c][e] for e in range(E)] for c in range(C)]
+            for j in range(J)
+        ]
+        for i in range(I)
+    ]
     f = [1 / (1 + math.exp(-a[i])) for i in range(I)]
     hist, a_out, logp = [], None, None
     for t in range(T):
@@ -155,25 +171,28 @@ def _ref_gmr(a, mu, W, B, bu, bi, T, p_model, eps):
         Di = [[f[i] - Du[i][j] for j in range(J)] for i in range(I)]
         a_out = [sum(bu[i][j] * Du[i][j] - bi[i][j] * Di[i][j] for i in range(I)) for j in range(J)]
         mu_out = [[[0.0] * E for _ in range(C)] for _ in range(J)]
-        sig2 = [[[0.0] * E for _ in range(C)] for _ in range(J)]
+        sigma2 = [[[0.0] * E for _ in range(C)] for _ in range(J)]
         for j in range(J):
             s = sum(Du[i][j] for i in range(I)) + eps
             for c in range(C):
                 for e in range(E):
                     m_ = sum(Du[i][j] * V[i][j][c][e] for i in range(I)) / s
                     mu_out[j][c][e] = m_
-                    sig2[j][c][e] = sum(Du[i][j] * (V[i][j][c][e] - m_) ** 2 for i in range(I)) / s + eps
+                    sigma2[j][c][e] = sum(Du[i][j] * (V[i][j][c][e] - m_) ** 2 for i in range(I)) / s + eps
         logp = [[0.0] * J for _ in range(I)]
         for i in range(I):
             sq = [sum((V[i][j][c][e] - mu_out[j][c][e]) ** 2 for c in range(C) for e in range(E)) for j in range(J)]
             if p_model == "gaussian":
                 for j in range(J):
-                    logp[i][j] = -sum((V[i][j][c][e] - mu_out[j][c][e]) ** 2 / (2 * sig2[j][c][e])
-                                      + 0.5 * math.log(sig2[j][c][e]) for c in range(C) for e in range(E))
+                    logp[i][j] = -sum(
+                        (V[i][j][c][e] - mu_out[j][c][e]) ** 2 / (2 * sigma2[j][c][e]) + 0.5 * math.log(sigma2[j][c][e])
+                        for c in range(C)
+                        for e in range(E)
+                    )
             else:
                 lse = math.log(sum(math.exp(-s) for s in sq))
                 logp[i] = [-sq[j] - lse for j in range(J)]
-        hist.append(dict(R=R, Du=Du, Di=Di, a_out=a_out, mu=mu_out, sig2=sig2, logp=logp))
+        hist.append(dict(R=R, Du=Du, Di=Di, a_out=a_out, mu=mu_out, sigma2=sigma2, logp=logp))
     return hist
 
 
@@ -182,10 +201,10 @@ def _ref_gmr(a, mu, W, B, bu, bi, T, p_model, eps):
 def test_gmr_tiny_case_matches_loop_rederivation(p_model, I):
     torch.manual_seed(1)
     C, D, E, J, T, eps = 2, 2, 3, 2, 3, 1e-5
-    m = randomize_(GenerativeMatrixRouting(C, D, E, n_inp=I, n_out=J, n_iters=T, p_model=p_model), 0.7).double()
+    m = randomize_(GenerativeMatrixRouting(C, D, E, n_inp=I, n_out=J, iterations=T, p_model=p_model), 0.7).double()
     a = torch.randn(I, dtype=torch.float64)
     mu = torch.randn(I, C, D, dtype=torch.float64)
-    (a_out, mu_out, sig2), tr = m(a, mu, return_routing=True)
+    (a_out, mu_out, sigma2), tr = m(a, mu, return_routing=True)
     ref = _ref_gmr(a, mu, m.W, m.B, m.beta_use, m.beta_ign, T, p_model, eps)
     d = torch.float64
     for t in range(T):
@@ -194,10 +213,10 @@ def test_gmr_tiny_case_matches_loop_rederivation(p_model, I):
         torch.testing.assert_close(tr.extra["D_ign"][t], torch.tensor(ref[t]["Di"], dtype=d))
         torch.testing.assert_close(tr.activations[t], torch.tensor(ref[t]["a_out"], dtype=d))  # M-step
         torch.testing.assert_close(tr.outputs[t], torch.tensor(ref[t]["mu"], dtype=d))
-        torch.testing.assert_close(tr.extra["sig2"][t], torch.tensor(ref[t]["sig2"], dtype=d))
+        torch.testing.assert_close(tr.extra["sigma2"][t], torch.tensor(ref[t]["sigma2"], dtype=d))
         torch.testing.assert_close(tr.agreements[t], torch.tensor(ref[t]["logp"], dtype=d))
     torch.testing.assert_close(a_out, torch.tensor(ref[-1]["a_out"], dtype=d))
-    torch.testing.assert_close(sig2, torch.tensor(ref[-1]["sig2"], dtype=d))
+    torch.testing.assert_close(sigma2, torch.tensor(ref[-1]["sigma2"], dtype=d))
     # the functional form with the module's parameters is the same computation
     fa, fmu, fs = generative_matrix_routing(a, mu, m.W, m.B, m.beta_use, m.beta_ign, T, p_model, eps)
     torch.testing.assert_close(fmu, mu_out)
@@ -209,15 +228,16 @@ def test_gmr_permutation_equivariance():
     perm = torch.tensor([3, 0, 5, 1, 4, 2])
     ref = m(a, mu)
     # permuting inputs together with their per-input parameters leaves the outputs unchanged
-    out = generative_matrix_routing(a[:, perm], mu[:, perm], m.W[perm], m.B[perm], m.beta_use[perm],
-                                    m.beta_ign[perm], m.n_iters)
+    out = generative_matrix_routing(
+        a[:, perm], mu[:, perm], m.W[perm], m.B[perm], m.beta_use[perm], m.beta_ign[perm], m.iterations
+    )
     for x, y in zip(ref, out):
         torch.testing.assert_close(x, y)
     # permuting inputs alone changes them (the weights are per input) ...
     assert not torch.allclose(m(a[:, perm], mu[:, perm])[1], ref[1])
     # ... and permuting the outputs' parameters permutes the outputs
     pj = torch.tensor([2, 0, 3, 1])
-    out = generative_matrix_routing(a, mu, m.W[:, pj], m.B[:, pj], m.beta_use[:, pj], m.beta_ign[:, pj], m.n_iters)
+    out = generative_matrix_routing(a, mu, m.W[:, pj], m.B[:, pj], m.beta_use[:, pj], m.beta_ign[:, pj], m.iterations)
     for x, y, k in zip(ref, out, (1, 3, 3)):
         torch.testing.assert_close(x.index_select(x.dim() - k, pj), y)
     # with shared weights (variable n_inp), permuting the inputs alone leaves the outputs unchanged
@@ -249,8 +269,9 @@ def test_gmr_numerics(p_model, case):
     m = randomize_(GenerativeMatrixRouting(3, 4, 2, n_inp=5, n_out=3, p_model=p_model), 0.5)
     a, mu = gmr_inputs(2)
     a, mu = a.requires_grad_(), mu.requires_grad_()
-    ctx = torch.autocast("cpu", dtype=torch.bfloat16 if case == "autocast_bf16" else torch.float16,
-                         enabled=case.startswith("autocast"))
+    ctx = torch.autocast(
+        "cpu", dtype=torch.bfloat16 if case == "autocast_bf16" else torch.float16, enabled=case.startswith("autocast")
+    )
     with ctx:
         if case == "zeros":
             out = m(a * 0, mu * 0)
@@ -274,8 +295,8 @@ def test_gmr_every_parameter_gets_a_gradient(kw):
     m = GenerativeMatrixRouting(3, 4, 2, **kw)  # default (paper) init: B = B_brk = betas = 0
     a, mu = gmr_inputs(2)
     g = torch.Generator().manual_seed(3)
-    a_out, mu_out, sig2 = m(a, mu, n_out=None if kw.get("n_out") else 3)
-    loss = sum((o * torch.randn(o.shape, generator=g)).sum() for o in (a_out, mu_out, sig2))
+    a_out, mu_out, sigma2 = m(a, mu, n_out=None if kw.get("n_out") else 3)
+    loss = sum((o * torch.randn(o.shape, generator=g)).sum() for o in (a_out, mu_out, sigma2))
     loss.backward()
     for name, p in m.named_parameters():
         assert p.grad is not None and bool(p.grad.abs().sum() > 0), name
@@ -293,15 +314,17 @@ def test_gmr_bad_shapes_raise():
     with pytest.raises(ValueError, match="floating-point"):
         m(a.long(), mu)
     with pytest.raises(ValueError, match=r"W: expected shape \[n_inp=5 or 1"):
-        generative_matrix_routing(a, mu, torch.zeros(4, 3, 4, 2), torch.zeros(1, 3, 3, 2),
-                                  torch.zeros(1, 3), torch.zeros(1, 3))
+        generative_matrix_routing(
+            a, mu, torch.zeros(4, 3, 4, 2), torch.zeros(1, 3, 3, 2), torch.zeros(1, 3), torch.zeros(1, 3)
+        )
     with pytest.raises(ValueError, match=r"B: expected shape"):
-        generative_matrix_routing(a, mu, torch.zeros(1, 3, 4, 2), torch.zeros(1, 3, 2, 2),
-                                  torch.zeros(1, 3), torch.zeros(1, 3))
+        generative_matrix_routing(
+            a, mu, torch.zeros(1, 3, 4, 2), torch.zeros(1, 3, 2, 2), torch.zeros(1, 3), torch.zeros(1, 3)
+        )
     with pytest.raises(ValueError, match="p_model"):
         GenerativeMatrixRouting(3, 4, 2, p_model="em")
-    with pytest.raises(ValueError, match="n_iters"):
-        GenerativeMatrixRouting(3, 4, 2, n_iters=0)
+    with pytest.raises(ValueError, match="iterations"):
+        GenerativeMatrixRouting(3, 4, 2, iterations=0)
 
 
 def test_gmr_determinism():
@@ -309,6 +332,7 @@ def test_gmr_determinism():
         torch.manual_seed(123)
         m = GenerativeMatrixRouting(3, 4, 2, n_inp=5, n_out=3)
         return m(*gmr_inputs(2)), m.W.detach().clone()
+
     (o1, w1), (o2, w2) = run(), run()
     assert torch.equal(w1, w2)
     for x, y in zip(o1, o2):
@@ -325,11 +349,30 @@ def test_evr_parameters_and_inits():
     d_inp, d_out, J, I = 256, 64, 40, 300
     m = EfficientVectorRouting(I, J, d_inp, d_out)
     shapes = {k: tuple(v.shape) for k, v in m.named_parameters()}
-    assert shapes == {"W_A": (I, d_inp), "B_A": (I,), "W_F1": (J, d_inp), "W_F2": (d_inp, d_out),
-                      "B_F2": (J, d_out), "W_G1": (d_out, d_inp), "W_G2": (J, d_inp), "B_G2": (J, d_inp),
-                      "W_S": (I, J), "B_S": (I, J), "beta_use": (I, J), "beta_ign": (I, J)}
-    stds = {"W_A": 2 / d_inp ** 0.5, "W_F1": 1.0, "W_F2": 2 / d_inp ** 0.5, "W_G1": 1 / d_out ** 0.5,
-            "W_G2": 1.0, "W_S": 1 / d_inp ** 0.5, "beta_use": 1.0, "beta_ign": 1.0}
+    assert shapes == {
+        "W_A": (I, d_inp),
+        "B_A": (I,),
+        "W_F1": (J, d_inp),
+        "W_F2": (d_inp, d_out),
+        "B_F2": (J, d_out),
+        "W_G1": (d_out, d_inp),
+        "W_G2": (J, d_inp),
+        "B_G2": (J, d_inp),
+        "W_S": (I, J),
+        "B_S": (I, J),
+        "beta_use": (I, J),
+        "beta_ign": (I, J),
+    }
+    stds = {
+        "W_A": 2 / d_inp**0.5,
+        "W_F1": 1.0,
+        "W_F2": 2 / d_inp**0.5,
+        "W_G1": 1 / d_out**0.5,
+        "W_G2": 1.0,
+        "W_S": 1 / d_inp**0.5,
+        "beta_use": 1.0,
+        "beta_ign": 1.0,
+    }
     for k, s in stds.items():
         assert abs(getattr(m, k).std().item() / s - 1) < 0.05, k
     for k in ("B_A", "B_F2", "B_G2", "B_S"):
@@ -343,14 +386,14 @@ def test_evr_parameters_and_inits():
 
 
 @pytest.mark.parametrize("n_inp", [6, -1])
-@pytest.mark.parametrize("n_iters", [1, 2, 3])
-def test_evr_coefficients_and_trace(n_inp, n_iters):
-    m = EfficientVectorRouting(n_inp, 3, 8, 5, n_iters=n_iters)
+@pytest.mark.parametrize("iterations", [1, 2, 3])
+def test_evr_coefficients_and_trace(n_inp, iterations):
+    m = EfficientVectorRouting(n_inp, 3, 8, 5, iterations=iterations)
     x = evr_input(2)
-    out, tr = m(x, return_routing=True)  # n_iters = 1 works (the public return_dict path raises there)
-    assert out.shape == (2, 3, 5) and tr.n_iters == n_iters and tr.algorithm == "heinsen_vector"
+    out, tr = m(x, return_routing=True)  # iterations = 1 works (the public return_dict path raises there)
+    assert out.shape == (2, 3, 5) and tr.iterations == iterations and tr.algorithm == "heinsen_vector"
     torch.testing.assert_close(tr.coefficients[0], torch.full((2, 6, 3), 1 / 3))
-    for t in range(n_iters):
+    for t in range(iterations):
         R = tr.coefficients[t]
         torch.testing.assert_close(R.sum(-1), torch.ones(2, 6))
         assert tr.agreements[t].shape == (2, 6, 3) and bool((tr.agreements[t] <= 0).all())  # log-sigmoids
@@ -380,7 +423,7 @@ def test_evr_variable_n_inp():
 
 
 def test_evr_memory_efficient_equals_materialised_votes():
-    m = randomize_(EfficientVectorRouting(6, 4, 8, 5, n_iters=3), 0.5).double()
+    m = randomize_(EfficientVectorRouting(6, 4, 8, 5, iterations=3), 0.5).double()
     x = evr_input(2, dtype=torch.float64)
     lazy = m(x)
     m.memory_efficient = False
@@ -406,8 +449,13 @@ def _ref_evr(x, p, T, normalize, eps=1e-5):
 
     xs = [[x[i][d] / math.sqrt(I) for d in range(D)] for i in range(I)]
     a = [sum(xs[i][d] * P["W_A"][i][d] for d in range(D)) + P["B_A"][i] for i in range(I)]
-    V = [[[sum(xs[i][d] * P["W_F1"][j][d] * P["W_F2"][d][e] for d in range(D)) + P["B_F2"][j][e]
-           for e in range(E)] for j in range(J)] for i in range(I)]
+    V = [
+        [
+            [sum(xs[i][d] * P["W_F1"][j][d] * P["W_F2"][d][e] for d in range(D)) + P["B_F2"][j][e] for e in range(E)]
+            for j in range(J)
+        ]
+        for i in range(I)
+    ]
     hist, S = [], None
     for t in range(T):
         if t == 0:
@@ -424,10 +472,16 @@ def _ref_evr(x, p, T, normalize, eps=1e-5):
         pred = []
         for j in range(J):
             n = N(x_out[j])
-            pred.append([sum(n[e] * P["W_G1"][e][d] for e in range(E)) * P["W_G2"][j][d] + P["B_G2"][j][d]
-                         for d in range(D)])
-        S = [[-math.log1p(math.exp(-(sum(x[i][d] * pred[j][d] for d in range(D)) * P["W_S"][i][j] + P["B_S"][i][j])))
-              for j in range(J)] for i in range(I)]
+            pred.append(
+                [sum(n[e] * P["W_G1"][e][d] for e in range(E)) * P["W_G2"][j][d] + P["B_G2"][j][d] for d in range(D)]
+            )
+        S = [
+            [
+                -math.log1p(math.exp(-(sum(x[i][d] * pred[j][d] for d in range(D)) * P["W_S"][i][j] + P["B_S"][i][j])))
+                for j in range(J)
+            ]
+            for i in range(I)
+        ]
         hist.append(dict(R=R, phi=phi, S=S, x_out=[N(v) for v in x_out] if normalize else x_out))
     return hist
 
@@ -436,7 +490,7 @@ def _ref_evr(x, p, T, normalize, eps=1e-5):
 @pytest.mark.parametrize("normalize", [True, False])
 def test_evr_tiny_case_matches_loop_rederivation(I, normalize):
     T = 3
-    m = randomize_(EfficientVectorRouting(I, 2, 3, 4, n_iters=T, normalize=normalize), 0.8, seed=I).double()
+    m = randomize_(EfficientVectorRouting(I, 2, 3, 4, iterations=T, normalize=normalize), 0.8, seed=I).double()
     x = evr_input(n=I, d=3, seed=5, dtype=torch.float64)
     out, tr = m(x, return_routing=True)
     ref = _ref_evr(x, dict(m.named_parameters()), T, normalize)
@@ -449,8 +503,23 @@ def test_evr_tiny_case_matches_loop_rederivation(I, normalize):
     torch.testing.assert_close(out, torch.tensor(ref[-1]["x_out"], dtype=d))
     # the functional form is the same computation
     p = dict(m.named_parameters())
-    f = efficient_vector_routing(x, p["W_A"], p["B_A"], p["W_F1"], p["W_F2"], p["B_F2"], p["W_G1"], p["W_G2"],
-                                 p["B_G2"], p["W_S"], p["B_S"], p["beta_use"], p["beta_ign"], T, normalize=normalize)
+    f = efficient_vector_routing(
+        x,
+        p["W_A"],
+        p["B_A"],
+        p["W_F1"],
+        p["W_F2"],
+        p["B_F2"],
+        p["W_G1"],
+        p["W_G2"],
+        p["B_G2"],
+        p["W_S"],
+        p["B_S"],
+        p["beta_use"],
+        p["beta_ign"],
+        T,
+        normalize=normalize,
+    )
     torch.testing.assert_close(f, out)
 
 
@@ -459,9 +528,22 @@ def test_evr_permutation_equivariance():
     x = evr_input(2, dtype=torch.float64)
     perm = torch.tensor([3, 0, 5, 1, 4, 2])
     p = dict(m.named_parameters())
-    out = efficient_vector_routing(x[:, perm], p["W_A"][perm], p["B_A"][perm], p["W_F1"], p["W_F2"], p["B_F2"],
-                                   p["W_G1"], p["W_G2"], p["B_G2"], p["W_S"][perm], p["B_S"][perm],
-                                   p["beta_use"][perm], p["beta_ign"][perm], m.n_iters)
+    out = efficient_vector_routing(
+        x[:, perm],
+        p["W_A"][perm],
+        p["B_A"][perm],
+        p["W_F1"],
+        p["W_F2"],
+        p["B_F2"],
+        p["W_G1"],
+        p["W_G2"],
+        p["B_G2"],
+        p["W_S"][perm],
+        p["B_S"][perm],
+        p["beta_use"][perm],
+        p["beta_ign"][perm],
+        m.iterations,
+    )
     torch.testing.assert_close(out, m(x))
     assert not torch.allclose(m(x[:, perm]), m(x))
     v = randomize_(EfficientVectorRouting(-1, 4, 8, 5), 0.5).double()
@@ -471,7 +553,7 @@ def test_evr_permutation_equivariance():
 @pytest.mark.parametrize("n_inp", [6, -1])
 @pytest.mark.parametrize("memory_efficient", [True, False])
 def test_evr_padding_mask_inputs_have_no_influence(n_inp, memory_efficient):
-    m = randomize_(EfficientVectorRouting(n_inp, 4, 8, 5, n_iters=3, memory_efficient=memory_efficient), 0.5)
+    m = randomize_(EfficientVectorRouting(n_inp, 4, 8, 5, iterations=3, memory_efficient=memory_efficient), 0.5)
     x = evr_input(2)
     pad = torch.zeros(2, 6, dtype=torch.bool)
     pad[0, 4:] = True
@@ -489,7 +571,7 @@ def test_evr_padding_mask_inputs_have_no_influence(n_inp, memory_efficient):
 
 
 def test_evr_pairwise_mask():
-    m = randomize_(EfficientVectorRouting(5, 3, 8, 4, n_iters=3), 0.5)
+    m = randomize_(EfficientVectorRouting(5, 3, 8, 4, iterations=3), 0.5)
     x = evr_input(2, n=5)
     mask = torch.tensor([[1, 0, 0], [0, 1, 0], [0, 0, 0], [1, 1, 0], [0, 0, 1]], dtype=torch.bool)  # [I, J]
     out, tr = m(x, mask=mask, return_routing=True)
@@ -500,7 +582,7 @@ def test_evr_pairwise_mask():
         torch.testing.assert_close(R.sum(-1), torch.ones(2, 5))  # over the unmasked outputs
     torch.testing.assert_close(tr.coefficients[0][0, 3], torch.tensor([0.0, 0.0, 1.0]))
     # with one iteration, output j only sees the inputs unmasked for j
-    one = randomize_(EfficientVectorRouting(5, 3, 8, 4, n_iters=1), 0.5)
+    one = randomize_(EfficientVectorRouting(5, 3, 8, 4, iterations=1), 0.5)
     x2 = x.clone()
     x2[:, 0] += 10.0  # input 0 is masked for output 0 only
     y1, y2 = one(x, mask=mask), one(x2, mask=mask)
@@ -530,8 +612,9 @@ def test_evr_numerics(n_inp, case):
     m = EfficientVectorRouting(n_inp, 4, 8, 5)
     x = evr_input(2).requires_grad_()
     mask = None
-    ctx = torch.autocast("cpu", dtype=torch.bfloat16 if case == "autocast_bf16" else torch.float16,
-                         enabled=case.startswith("autocast"))
+    ctx = torch.autocast(
+        "cpu", dtype=torch.bfloat16 if case == "autocast_bf16" else torch.float16, enabled=case.startswith("autocast")
+    )
     with ctx:
         if case == "zeros":
             out = m(x * 0)
@@ -555,7 +638,7 @@ def test_evr_numerics(n_inp, case):
 
 @pytest.mark.parametrize("n_inp", [6, -1])
 def test_evr_every_parameter_gets_a_gradient(n_inp):
-    m = EfficientVectorRouting(n_inp, 4, 8, 5, n_iters=2)
+    m = EfficientVectorRouting(n_inp, 4, 8, 5, iterations=2)
     out = m(evr_input(2))
     (out * torch.randn(out.shape, generator=torch.Generator().manual_seed(0))).sum().backward()
     for name, p in m.named_parameters():
@@ -567,6 +650,7 @@ def test_evr_determinism():
         torch.manual_seed(7)
         m = EfficientVectorRouting(-1, 4, 8, 5)
         return m(evr_input(2))
+
     assert torch.equal(run(), run())
 
 
@@ -593,8 +677,16 @@ def test_smallnorb_parameter_count_and_layout():
     assert all(not c.bias.any() for c in convs)
     # the original module names, so that the published state_dict loads
     keys = set(m.state_dict())
-    assert {"convolve.0.weight", "convolve.1.weight", "convolve.16.bias", "compute_a.1.weight",
-            "compute_mu.1.weight", "routings.0.W", "routings.0.CONST_one", "routings.1.beta_ign"} <= keys
+    assert {
+        "convolve.0.weight",
+        "convolve.1.weight",
+        "convolve.16.bias",
+        "compute_a.1.weight",
+        "compute_mu.1.weight",
+        "routings.0.W",
+        "routings.0.CONST_one",
+        "routings.1.beta_ign",
+    } <= keys
 
 
 def test_smallnorb_forward_96():
@@ -609,8 +701,8 @@ def test_smallnorb_forward_96():
         mu_map = m.compute_mu(feat).view(1, 64, 4, 4, 9, 9)
         torch.testing.assert_close(mu[0, 3 * 81 + 2 * 9 + 7], mu_map[0, 3, :, :, 2, 7])
         out = m(x, return_routing=True)
-    assert out.lengths.shape == (1, 5) and out.poses.shape == (1, 5, 16)
-    assert out.extra["sig2"].shape == (1, 5, 4, 4) and all_finite(out.lengths, out.poses)
+    assert out.scores.shape == (1, 5) and out.poses.shape == (1, 5, 16)
+    assert out.extra["sigma2"].shape == (1, 5, 4, 4) and all_finite(out.scores, out.poses)
     assert out.trace is out.extra["traces"][1] and out.extra["traces"][0].coefficients[0].shape == (1, 5184, 64)
     with pytest.raises(ValueError, match=r"images: expected shape \[B, 2, 96, 96\]"):
         m(torch.rand(1, 2, 64, 64))
@@ -621,8 +713,11 @@ def test_smallnorb_gradients_small_images():
     m = SmallNORBClassifier(SmallNORBConfig(image_size=40))  # any size works: the first routing has a variable n_inp
     out = m(torch.rand(2, 2, 40, 40))
     g = torch.Generator().manual_seed(1)
-    loss = soft_target_cross_entropy(out.lengths, torch.tensor([1, 3])) \
-        + (out.poses * torch.randn(out.poses.shape, generator=g)).sum() + out.extra["sig2"].sum()
+    loss = (
+        soft_target_cross_entropy(out.scores, torch.tensor([1, 3]))
+        + (out.poses * torch.randn(out.poses.shape, generator=g)).sum()
+        + out.extra["sigma2"].sum()
+    )
     loss.backward()
     for name, p in m.named_parameters():
         assert p.grad is not None and all_finite(p.grad) and bool(p.grad.abs().sum() > 0), name
@@ -636,7 +731,7 @@ def test_smallnorb_coordinates_added_by_the_data_pipeline():
     outside.load_state_dict(inside.state_dict())
     x = torch.rand(2, 2, 32, 32)
     with torch.no_grad():
-        torch.testing.assert_close(outside(add_coordinate_channels(x)).lengths, inside(x).lengths)
+        torch.testing.assert_close(outside(add_coordinate_channels(x)).scores, inside(x).scores)
         torch.testing.assert_close(outside(add_coordinate_channels(x)).poses, inside(x).poses)
 
 
@@ -656,22 +751,22 @@ def test_sequence_head_padding_gradients_and_variants():
     embs = torch.randn(2, 5, 3, 16)
     pad = torch.tensor([[False] * 5, [False, False, False, True, True]])
     out = h(embs, pad, return_routing=True)
-    assert out.lengths.shape == (2, 3) and out.poses.shape == (2, 3, 2) and all_finite(out.lengths)
+    assert out.scores.shape == (2, 3) and out.poses.shape == (2, 3, 2) and all_finite(out.scores)
     assert out.extra["traces"][0].coefficients[0].shape == (2, 15, 6)
     embs2 = embs.clone()
     embs2[1, 3:] = torch.randn(2, 3, 16) * 100  # change the padding only
     out2 = h(embs2, pad)
-    torch.testing.assert_close(out.lengths, out2.lengths)
+    torch.testing.assert_close(out.scores, out2.scores)
     torch.testing.assert_close(out.poses, out2.poses)
-    torch.testing.assert_close(h(embs, token_weights=(~pad).float()).lengths, out.lengths)
+    torch.testing.assert_close(h(embs, token_weights=(~pad).float()).scores, out.scores)
     # the padded example equals the same example without its padding
-    torch.testing.assert_close(h(embs[1:, :3]).lengths, out.lengths[1:])
-    loss = soft_target_cross_entropy(out.lengths, torch.tensor([0, 2])) + out.poses.sum() + out.extra["sig2"].sum()
+    torch.testing.assert_close(h(embs[1:, :3]).scores, out.scores[1:])
+    loss = soft_target_cross_entropy(out.scores, torch.tensor([0, 2])) + out.poses.sum() + out.extra["sigma2"].sum()
     loss.backward()
     for name, p in h.named_parameters():
         assert p.grad is not None and all_finite(p.grad) and bool(p.grad.abs().sum() > 0), name
     flat = SequenceClassifierHead(cfg, d_depth=None)
-    assert flat.depth_emb is None and flat(torch.randn(2, 4, 16)).lengths.shape == (2, 3)
+    assert flat.depth_emb is None and flat(torch.randn(2, 4, 16)).scores.shape == (2, 3)
     with pytest.raises(ValueError, match=r"embs: expected shape \[B, n, d_depth=3, d_emb=16\]"):
         h(torch.randn(2, 5, 16))
     with pytest.raises(ValueError, match=r"padding_mask: expected a bool tensor of shape \[B, n\]"):

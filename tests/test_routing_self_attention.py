@@ -1,11 +1,17 @@
 """Self-attention routing (Efficient-CapsNet FCCaps), as described by Mazzia et al. (2021) and their code."""
+
 import math
 
 import pytest
 import torch
 
-from capsule_lib.routing.self_attention import (FCCapsules, SelfAttentionRouting, keras_fans,
-                                                self_attention_routing, self_attention_votes)
+from capsule_lib.routing.self_attention import (
+    FCCapsules,
+    SelfAttentionRouting,
+    keras_fans,
+    self_attention_routing,
+    self_attention_votes,
+)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -34,7 +40,7 @@ def test_shapes_and_trace(B):
     v, tr = m(u, return_routing=True)
     assert v.shape == (B, 10, 16)
     assert m(u).shape == (B, 10, 16)
-    assert tr.algorithm == "self_attention" and tr.n_iters == 1
+    assert tr.algorithm == "self_attention" and tr.iterations == 1
     assert tr.coefficients[0].shape == (B, 16, 10)
     assert tr.agreements[0].shape == (B, 16, 10)
     assert tr.outputs[0].shape == (B, 10, 16)
@@ -117,8 +123,9 @@ def test_tiny_case_matches_loop_reference(n_inp):
     for b in range(2):
         v_ref, c_ref = _reference_loop(u[b].tolist(), m.weight.tolist(), m.log_prior.tolist())
         torch.testing.assert_close(v[b], torch.tensor(v_ref, dtype=torch.float64), rtol=1e-10, atol=1e-12)
-        torch.testing.assert_close(tr.coefficients[0][b], torch.tensor(c_ref, dtype=torch.float64),
-                                   rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(
+            tr.coefficients[0][b], torch.tensor(c_ref, dtype=torch.float64), rtol=1e-10, atol=1e-12
+        )
     torch.testing.assert_close(m(u), v)
 
 

@@ -7,8 +7,15 @@ from capsule_lib.data import get_dataset
 from capsule_lib.data.transforms import random_shift
 from capsule_lib.models.baselines import BaselineCNN
 from capsule_lib.models.capsnet import CapsNet, CapsNetConfig
-from capsule_lib.training import (CapsuleObjective, ClassifierObjective, History, TensorLoader, Trainer, load_history,
-                                  select_device)
+from capsule_lib.training import (
+    CapsuleObjective,
+    ClassifierObjective,
+    History,
+    TensorLoader,
+    Trainer,
+    load_history,
+    select_device,
+)
 
 TINY = CapsNetConfig(conv_channels=8, primary_types=4, class_dim=8, decoder_hidden=(32, 64))
 
@@ -24,9 +31,18 @@ def make_trainer(out_dir, seed=0):
     torch.manual_seed(seed)
     model = CapsNet(TINY)
     opt = torch.optim.Adam(model.parameters(), 1e-3)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.95 ** s)
-    return Trainer(model, CapsuleObjective(), opt, sched, scheduler_step="batch", device="cpu", out_dir=out_dir,
-                   seed=seed, progress=False)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.95**s)
+    return Trainer(
+        model,
+        CapsuleObjective(),
+        opt,
+        sched,
+        scheduler_step="batch",
+        device="cpu",
+        out_dir=out_dir,
+        seed=seed,
+        progress=False,
+    )
 
 
 def loaders(glyphs, seed=0):
@@ -35,8 +51,10 @@ def loaders(glyphs, seed=0):
     def aug(batch, g):
         return (random_shift(batch[0], 2, g), *batch[1:])
 
-    return (TensorLoader.from_dataset(tr, 64, shuffle=True, seed=seed, transform=aug),
-            TensorLoader.from_dataset(va, 128))
+    return (
+        TensorLoader.from_dataset(tr, 64, shuffle=True, seed=seed, transform=aug),
+        TensorLoader.from_dataset(va, 128),
+    )
 
 
 def test_loader_is_reproducible_per_epoch(glyphs):
@@ -75,8 +93,17 @@ def test_fit_writes_history_and_checkpoints(tmp_path, glyphs):
     hist = trainer.fit(tl, vl, epochs=2)
     assert len(hist) == 2
     rec = hist.records[-1]
-    for key in ("train_loss", "train_acc", "train_margin", "train_recon", "val_loss", "val_acc", "lr",
-                "epoch_time", "wall_time"):
+    for key in (
+        "train_loss",
+        "train_acc",
+        "train_margin",
+        "train_recon",
+        "val_loss",
+        "val_acc",
+        "lr",
+        "epoch_time",
+        "wall_time",
+    ):
         assert key in rec, key
     assert (tmp_path / "last.pt").exists() and (tmp_path / "best.pt").exists()
     saved = load_history(tmp_path / "history.json")
@@ -199,19 +226,36 @@ def test_time_training_step_leaves_model_unchanged(glyphs):
 def test_recipes_smoke(tmp_path):
     """Each recipe runs end to end on a few generated images and writes a resumable run directory."""
     from capsule_lib.models.baselines import BaselineCNNConfig
-    from capsule_lib.recipes import (BaselineCNNRecipe, CapsNetRecipe, EfficientMultiMNISTRecipe, train_baseline_cnn,
-                                     train_capsnet, train_efficient_multimnist)
+    from capsule_lib.recipes import BaselineCNNRecipe, CapsNetRecipe, EfficientMultiMNISTRecipe
+    from capsule_lib.train import train
 
-    _, tr = train_capsnet(CapsNetRecipe(epochs=1, dataset="glyph_digits", train_subset=64, eval_subset=64,
-                                        device="cpu", model=TINY), tmp_path / "caps", progress=False, test=False)
+    _, tr = train(
+        CapsNetRecipe(epochs=1, dataset="glyph_digits", train_subset=64, eval_subset=64, device="cpu", model=TINY),
+        out_dir=tmp_path / "caps",
+        progress=False,
+        test=False,
+    )
     assert (tmp_path / "caps" / "history.json").exists() and tr.history.meta["parameters"] > 0
-    _, tr = train_baseline_cnn(BaselineCNNRecipe(epochs=1, dataset="glyph_digits", train_subset=64, eval_subset=64,
-                                                 device="cpu", model=BaselineCNNConfig(channels=(4, 4, 4))),
-                               tmp_path / "cnn", progress=False, test=False)
+    _, tr = train(
+        BaselineCNNRecipe(
+            epochs=1,
+            dataset="glyph_digits",
+            train_subset=64,
+            eval_subset=64,
+            device="cpu",
+            model=BaselineCNNConfig(channels=(4, 4, 4)),
+        ),
+        out_dir=tmp_path / "cnn",
+        progress=False,
+        test=False,
+    )
     assert tr.history.records[0]["val_acc"] >= 0
-    _, tr = train_efficient_multimnist(EfficientMultiMNISTRecipe(epochs=1, pairs_per_epoch=64, val_pairs=32,
-                                                                 device="cpu"),
-                                       tmp_path / "emm", progress=False, test=False, dataset="glyph_digits")
+    _, tr = train(
+        EfficientMultiMNISTRecipe(epochs=1, pairs_per_epoch=64, val_pairs=32, device="cpu", dataset="glyph_digits"),
+        out_dir=tmp_path / "emm",
+        progress=False,
+        test=False,
+    )
     assert "both digits" in tr.history.meta["accuracy"]
 
 
@@ -235,6 +279,6 @@ def test_resume_applies_a_changed_lambda_schedule_at_once(tmp_path, glyphs):
     first.fit(tl, vl, epochs=1)  # 4 batches: lr = 1e-3 * 0.95**4 afterwards
     again = make_trainer(tmp_path)
     again._meta = {"config": {"decay": 0.5}}
-    again.scheduler = torch.optim.lr_scheduler.LambdaLR(again.optimizer, lambda s: 0.5 ** s)
+    again.scheduler = torch.optim.lr_scheduler.LambdaLR(again.optimizer, lambda s: 0.5**s)
     again.fit(tl, vl, epochs=2)
-    assert again.history.records[1]["lr"] == pytest.approx(1e-3 * 0.5 ** 4)
+    assert again.history.records[1]["lr"] == pytest.approx(1e-3 * 0.5**4)

@@ -1,4 +1,5 @@
 """capsule_lib.viz: static figures, toy routing problems, widgets wired to their static twins."""
+
 import base64
 import html
 import io
@@ -59,7 +60,7 @@ def test_toy_votes_rejects_bad_sizes():
 
 def test_routing_separates_the_toy_groups(problem):
     t, trace = problem
-    first, last = toy.group_shares(t, trace, 1), toy.group_shares(t, trace, trace.n_iters)
+    first, last = toy.group_shares(t, trace, 1), toy.group_shares(t, trace, trace.iterations)
     np.testing.assert_allclose(first, 0.5, atol=1e-6)  # iteration 1: uniform coefficients
     assert last[0, 0] > 0.8 and last[1, 1] > 0.8  # each group routes to its own parent
     np.testing.assert_allclose(last.sum(axis=1), 1.0, atol=1e-5)
@@ -73,9 +74,9 @@ def test_routing_readout_matches_the_trace(problem):
     assert line.startswith("iteration 2: ")
     assert f"|v_A|={v[0]:.2f}" in line and f"|v_B|={v[1]:.2f}" in line
     assert f"A→A {100 * shares[0, 0]:.0f}%" in line and "outliers→A/B" in line
-    assert toy.routing_readout(t, trace, 1) != toy.routing_readout(t, trace, trace.n_iters)
+    assert toy.routing_readout(t, trace, 1) != toy.routing_readout(t, trace, trace.iterations)
     with pytest.raises(ValueError, match="out of range"):
-        toy.routing_readout(t, trace, trace.n_iters + 1)
+        toy.routing_readout(t, trace, trace.iterations + 1)
 
 
 # ---------------------------------------------------------------------------------------- figures
@@ -84,12 +85,12 @@ def test_routing_figures(problem):
     fig = toy.plot_routing_state(t, trace, 3)
     assert len(fig.axes) == t.n_parents + 1
     assert "iteration 3" in fig.axes[0].get_title()
-    grid = toy.plot_routing_iterations(t, trace, iterations=[1, 3, 6])
+    grid = toy.plot_toy_iterations(t, trace, iterations=[1, 3, 6])
     assert len(grid.axes) == 3 * t.n_parents
     # the static twin draws different figures for different iterations
     assert png_bytes(toy.plot_routing_state(t, trace, 1)) != png_bytes(toy.plot_routing_state(t, trace, 6))
     with pytest.raises(ValueError):
-        toy.plot_routing_iterations(t, trace, iterations=[0])
+        toy.plot_toy_iterations(t, trace, iterations=[0])
     plt.close("all")
 
 
@@ -133,7 +134,7 @@ def test_plot_coefficients(problem):
     assert len(images) == 2
     np.testing.assert_allclose(images[1].images[0].get_array(), trace.coefficients[1][0].numpy())
     plt.close(fig)
-    from capsule_lib.routing import RoutingTrace
+    from capsule_lib import RoutingTrace
 
     with pytest.raises(ValueError):
         plots.plot_coefficients(RoutingTrace("dynamic"))
@@ -142,8 +143,17 @@ def test_plot_coefficients(problem):
 def _history(n=3):
     h = History()
     for e in range(1, n + 1):
-        h.append({"epoch": e, "train_loss": 1.0 / e, "train_acc": 0.5 + 0.1 * e, "val_loss": 1.2 / e,
-                  "val_acc": 0.45 + 0.1 * e, "lr": 1e-3, "epoch_time": 1.0})
+        h.append(
+            {
+                "epoch": e,
+                "train_loss": 1.0 / e,
+                "train_acc": 0.5 + 0.1 * e,
+                "val_loss": 1.2 / e,
+                "val_acc": 0.45 + 0.1 * e,
+                "lr": 1e-3,
+                "epoch_time": 1.0,
+            }
+        )
     return h
 
 
@@ -194,13 +204,22 @@ def test_liveplot_as_trainer_callback(monkeypatch):
     from capsule_lib.training import ClassifierObjective, TensorLoader, Trainer
 
     shown = []
-    monkeypatch.setattr(ipd, "display", lambda obj, display_id=None: shown.append(obj) or type(
-        "H", (), {"update": lambda self, o: shown.append(o)})())
+    monkeypatch.setattr(
+        ipd,
+        "display",
+        lambda obj, display_id=None: shown.append(obj) or type("H", (), {"update": lambda self, o: shown.append(o)})(),
+    )
     x, y = torch.randn(32, 4), torch.randint(0, 3, (32,))
     model = nn.Linear(4, 3)
     live = plots.LivePlot()
-    trainer = Trainer(model, ClassifierObjective(), torch.optim.SGD(model.parameters(), lr=0.1), device="cpu",
-                      callbacks=[live], progress=False)
+    trainer = Trainer(
+        model,
+        ClassifierObjective(),
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        device="cpu",
+        callbacks=[live],
+        progress=False,
+    )
     trainer.fit(TensorLoader([x, y], 8), TensorLoader([x, y], 16), epochs=2)
     assert live.draws == 2 and len(shown) == 2
 
@@ -212,7 +231,7 @@ def test_routing_explorer_wires_slider_to_twin(problem):
     t, trace = problem
     ex = routing_explorer(t, trace, initial=1)
     slider = ex.controls["t"]
-    assert slider.description == "iterations" and (slider.min, slider.max, slider.value) == (1, trace.n_iters, 1)
+    assert slider.description == "iterations" and (slider.min, slider.max, slider.value) == (1, trace.iterations, 1)
     assert ex.draws == 1 and ex.last_values == {"t": 1}
     assert html.escape(toy.routing_readout(t, trace, 1)) in ex.readout.value
     first_png = ex.output.outputs[0]["data"]["image/png"]
@@ -244,9 +263,12 @@ def test_generic_explorer_buttons_and_set_values():
         return fig
 
     defaults = {"a": 1.0, "b": 2.0}
-    ex = explorer({"a": W.FloatSlider(value=1.0, description="a"), "b": W.FloatSlider(value=2.0, description="b")},
-                  draw, readout=lambda a, b: f"a+b={a + b:.1f}",
-                  buttons={"reset": lambda e: e.set_values(**defaults)})
+    ex = explorer(
+        {"a": W.FloatSlider(value=1.0, description="a"), "b": W.FloatSlider(value=2.0, description="b")},
+        draw,
+        readout=lambda a, b: f"a+b={a + b:.1f}",
+        buttons={"reset": lambda e: e.set_values(**defaults)},
+    )
     assert drawn == [(1.0, 2.0)] and "a+b=3.0" in ex.readout.value
     ex.controls["a"].value = 5.0
     assert drawn[-1] == (5.0, 2.0) and "a+b=7.0" in ex.readout.value

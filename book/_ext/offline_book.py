@@ -7,6 +7,7 @@
    (``<script src>``, stylesheets, images, iframes, inline scripts naming a CDN) and emits a warning per
    finding, so that ``jupyter-book build -W`` fails if a page needs the network.
 """
+
 from __future__ import annotations
 
 import re
@@ -19,8 +20,16 @@ from sphinx.util import logging
 logger = logging.getLogger(__name__)
 
 CDN_PATTERN = re.compile(r"(cdn\.|unpkg\.com|jsdelivr|cdnjs|googleapis|gstatic|mathjax\.org|polyfill\.io)", re.I)
-_FETCHING = {"script": "src", "img": "src", "iframe": "src", "source": "src", "audio": "src", "video": "src",
-             "embed": "src", "object": "data"}
+_FETCHING = {
+    "script": "src",
+    "img": "src",
+    "iframe": "src",
+    "source": "src",
+    "audio": "src",
+    "video": "src",
+    "embed": "src",
+    "object": "data",
+}
 _LINK_RELS = {"stylesheet", "preload", "modulepreload", "prefetch", "icon", "shortcut icon", "manifest"}
 
 

@@ -11,6 +11,7 @@ traceback in it, and prints "build succeeded". ``make book`` runs this script af
     .venv/bin/python book/_tools/build_report.py --clean   # before the build: remove old reports
     .venv/bin/python book/_tools/build_report.py           # after the build
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,10 +42,10 @@ def summarize(text: str, max_lines: int = 25) -> str:
     cell: list[str] = []
     for i, line in enumerate(lines):
         if "An error occurred while executing the following cell" in line:
-            body = lines[i + 1:]
+            body = lines[i + 1 :]
             dashes = [k for k, s in enumerate(body) if set(s.strip()) == {"-"}]
             if len(dashes) >= 2:
-                cell = body[dashes[0] + 1:dashes[1]]
+                cell = body[dashes[0] + 1 : dashes[1]]
             break
     errors = [s for s in lines if re.match(r"^\s*\w*(Error|Exception)\b.*:", s)]
     error = errors[-1].strip() if errors else (lines[-1].strip() if lines else "(empty report)")
@@ -87,12 +88,16 @@ def main(argv: list[str] | None = None) -> int:
     standins = standin_pages(build / "jupyter_execute")
     if standins:
         parts = [f"{name} ({', '.join(pages)})" for name, pages in standins.items()]
-        fetch = sorted({f"python data_scripts/{SCRIPTS.get(n, n + '.py')} --root \"$CAPSULE_DATA\"" for n in standins})
-        print(f"build_report: built on generated stand-in data for: {'; '.join(parts)}. Fetch the real data with "
-              f"{' and '.join(f'`{c}`' for c in fetch)} (or build with internet access), then `make book` again.")
+        fetch = sorted({f'python data_scripts/{SCRIPTS.get(n, n + ".py")} --root "$CAPSULE_DATA"' for n in standins})
+        print(
+            f"build_report: built on generated stand-in data for: {'; '.join(parts)}. Fetch the real data with "
+            f"{' and '.join(f'`{c}`' for c in fetch)} (or build with internet access), then `make book` again."
+        )
     if failed:
-        print(f"build_report: {len(failed)} notebook(s) raised during execution; the book was NOT built correctly "
-              f"(full tracebacks: {html / 'reports'})")
+        print(
+            f"build_report: {len(failed)} notebook(s) raised during execution; the book was NOT built correctly "
+            f"(full tracebacks: {html / 'reports'})"
+        )
         return 1
     return 0
 

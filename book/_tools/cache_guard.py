@@ -10,6 +10,7 @@ notebook), so the next build executes every chapter again. Run by ``make book`` 
 
     .venv/bin/python book/_tools/cache_guard.py [--build _build]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,8 +31,11 @@ def fingerprint(repo: Path | None = None) -> str:
     this repository)."""
     repo = repo or REPO
     h = hashlib.sha256()
-    lib = sorted(f for f in (repo / "capsule_lib").rglob("*")
-                 if f.is_file() and "__pycache__" not in f.parts and f.suffix != ".pyc")
+    lib = sorted(
+        f
+        for f in (repo / "capsule_lib").rglob("*")
+        if f.is_file() and "__pycache__" not in f.parts and f.suffix != ".pyc"
+    )
     files = lib + [repo / "requirements.txt", repo / "pyproject.toml"]
     for f in files:
         if f.is_file():
@@ -57,8 +61,10 @@ def main(argv: list[str] | None = None) -> int:
         for p in stale:
             shutil.rmtree(p)
         if stale:
-            print("cache_guard: capsule_lib, packages or CAPSULE_* changed -> cleared the execution cache; "
-                  "every chapter will be executed again")
+            print(
+                "cache_guard: capsule_lib, packages or CAPSULE_* changed -> cleared the execution cache; "
+                "every chapter will be executed again"
+            )
         build.mkdir(parents=True, exist_ok=True)
         key_file.write_text(new + "\n")
     else:

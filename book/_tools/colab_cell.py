@@ -10,6 +10,7 @@ for. This script writes that cell into every chapter, or checks that each chapte
 
 The cell is tagged ``colab-setup`` and ``remove-cell`` (it is not shown on the rendered pages).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -82,8 +83,13 @@ def main(argv: list[str] | None = None) -> int:
         if not args.write:
             bad.append(path.relative_to(REPO).as_posix())
             continue
-        new = {"cell_type": "code", "execution_count": None, "metadata": {"tags": TAGS}, "outputs": [],
-               "source": want.splitlines(keepends=True)}
+        new = {
+            "cell_type": "code",
+            "execution_count": None,
+            "metadata": {"tags": TAGS},
+            "outputs": [],
+            "source": want.splitlines(keepends=True),
+        }
         if cell is None:
             nb["cells"].insert(0, new)
         else:
@@ -91,8 +97,10 @@ def main(argv: list[str] | None = None) -> int:
         path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
         print(f"colab_cell: wrote {path.relative_to(REPO)}")
     if bad:
-        print(f"colab_cell: the Colab cell differs from _config.yml/pyproject.toml in: {', '.join(bad)}; "
-              "run `.venv/bin/python book/_tools/colab_cell.py --write`")
+        print(
+            f"colab_cell: the Colab cell differs from _config.yml/pyproject.toml in: {', '.join(bad)}; "
+            "run `.venv/bin/python book/_tools/colab_cell.py --write`"
+        )
         return 1
     return 0
 

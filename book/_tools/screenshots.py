@@ -15,6 +15,7 @@ Debian's Chromium through Playwright, waits for MathJax and the widget renderer,
 
 Exits 1 if any page has one of these problems (JavaScript errors are printed, not counted).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -83,8 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     failures: list[str] = []
     report: dict[str, dict] = {}
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                     args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"])
+        browser = pw.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"]
+        )
         try:
             for page_path in pages:
                 rel = page_path.relative_to(html).as_posix()
@@ -92,19 +94,27 @@ def main(argv: list[str] | None = None) -> int:
                 page = ctx.new_page()
                 remote: list[str] = []
                 errors: list[str] = []
-                page.on("request", lambda r, remote=remote: None if r.url.startswith(LOCAL_SCHEMES) else remote.append(r.url))
+                page.on(
+                    "request",
+                    lambda r, remote=remote: None if r.url.startswith(LOCAL_SCHEMES) else remote.append(r.url),
+                )
                 page.on("pageerror", lambda e, errors=errors: errors.append(str(e)))
                 page.goto(page_path.as_uri(), wait_until="load", timeout=60_000)
-                page.wait_for_function("() => !window.MathJax || !window.MathJax.startup || "
-                                       "window.MathJax.startup.promise !== undefined", timeout=30_000)
+                page.wait_for_function(
+                    "() => !window.MathJax || !window.MathJax.startup || window.MathJax.startup.promise !== undefined",
+                    timeout=30_000,
+                )
                 page.evaluate("() => window.MathJax && MathJax.startup && MathJax.startup.promise")
                 page.wait_for_timeout(1500)  # let the widget manager render saved widget state
                 info = page.evaluate(_PROBE)
                 info.update(remote_requests=remote, js_errors=errors)
                 shot = out / (rel.replace("/", "__").removesuffix(".html") + ".png")
                 height = page.evaluate("() => document.documentElement.scrollHeight")
-                clip = ({"x": 0, "y": 0, "width": args.width, "height": args.max_height}
-                        if height > args.max_height else None)
+                clip = (
+                    {"x": 0, "y": 0, "width": args.width, "height": args.max_height}
+                    if height > args.max_height
+                    else None
+                )
                 page.screenshot(path=str(shot), full_page=True, clip=clip)
                 info["height"], info["cropped"] = height, clip is not None
                 info["screenshot"] = str(shot)
@@ -121,17 +131,23 @@ def main(argv: list[str] | None = None) -> int:
                 if info["broken_images"]:
                     problems.append(f"broken images: {info['broken_images']}")
                 if info["code_overflow"]:
-                    problems.append(f"{len(info['code_overflow'])} code block(s) wider than the page, e.g. "
-                                    f"{info['code_overflow'][:2]}")
+                    problems.append(
+                        f"{len(info['code_overflow'])} code block(s) wider than the page, e.g. "
+                        f"{info['code_overflow'][:2]}"
+                    )
                 if info["abs_paths"]:
                     problems.append(f"absolute filesystem path(s) in the page text: {info['abs_paths']}")
                 if info["empty_outputs"]:
-                    problems.append(f"{len(info['empty_outputs'])} empty output area(s), after the cell(s) "
-                                    f"starting {info['empty_outputs'][:3]}")
+                    problems.append(
+                        f"{len(info['empty_outputs'])} empty output area(s), after the cell(s) "
+                        f"starting {info['empty_outputs'][:3]}"
+                    )
                 status = "PROBLEM: " + "; ".join(problems) if problems else "ok"
-                print(f"{rel}: math {info['typeset']}/{info['math']} typeset, images {info['images']}, widgets "
-                      f"{info['widgets_rendered']} rendered of {info['widget_views']} views, "
-                      f"{len(errors)} JS error(s) -> {shot} [{status}]")
+                print(
+                    f"{rel}: math {info['typeset']}/{info['math']} typeset, images {info['images']}, widgets "
+                    f"{info['widgets_rendered']} rendered of {info['widget_views']} views, "
+                    f"{len(errors)} JS error(s) -> {shot} [{status}]"
+                )
                 for e in errors:
                     print(f"    JS error: {e[:300]}")
                 failures += [f"{rel}: {p}" for p in problems]

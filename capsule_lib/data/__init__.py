@@ -9,7 +9,7 @@ from . import generated  # noqa: F401  (registers the generated datasets)
 from . import affine_mnist, affnist, multimnist, render, smallnorb  # noqa: F401  (register their datasets)
 from .affine_mnist import make_affine_mnist
 from .affnist import center_pad, random_place, read_affnist_mat
-from .datasets import (DatasetUnavailableError, ImageDataset, available_datasets, data_root, get_dataset,
+from .datasets import (DatasetUnavailableError, ImageDataset, available_datasets, data_root, get_dataset, repository_root,
                        STANDINS, is_offline, read_idx, register_dataset, train_val_indices)
 from .generated import glyph_digits
 from .multimnist import make_multimnist, overlap_stats
@@ -18,7 +18,8 @@ from .smallnorb import (EfficientNorbTransform, NorbFormatError, channel_stats, 
                         read_norb_matrix, stereo_as_samples, write_norb_matrix)
 
 __all__ = [
-    "DatasetUnavailableError", "ImageDataset", "available_datasets", "data_root", "get_dataset", "is_offline",
+    "DatasetUnavailableError", "ImageDataset", "available_datasets", "data_root", "repository_root", "get_dataset",
+    "is_offline",
     "read_idx", "register_dataset", "train_val_indices", "STANDINS", "glyph_digits",
     "make_multimnist", "overlap_stats", "make_affine_mnist", "read_affnist_mat", "center_pad", "random_place",
     "render_norb_like", "viewpoint_split", "read_norb_matrix", "write_norb_matrix", "NorbFormatError",

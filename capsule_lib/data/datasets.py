@@ -102,9 +102,27 @@ def available_datasets() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def data_root(root: str | os.PathLike | None = None) -> Path:
-    """The data root: ``root`` if given, else ``$CAPSULE_DATA``, else ``./data``."""
-    return Path(root or os.environ.get("CAPSULE_DATA") or "data").expanduser()
+def repository_root(start: str | os.PathLike | None = None) -> Path | None:
+    """The book's repository (the folder with ``_toc.yml`` and ``capsule_lib/``) that contains ``start`` (default:
+    the current directory), or ``None`` outside it."""
+    here = Path(start or os.getcwd()).resolve()
+    for d in (here, *here.parents):
+        if (d / "_toc.yml").is_file() and (d / "capsule_lib").is_dir():
+            return d
+    return None
+
+
+def data_root(root: str | os.PathLike | None = None, *, start: str | os.PathLike | None = None) -> Path:
+    """The one resolution of the data root: ``root`` if given, else ``$CAPSULE_DATA``, else ``data/`` at the
+    repository root when running inside the repository (chapters run in ``book/``), else ``./data`` in the
+    current directory (e.g. ``/content/data`` on Colab). ``start`` replaces the current directory."""
+    if root:
+        return Path(root).expanduser()
+    env = os.environ.get("CAPSULE_DATA")
+    if env:
+        return Path(env).expanduser()
+    repo = repository_root(start)
+    return repo / "data" if repo is not None else Path(start or os.getcwd()).resolve() / "data"
 
 
 def is_offline() -> bool:

@@ -35,11 +35,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..functional import add_coordinate_channels
 from .datasets import ImageDataset, _check_split, register_dataset, train_val_indices, unavailable
 
 __all__ = [
     "NORB_MAGIC", "NorbFormatError", "read_norb_matrix", "write_norb_matrix", "parse_norb_matrix",
-    "norb_files", "load_smallnorb_arrays", "SMALLNORB_CLASSES", "add_coordinate_channels", "shift_edge",
+    "norb_files", "load_smallnorb_arrays", "SMALLNORB_CLASSES", "shift_edge",
     "heinsen_transform", "channel_stats", "EfficientNorbTransform", "hinton_transform", "stereo_as_samples",
 ]
 
@@ -206,15 +207,6 @@ def _load_smallnorb(root: Path, split: str, download: bool, val_size: int = 2430
 
 
 # ----------------------------------------------------------------------------------------- preprocessing
-def add_coordinate_channels(x: torch.Tensor) -> torch.Tensor:
-    """Append two channels with ``linspace(-1, 1)`` along H and along W (Heinsen 2019):
-    ``[B, C, H, W] -> [B, C + 2, H, W]``."""
-    B, _, H, W = x.shape
-    yy = torch.linspace(-1, 1, H, device=x.device, dtype=x.dtype).view(1, 1, H, 1).expand(B, 1, H, W)
-    xx = torch.linspace(-1, 1, W, device=x.device, dtype=x.dtype).view(1, 1, 1, W).expand(B, 1, H, W)
-    return torch.cat([x, yy, xx], dim=1)
-
-
 def shift_edge(x: torch.Tensor, dx: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
     """Shift each image by integer ``(dx[b], dy[b])`` with **edge** (replicate) fill: ``[B, C, H, W] -> same``.
     Equals torchvision ``RandomCrop(H, padding=m, padding_mode="edge")`` with crop offset ``m - d``."""

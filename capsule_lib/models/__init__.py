@@ -1,13 +1,26 @@
 """One module per paper's models; each takes a dataclass config whose defaults are the paper's."""
+
 from .baselines import BaselineCNN, BaselineCNNConfig
-from .capsnet import CapsNet, CapsNetConfig, CapsuleOutput
+from .capsnet import CapsNet, CapsNetConfig
 from .efficient import EfficientCapsNet, EfficientCapsNetConfig
 from .em_capsnet import EMCapsNet, EMCapsNetConfig
 from .heinsen import SequenceClassifierConfig, SequenceClassifierHead, SmallNORBClassifier, SmallNORBConfig
 from .inverted import CapsLayerSpec, CapsModel, CapsModelConfig
 
 __all__ = [
-    "CapsuleOutput", "CapsNet", "CapsNetConfig", "EfficientCapsNet", "EfficientCapsNetConfig", "EMCapsNet",
-    "EMCapsNetConfig", "SmallNORBClassifier", "SmallNORBConfig", "SequenceClassifierHead", "SequenceClassifierConfig",
-    "CapsModel", "CapsModelConfig", "CapsLayerSpec", "BaselineCNN", "BaselineCNNConfig",
+    "CapsNet",
+    "CapsNetConfig",
+    "EfficientCapsNet",
+    "EfficientCapsNetConfig",
+    "EMCapsNet",
+    "EMCapsNetConfig",
+    "SmallNORBClassifier",
+    "SmallNORBConfig",
+    "SequenceClassifierHead",
+    "SequenceClassifierConfig",
+    "CapsModel",
+    "CapsModelConfig",
+    "CapsLayerSpec",
+    "BaselineCNN",
+    "BaselineCNNConfig",
 ]

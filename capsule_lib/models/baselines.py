@@ -1,4 +1,5 @@
 """Plain CNN baselines, trained with the same data and budget as the capsule models they are compared to."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -55,8 +56,12 @@ class BaselineCNN(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         check_module_input(x, self, type(self).__name__)
         c = self.config
-        check_tensor(x, "x", f"[B, {c.in_channels}, {c.image_size}, {c.image_size}]",
-                     [None, c.in_channels, c.image_size, c.image_size])
+        check_tensor(
+            x,
+            "x",
+            f"[B, {c.in_channels}, {c.image_size}, {c.image_size}]",
+            [None, c.in_channels, c.image_size, c.image_size],
+        )
         h = F.max_pool2d(F.relu(self.conv1(x)), 2)  # [B, c1, H/2, W/2]
         h = F.max_pool2d(F.relu(self.conv2(h)), 2)  # [B, c2, H/4, W/4]
         h = F.relu(self.conv3(h)).flatten(1)  # [B, c3*H/4*W/4]

@@ -9,9 +9,10 @@ Shapes for the MNIST configuration (the default)::
     lengths      [B, 10]               class scores
     decoder      [B, 1, 28, 28]        masked by the label (training) or the longest capsule (test)
 """
+
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -21,29 +22,9 @@ from .._checks import check_module_input, check_tensor
 from ..functional import capsule_lengths
 from ..layers import FCDecoder, PrimaryCapsules, mask_capsules
 from ..routing.dynamic import DynamicRouting
-from ..routing.trace import RoutingTrace
+from ..types import CapsuleOutput
 
-__all__ = ["CapsNetConfig", "CapsNet", "CapsuleOutput"]
-
-
-@dataclass
-class CapsuleOutput:
-    """What a capsule classifier returns.
-
-    ``lengths [B, K]`` class scores (capsule lengths, or logits for models that produce logits);
-    ``poses [B, K, D]`` class capsules; ``reconstruction [B, C, H, W]`` or ``None``;
-    ``trace`` the :class:`RoutingTrace` when asked for.
-    """
-
-    lengths: torch.Tensor
-    poses: torch.Tensor
-    reconstruction: torch.Tensor | None = None
-    trace: RoutingTrace | None = None
-    extra: dict = field(default_factory=dict)
-
-    @property
-    def scores(self) -> torch.Tensor:
-        return self.lengths
+__all__ = ["CapsNetConfig", "CapsNet"]
 
 
 @dataclass
@@ -61,13 +42,13 @@ class CapsNetConfig:
     n_classes: int = 10
     class_dim: int = 16
     iterations: int = 3
-    routing_bias: bool = True      # official code: b_j in R^16, init 0.1 (not counted in the paper's 6.8M)
+    routing_bias: bool = True  # official code: b_j in R^16, init 0.1 (not counted in the paper's 6.8M)
     leaky: bool = False
-    coupling: str = "parents"      # "children" = the gram-ai softmax-axis bug, for comparison only
+    coupling: str = "parents"  # "children" = the gram-ai softmax-axis bug, for comparison only
     init_std: float = 0.01
     decoder: bool = True
     decoder_hidden: tuple[int, ...] = (512, 1024)
-    mask_k: int = 1                # capsules kept for reconstruction at test time (2 for MultiMNIST)
+    mask_k: int = 1  # capsules kept for reconstruction at test time (2 for MultiMNIST)
     primary_conv: str = "standard"  # "bf16_gemm": faster CPU training of the primary-capsule conv (bf16 numerics)
 
     @property
@@ -77,7 +58,7 @@ class CapsNetConfig:
 
     @property
     def n_primary(self) -> int:
-        return self.primary_types * self.primary_grid ** 2
+        return self.primary_types * self.primary_grid**2
 
 
 class CapsNet(nn.Module):
@@ -100,20 +81,42 @@ class CapsNet(nn.Module):
             raise ValueError(f"image_size {cfg.image_size} is too small for the conv stack")
         self.config = cfg
         self.conv1 = nn.Conv2d(cfg.in_channels, cfg.conv_channels, cfg.conv_kernel)
-        self.primary = PrimaryCapsules(cfg.conv_channels, cfg.primary_types, cfg.primary_dim,
-                                       cfg.primary_kernel, cfg.primary_stride, conv=cfg.primary_conv)
-        self.digits = DynamicRouting(cfg.n_primary, cfg.n_classes, cfg.primary_dim, cfg.class_dim,
-                                     cfg.iterations, bias=cfg.routing_bias, leaky=cfg.leaky,
-                                     coupling=cfg.coupling, init_std=cfg.init_std)
-        self.decoder = (FCDecoder(cfg.n_classes, cfg.class_dim,
-                                  (cfg.in_channels, cfg.image_size, cfg.image_size), cfg.decoder_hidden)
-                        if cfg.decoder else None)
+        self.primary = PrimaryCapsules(
+            cfg.conv_channels,
+            cfg.primary_types,
+            cfg.primary_dim,
+            cfg.primary_kernel,
+            cfg.primary_stride,
+            conv=cfg.primary_conv,
+        )
+        self.digits = DynamicRouting(
+            cfg.n_primary,
+            cfg.n_classes,
+            cfg.primary_dim,
+            cfg.class_dim,
+            cfg.iterations,
+            bias=cfg.routing_bias,
+            leaky=cfg.leaky,
+            coupling=cfg.coupling,
+            init_std=cfg.init_std,
+        )
+        self.decoder = (
+            FCDecoder(
+                cfg.n_classes, cfg.class_dim, (cfg.in_channels, cfg.image_size, cfg.image_size), cfg.decoder_hidden
+            )
+            if cfg.decoder
+            else None
+        )
 
     def primary_capsules(self, x: torch.Tensor) -> torch.Tensor:
         """``[B, C, H, W] -> [B, 1152, 8]`` (type-major order, see :class:`PrimaryCapsules`)."""
         c = self.config
-        check_tensor(x, "x", f"[B, {c.in_channels}, {c.image_size}, {c.image_size}]",
-                     [None, c.in_channels, c.image_size, c.image_size])
+        check_tensor(
+            x,
+            "x",
+            f"[B, {c.in_channels}, {c.image_size}, {c.image_size}]",
+            [None, c.in_channels, c.image_size, c.image_size],
+        )
         return self.primary(F.relu(self.conv1(x)))
 
     def reconstruct(self, poses: torch.Tensor, y: torch.Tensor | None = None, k: int | None = None) -> torch.Tensor:
@@ -131,4 +134,4 @@ class CapsNet(nn.Module):
             v, trace = self.digits(u), None
         lengths = capsule_lengths(v)  # [B, 10]
         recon = self.reconstruct(v, y) if self.decoder is not None else None
-        return CapsuleOutput(lengths, v, recon, trace)
+        return CapsuleOutput(lengths, "lengths", v, recon, trace)

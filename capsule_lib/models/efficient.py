@@ -43,6 +43,7 @@ Notes on fidelity
   capsules use :class:`~capsule_lib.layers.DepthwisePrimaryCapsules`'s squash_E (epsilon 1e-8 inside the
   root). Both agree with the official values to float precision for capsules that are not ~0.
 """
+
 from __future__ import annotations
 
 import math
@@ -54,13 +55,11 @@ from torch import nn
 
 from .._checks import check_module_input, check_tensor
 from ..functional import capsule_lengths
-from ..layers import DepthwisePrimaryCapsules, FCDecoder, mask_capsules
+from ..layers import DepthwisePrimaryCapsules, FCDecoder, UpsampleConvDecoder, mask_capsules
 from ..routing.self_attention import SQUASH_EPS, SelfAttentionRouting, keras_fans, keras_he_normal_
-from .capsnet import CapsuleOutput
+from ..types import TRUNC_NORMAL_STD, CapsuleOutput
 
-__all__ = ["EfficientCapsNetConfig", "EfficientCapsNet", "UpsampleConvDecoder", "EFFICIENT_PRESETS"]
-
-_TRUNC_STD = 0.87962566103423978
+__all__ = ["EfficientCapsNetConfig", "EfficientCapsNet", "EFFICIENT_PRESETS"]
 
 
 @dataclass
@@ -75,47 +74,62 @@ class EfficientCapsNetConfig:
     conv_channels: tuple[int, ...] = (32, 64, 64, 128)
     conv_kernels: tuple[int, ...] = (5, 3, 3, 3)
     conv_strides: tuple[int, ...] = (1, 1, 1, 2)
-    norm: str = "batch"               # "batch" (MNIST, MultiMNIST) or "instance" (smallNORB, affine)
-    activation: str = "relu"          # "relu" or "leaky_relu"; each conv: conv -> activation -> norm
-    leaky_slope: float = 0.3          # Keras LeakyReLU() default alpha (smallNORB backbone)
-    norm_eps: float = 1e-3            # Keras BatchNormalization / tfa InstanceNormalization epsilon
-    bn_momentum: float = 0.01         # PyTorch convention (Keras momentum 0.99)
+    norm: str = "batch"  # "batch" (MNIST, MultiMNIST) or "instance" (smallNORB, affine)
+    activation: str = "relu"  # "relu" or "leaky_relu"; each conv: conv -> activation -> norm
+    leaky_slope: float = 0.3  # Keras LeakyReLU() default alpha (smallNORB backbone)
+    norm_eps: float = 1e-3  # Keras BatchNormalization / tfa InstanceNormalization epsilon
+    bn_momentum: float = 0.01  # PyTorch convention (Keras momentum 0.99)
     primary_kernel: int = 9
     primary_stride: int = 1
-    n_primary_caps: int = 16          # 16 capsules of 8 from the 128 depthwise channels
+    n_primary_caps: int = 16  # 16 capsules of 8 from the 128 depthwise channels
     primary_dim: int = 8
     n_classes: int = 10
     class_dim: int = 16
-    squash_eps: float = SQUASH_EPS    # FCCaps squash_E epsilon (official 10e-21)
-    length_eps: float = 1e-7          # Length: sqrt(sum v^2 + K.epsilon())
-    decoder: str | None = "fc"        # "fc" (MNIST, MultiMNIST), "conv" (smallNORB) or None
+    squash_eps: float = SQUASH_EPS  # FCCaps squash_E epsilon (official 10e-21)
+    length_eps: float = 1e-7  # Length: sqrt(sum v^2 + K.epsilon())
+    decoder: str | None = "fc"  # "fc" (MNIST, MultiMNIST), "conv" (smallNORB) or None
     decoder_hidden: tuple[int, ...] = (512, 1024)
-    decoder_slope: float = 0.2        # tf.nn.leaky_relu default alpha (conv decoder)
-    mask_k: int = 1                   # capsules kept for reconstruction at test time (2 for MultiMNIST)
-    decode_separately: bool = False   # also decode each kept capsule on its own (MultiMNIST)
-    init: str = "keras"               # "keras" (official initialisers) or "torch" (PyTorch defaults)
+    decoder_slope: float = 0.2  # tf.nn.leaky_relu default alpha (conv decoder)
+    mask_k: int = 1  # capsules kept for reconstruction at test time (2 for MultiMNIST)
+    decode_separately: bool = False  # also decode each kept capsule on its own (MultiMNIST)
+    init: str = "keras"  # "keras" (official initialisers) or "torch" (PyTorch defaults)
 
     @classmethod
-    def mnist(cls, **overrides) -> "EfficientCapsNetConfig":
+    def mnist(cls, **overrides) -> EfficientCapsNetConfig:
         """28x28x1, 161,824 trainable parameters without the decoder."""
         return cls(**overrides)
 
     @classmethod
-    def multimnist(cls, **overrides) -> "EfficientCapsNetConfig":
+    def multimnist(cls, **overrides) -> EfficientCapsNetConfig:
         """36x36x1 (third conv stride 2, primary kernel 5 stride 2), top-2 masking; 154,656 parameters."""
-        kw = dict(image_size=36, conv_strides=(1, 1, 2, 2), primary_kernel=5, primary_stride=2,
-                  mask_k=2, decode_separately=True)
+        kw = dict(
+            image_size=36,
+            conv_strides=(1, 1, 2, 2),
+            primary_kernel=5,
+            primary_stride=2,
+            mask_k=2,
+            decode_separately=True,
+        )
         return cls(**{**kw, **overrides})
 
     @classmethod
-    def smallnorb(cls, **overrides) -> "EfficientCapsNetConfig":
+    def smallnorb(cls, **overrides) -> EfficientCapsNetConfig:
         """48x48x2 stereo pairs, LeakyReLU + InstanceNorm backbone, 5 classes, conv decoder; 151,664."""
-        kw = dict(in_channels=2, image_size=48, conv_kernels=(7, 3, 3, 3), conv_strides=(2, 1, 1, 2),
-                  norm="instance", activation="leaky_relu", primary_kernel=8, n_classes=5, decoder="conv")
+        kw = dict(
+            in_channels=2,
+            image_size=48,
+            conv_kernels=(7, 3, 3, 3),
+            conv_strides=(2, 1, 1, 2),
+            norm="instance",
+            activation="leaky_relu",
+            primary_kernel=8,
+            n_classes=5,
+            decoder="conv",
+        )
         return cls(**{**kw, **overrides})
 
     @classmethod
-    def preset(cls, name: str, **overrides) -> "EfficientCapsNetConfig":
+    def preset(cls, name: str, **overrides) -> EfficientCapsNetConfig:
         try:
             return EFFICIENT_PRESETS[name](**overrides)
         except KeyError:
@@ -137,7 +151,7 @@ class EfficientCapsNetConfig:
     @property
     def n_primary(self) -> int:
         """Number of primary capsules ``n_primary_caps * grid^2`` (16 in the papers' configurations)."""
-        return self.n_primary_caps * self.primary_grid ** 2
+        return self.n_primary_caps * self.primary_grid**2
 
 
 EFFICIENT_PRESETS = {
@@ -155,7 +169,7 @@ def _glorot_uniform_(w: torch.Tensor, fan_in: int, fan_out: int) -> None:
 
 
 def _glorot_normal_(w: torch.Tensor, fan_in: int, fan_out: int) -> None:
-    std = math.sqrt(2.0 / (fan_in + fan_out)) / _TRUNC_STD
+    std = math.sqrt(2.0 / (fan_in + fan_out)) / TRUNC_NORMAL_STD
     with torch.no_grad():
         nn.init.trunc_normal_(w, 0.0, std, -2.0 * std, 2.0 * std)
 
@@ -175,41 +189,6 @@ def _zero_bias(m: nn.Module) -> None:
 
 
 # ------------------------------------------------------------------------------------------- decoders
-class UpsampleConvDecoder(nn.Module):
-    """Efficient-CapsNet's smallNORB decoder: masked capsules ``[B, J, D]`` -> image ``[B, C, 48, 48]``.
-
-    Dense(64) -> reshape 8x8x1 -> 3 x [bilinear x2 upsample, conv 3x3 valid, leaky ReLU] with
-    ``channels`` (64, 128, 128) -> conv 3x3 valid to ``out_channels``, sigmoid. Spatial sizes
-    8 -> 16 -> 14 -> 28 -> 26 -> 52 -> 50 -> 48. (Its sigmoid output is compared with standardised, signed
-    smallNORB targets in the official code, a known quirk of that code.)
-    """
-
-    def __init__(self, n_caps: int = 5, d_caps: int = 16, out_channels: int = 2,
-                 channels: tuple[int, ...] = (64, 128, 128), slope: float = 0.2) -> None:
-        super().__init__()
-        self.n_caps, self.d_caps, self.out_channels, self.slope = n_caps, d_caps, out_channels, slope
-        self.fc = nn.Linear(n_caps * d_caps, 64)
-        convs, c_in = [], 1
-        for c in channels:
-            convs.append(nn.Conv2d(c_in, c, 3))
-            c_in = c
-        self.convs = nn.ModuleList(convs)
-        self.out = nn.Conv2d(c_in, out_channels, 3)
-
-    @property
-    def out_size(self) -> int:
-        h = 8
-        for _ in self.convs:
-            h = 2 * h - 2
-        return h - 2
-
-    def forward(self, masked: torch.Tensor) -> torch.Tensor:
-        check_tensor(masked, "masked", f"[B, {self.n_caps}, {self.d_caps}]", [None, self.n_caps, self.d_caps])
-        h = self.fc(masked.flatten(1)).view(-1, 1, 8, 8)  # [B, 1, 8, 8]
-        for conv in self.convs:
-            h = F.interpolate(h, scale_factor=2, mode="bilinear", align_corners=False)  # Keras UpSampling2D
-            h = F.leaky_relu(conv(h), self.slope)
-        return torch.sigmoid(self.out(h))  # [B, C, 48, 48]
 
 
 # ---------------------------------------------------------------------------------------------- model
@@ -235,8 +214,13 @@ class EfficientCapsNet(nn.Module):
         cfg = config or EfficientCapsNetConfig()
         if overrides:
             cfg = replace(cfg, **overrides)
-        cfg = replace(cfg, conv_channels=tuple(cfg.conv_channels), conv_kernels=tuple(cfg.conv_kernels),
-                      conv_strides=tuple(cfg.conv_strides), decoder_hidden=tuple(cfg.decoder_hidden))
+        cfg = replace(
+            cfg,
+            conv_channels=tuple(cfg.conv_channels),
+            conv_kernels=tuple(cfg.conv_kernels),
+            conv_strides=tuple(cfg.conv_strides),
+            decoder_hidden=tuple(cfg.decoder_hidden),
+        )
         if not len(cfg.conv_channels) == len(cfg.conv_kernels) == len(cfg.conv_strides):
             raise ValueError("conv_channels, conv_kernels and conv_strides need the same length")
         if cfg.norm not in ("batch", "instance"):
@@ -256,23 +240,36 @@ class EfficientCapsNet(nn.Module):
         for c, k, s in zip(cfg.conv_channels, cfg.conv_kernels, cfg.conv_strides):
             layers.append(nn.Conv2d(c_in, c, k, s))
             layers.append(nn.ReLU() if cfg.activation == "relu" else nn.LeakyReLU(cfg.leaky_slope))
-            layers.append(nn.BatchNorm2d(c, eps=cfg.norm_eps, momentum=cfg.bn_momentum) if cfg.norm == "batch"
-                          else nn.InstanceNorm2d(c, eps=cfg.norm_eps, affine=True))
+            layers.append(
+                nn.BatchNorm2d(c, eps=cfg.norm_eps, momentum=cfg.bn_momentum)
+                if cfg.norm == "batch"
+                else nn.InstanceNorm2d(c, eps=cfg.norm_eps, affine=True)
+            )
             c_in = c
         self.backbone = nn.Sequential(*layers)
-        self.primary = DepthwisePrimaryCapsules(c_in, cfg.primary_kernel, cfg.n_primary_caps, cfg.primary_dim,
-                                                cfg.primary_stride)
-        self.digits = SelfAttentionRouting(cfg.n_primary, cfg.n_classes, cfg.primary_dim, cfg.class_dim,
-                                           eps=cfg.squash_eps, init="keras" if cfg.init == "keras" else "torch")
+        self.primary = DepthwisePrimaryCapsules(
+            c_in, cfg.primary_kernel, cfg.n_primary_caps, cfg.primary_dim, cfg.primary_stride
+        )
+        self.digits = SelfAttentionRouting(
+            cfg.n_primary,
+            cfg.n_classes,
+            cfg.primary_dim,
+            cfg.class_dim,
+            eps=cfg.squash_eps,
+            init="keras" if cfg.init == "keras" else "torch",
+        )
         self.decoder: nn.Module | None
         if cfg.decoder == "fc":
-            self.decoder = FCDecoder(cfg.n_classes, cfg.class_dim, (cfg.in_channels, cfg.image_size, cfg.image_size),
-                                     cfg.decoder_hidden)
+            self.decoder = FCDecoder(
+                cfg.n_classes, cfg.class_dim, (cfg.in_channels, cfg.image_size, cfg.image_size), cfg.decoder_hidden
+            )
         elif cfg.decoder == "conv":
             self.decoder = UpsampleConvDecoder(cfg.n_classes, cfg.class_dim, cfg.in_channels, slope=cfg.decoder_slope)
             if self.decoder.out_size != cfg.image_size:
-                raise ValueError(f"the conv decoder produces {self.decoder.out_size}x{self.decoder.out_size} images, "
-                                 f"not {cfg.image_size}x{cfg.image_size}")
+                raise ValueError(
+                    f"the conv decoder produces {self.decoder.out_size}x{self.decoder.out_size} images, "
+                    f"not {cfg.image_size}x{cfg.image_size}"
+                )
         else:
             self.decoder = None
         if cfg.init == "keras":
@@ -305,14 +302,21 @@ class EfficientCapsNet(nn.Module):
     # ------------------------------------------------------------------------------------------ parts
     def num_parameters(self, include_decoder: bool = False) -> int:
         """Trainable parameters; without the decoder by default (the paper's and the official summary's count)."""
-        return sum(p.numel() for n, p in self.named_parameters()
-                   if p.requires_grad and (include_decoder or not n.startswith("decoder.")))
+        return sum(
+            p.numel()
+            for n, p in self.named_parameters()
+            if p.requires_grad and (include_decoder or not n.startswith("decoder."))
+        )
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         """Backbone: ``[B, C, H, W] -> [B, 128, h, w]`` (9x9 for MNIST)."""
         c = self.config
-        check_tensor(x, "x", f"[B, {c.in_channels}, {c.image_size}, {c.image_size}]",
-                     [None, c.in_channels, c.image_size, c.image_size])
+        check_tensor(
+            x,
+            "x",
+            f"[B, {c.in_channels}, {c.image_size}, {c.image_size}]",
+            [None, c.in_channels, c.image_size, c.image_size],
+        )
         return self.backbone(x)
 
     def primary_capsules(self, x: torch.Tensor) -> torch.Tensor:
@@ -325,8 +329,9 @@ class EfficientCapsNet(nn.Module):
             raise ValueError("this EfficientCapsNet was built with decoder=None")
         return self.decoder(mask_capsules(poses, y, k or self.config.mask_k))
 
-    def reconstruct_each(self, poses: torch.Tensor, y: torch.Tensor | None = None,
-                         k: int | None = None) -> torch.Tensor:
+    def reconstruct_each(
+        self, poses: torch.Tensor, y: torch.Tensor | None = None, k: int | None = None
+    ) -> torch.Tensor:
         """Decode each selected capsule on its own (official MultiMNIST): ``[B, K, D] -> [B, k, C, H, W]``.
 
         Selection: ``y`` labels ``[B]`` (k = 1), ``[B, k]`` labels, a ``[B, K]`` (multi-)hot (its ``k``
@@ -365,4 +370,4 @@ class EfficientCapsNet(nn.Module):
             recon = self.reconstruct(v, y)
             if self.config.decode_separately:
                 extra["reconstructions"] = self.reconstruct_each(v, y)
-        return CapsuleOutput(lengths, v, recon, trace, extra)
+        return CapsuleOutput(lengths, "lengths", v, recon, trace, extra)

@@ -31,6 +31,7 @@ coordinate addition with the true receptive-field centres of the ConvCaps2 posit
 to (0, 1) (``receptive_field_centers``); capsule transformations ~ N(0, 1/4) (variance-preserving for a
 4x4 product; the paper's truncated-normal stds are not published).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -40,8 +41,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._checks import check_module_input, check_tensor
-from ..routing.em import ClassCapsules, ConvCapsules, MatrixPrimaryCapsules, inverse_temperature_schedule
-from .capsnet import CapsuleOutput
+from ..layers import ClassCapsules, ConvCapsules, MatrixPrimaryCapsules
+from ..routing.em import inverse_temperature_schedule
+from ..types import CapsuleOutput
 
 __all__ = ["EMCapsNetConfig", "EMCapsNet"]
 
@@ -57,37 +59,38 @@ class EMCapsNetConfig:
 
     in_channels: int = 1
     image_size: int = 32
-    conv_channels: int = 64          # A
+    conv_channels: int = 64  # A
     conv_kernel: int = 5
     conv_stride: int = 2
-    conv_padding: int = 0            # valid: 32 -> 14 -> 6 -> 4 (yl-1993 pads 2 for 28x28 MNIST)
-    batch_norm: bool = False         # the paper has none; yl-1993 uses BatchNorm2d(eps=1e-3)
-    primary_types: int = 8           # B
-    caps1_types: int = 16            # C
-    caps2_types: int = 16            # D
+    conv_padding: int = 0  # valid: 32 -> 14 -> 6 -> 4 (yl-1993 pads 2 for 28x28 MNIST)
+    batch_norm: bool = False  # the paper has none; yl-1993 uses BatchNorm2d(eps=1e-3)
+    primary_types: int = 8  # B
+    caps1_types: int = 16  # C
+    caps2_types: int = 16  # D
     caps_kernel: int = 3
     caps1_stride: int = 2
     caps2_stride: int = 1
     n_classes: int = 5
     pose_size: int = 4
     iterations: int = 3
-    final_lambda: float = 1.0        # for normalize_costs=True; see inverse_temperature_schedule
+    final_lambda: float = 1.0  # for normalize_costs=True; see inverse_temperature_schedule
     lambda_schedule: str = "hinton"  # "hinton" | "fixed" | "linear"
     normalize_costs: bool = True
     normalize_over_outputs: bool = False  # yl-1993 quirk (cancels a_in), for comparison only
     coord_add: bool = True
     eps: float = 1e-8
-    init_std: float | None = None    # capsule transformation std; None = 1/sqrt(pose_size) (variance-preserving)
+    init_std: float | None = None  # capsule transformation std; None = 1/sqrt(pose_size) (variance-preserving)
 
     @classmethod
-    def small(cls, **overrides) -> "EMCapsNetConfig":
+    def small(cls, **overrides) -> EMCapsNetConfig:
         """MNIST-sized, fast variant: 1x28x28, A=32, B=C=D=8, 10 classes (28 -> 12 -> 5 -> 3 grids)."""
-        base = cls(in_channels=1, image_size=28, conv_channels=32, primary_types=8, caps1_types=8,
-                   caps2_types=8, n_classes=10)
+        base = cls(
+            in_channels=1, image_size=28, conv_channels=32, primary_types=8, caps1_types=8, caps2_types=8, n_classes=10
+        )
         return replace(base, **overrides)
 
     @classmethod
-    def large(cls, **overrides) -> "EMCapsNetConfig":
+    def large(cls, **overrides) -> EMCapsNetConfig:
         """The paper's main smallNORB model, A=B=C=D=32 (quoted at 310K parameters)."""
         return replace(cls(conv_channels=32, primary_types=32, caps1_types=32, caps2_types=32), **overrides)
 
@@ -119,8 +122,12 @@ def receptive_field_centers(cfg: EMCapsNetConfig) -> torch.Tensor:
     Each layer ``(kernel k, stride s, padding p)`` maps an output index ``o`` to the input centre
     ``s*o + (k-1)/2 - p``; the maps are composed from ConvCaps2 back to the image.
     """
-    layers = [(cfg.conv_kernel, cfg.conv_stride, cfg.conv_padding), (1, 1, 0),
-              (cfg.caps_kernel, cfg.caps1_stride, 0), (cfg.caps_kernel, cfg.caps2_stride, 0)]
+    layers = [
+        (cfg.conv_kernel, cfg.conv_stride, cfg.conv_padding),
+        (1, 1, 0),
+        (cfg.caps_kernel, cfg.caps1_stride, 0),
+        (cfg.caps_kernel, cfg.caps2_stride, 0),
+    ]
     pos = torch.arange(cfg.caps2_grid, dtype=torch.float64)  # [h]
     for k, s, p in reversed(layers):
         pos = s * pos + (k - 1) / 2 - p
@@ -147,12 +154,16 @@ class EMCapsNet(nn.Module):
         if cfg.caps2_grid < 1:
             raise ValueError(f"image_size {cfg.image_size} is too small for the conv/capsule stack")
         self.config = cfg
-        routing = dict(iterations=cfg.iterations, inverse_temperature=cfg.inverse_temperatures,
-                       normalize_over_outputs=cfg.normalize_over_outputs, normalize_costs=cfg.normalize_costs,
-                       eps=cfg.eps, init_std=cfg.init_std)
+        routing = dict(
+            iterations=cfg.iterations,
+            inverse_temperature=cfg.inverse_temperatures,
+            normalize_over_outputs=cfg.normalize_over_outputs,
+            normalize_costs=cfg.normalize_costs,
+            eps=cfg.eps,
+            init_std=cfg.init_std,
+        )
         P, K = cfg.pose_size, cfg.caps_kernel
-        self.conv1 = nn.Conv2d(cfg.in_channels, cfg.conv_channels, cfg.conv_kernel, cfg.conv_stride,
-                               cfg.conv_padding)
+        self.conv1 = nn.Conv2d(cfg.in_channels, cfg.conv_channels, cfg.conv_kernel, cfg.conv_stride, cfg.conv_padding)
         self.bn1 = nn.BatchNorm2d(cfg.conv_channels, eps=1e-3) if cfg.batch_norm else None
         self.primary_caps = MatrixPrimaryCapsules(cfg.conv_channels, cfg.primary_types, P)
         self.conv_caps1 = ConvCapsules(cfg.primary_types, cfg.caps1_types, K, cfg.caps1_stride, 0, P, **routing)
@@ -173,23 +184,27 @@ class EMCapsNet(nn.Module):
     def forward(self, x: torch.Tensor, return_routing: bool = False) -> CapsuleOutput:
         check_module_input(x, self, type(self).__name__)
         c = self.config
-        check_tensor(x, "x", f"[B, {c.in_channels}, {c.image_size}, {c.image_size}]",
-                     [None, c.in_channels, c.image_size, c.image_size])
-        h = self.conv1(x)                                           # [B, A, 14, 14]
+        check_tensor(
+            x,
+            "x",
+            f"[B, {c.in_channels}, {c.image_size}, {c.image_size}]",
+            [None, c.in_channels, c.image_size, c.image_size],
+        )
+        h = self.conv1(x)  # [B, A, 14, 14]
         if self.bn1 is not None:
             h = self.bn1(h)
         h = F.relu(h)
-        p0, a0 = self.primary_caps(h)                               # [B, B_, 14, 14, 16], [B, B_, 14, 14]
+        p0, a0 = self.primary_caps(h)  # [B, B_, 14, 14, 16], [B, B_, 14, 14]
         traces = {}
         if return_routing:
             (p1, a1), traces["conv_caps1"] = self.conv_caps1(p0, a0, return_routing=True)
             (p2, a2), traces["conv_caps2"] = self.conv_caps2(p1, a1, return_routing=True)
             (poses, acts), traces["class_caps"] = self.class_caps(p2, a2, self.centers, return_routing=True)
         else:
-            p1, a1 = self.conv_caps1(p0, a0)                        # [B, C, 6, 6, 16], [B, C, 6, 6]
-            p2, a2 = self.conv_caps2(p1, a1)                        # [B, D, 4, 4, 16], [B, D, 4, 4]
-            poses, acts = self.class_caps(p2, a2, self.centers)     # [B, K, 16], [B, K]
+            p1, a1 = self.conv_caps1(p0, a0)  # [B, C, 6, 6, 16], [B, C, 6, 6]
+            p2, a2 = self.conv_caps2(p1, a1)  # [B, D, 4, 4, 16], [B, D, 4, 4]
+            poses, acts = self.class_caps(p2, a2, self.centers)  # [B, K, 16], [B, K]
         extra = {"activations": {"primary_caps": a0, "conv_caps1": a1, "conv_caps2": a2}}
         if return_routing:
             extra["traces"] = traces
-        return CapsuleOutput(acts, poses, None, traces.get("class_caps"), extra)
+        return CapsuleOutput(acts, "activations", poses, None, traces.get("class_caps"), extra)

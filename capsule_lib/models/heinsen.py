@@ -21,6 +21,7 @@ The coordinate channels are added inside the model by default. If the data pipel
 same order), build the model with ``SmallNORBConfig(in_channels=4, coord_channels=False)``: same network, same
 parameter count, same outputs.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -29,30 +30,16 @@ import torch
 from torch import nn
 
 from .._checks import check_module_input, check_tensor
+from ..functional import add_coordinate_channels
 from ..routing.heinsen import GenerativeMatrixRouting
-from .capsnet import CapsuleOutput
+from ..types import CapsuleOutput
 
 __all__ = [
-    "coordinate_channels", "add_coordinate_channels",
-    "SmallNORBConfig", "SmallNORBClassifier",
-    "SequenceClassifierConfig", "SequenceClassifierHead",
+    "SmallNORBConfig",
+    "SmallNORBClassifier",
+    "SequenceClassifierConfig",
+    "SequenceClassifierHead",
 ]
-
-
-def coordinate_channels(height: int, width: int, device: torch.device | str | None = None,
-                        dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """The two coordinate channels ``[2, H, W]``: channel 0 is ``linspace(-1, 1, H)`` down the rows (constant
-    along a row), channel 1 is ``linspace(-1, 1, W)`` across the columns."""
-    ys = torch.linspace(-1.0, 1.0, height, device=device, dtype=dtype)  # [H]
-    xs = torch.linspace(-1.0, 1.0, width, device=device, dtype=dtype)  # [W]
-    return torch.stack((ys[:, None].expand(height, width), xs[None, :].expand(height, width)))  # [2, H, W]
-
-
-def add_coordinate_channels(x: torch.Tensor) -> torch.Tensor:
-    """Append the coordinate channels to images: ``[..., C, H, W] -> [..., C + 2, H, W]``."""
-    h, w = x.shape[-2:]
-    grid = coordinate_channels(h, w, x.device, x.dtype).expand(*x.shape[:-3], 2, h, w)  # [..., 2, H, W]
-    return torch.cat((x, grid), dim=-3)
 
 
 # -------------------------------------------------------------------------------------------- smallNORB
@@ -60,15 +47,15 @@ def add_coordinate_channels(x: torch.Tensor) -> torch.Tensor:
 class SmallNORBConfig:
     """Hyper-parameters of the paper's smallNORB model (the defaults)."""
 
-    n_objs: int = 5                   # object classes (class capsules)
-    n_parts: int = 64                 # part capsule types per position, and parts after routing 1
-    d_chns: int = 64                  # channels of the conv stack
-    in_channels: int = 2              # L and R images (4 if the data pipeline already added the coordinates)
-    image_size: int | None = 96       # checked on input; None accepts any size (routing 1 takes any n_inp)
-    d_pose: int = 4                   # capsules are d_pose x d_pose matrices
-    n_iters: int = 3
+    n_objs: int = 5  # object classes (class capsules)
+    n_parts: int = 64  # part capsule types per position, and parts after routing 1
+    d_chns: int = 64  # channels of the conv stack
+    in_channels: int = 2  # L and R images (4 if the data pipeline already added the coordinates)
+    image_size: int | None = 96  # checked on input; None accepts any size (routing 1 takes any n_inp)
+    d_pose: int = 4  # capsules are d_pose x d_pose matrices
+    iterations: int = 3
     strides: tuple[int, ...] = (1, 2, 1, 2, 1, 2)
-    coord_channels: bool = True       # add the two coordinate channels inside the model (False: input has them)
+    coord_channels: bool = True  # add the two coordinate channels inside the model (False: input has them)
 
 
 class SmallNORBClassifier(nn.Module):
@@ -79,7 +66,7 @@ class SmallNORBClassifier(nn.Module):
     * ``lengths [B, n_objs]``: the class routing's ``a_out``. These are **logits for a (soft-target)
       cross-entropy**, not capsule lengths; ``argmax`` gives the prediction.
     * ``poses [B, n_objs, 16]``: the class capsules ``mu_out`` (4 x 4 pose matrices, flattened).
-    * ``extra``: ``"mu"`` ``[B, n_objs, 4, 4]``, ``"sig2"`` ``[B, n_objs, 4, 4]`` (their variances), and with
+    * ``extra``: ``"mu"`` ``[B, n_objs, 4, 4]``, ``"sigma2"`` ``[B, n_objs, 4, 4]`` (their variances), and with
       ``return_routing`` ``"traces"`` = ``[parts trace, class trace]``; ``trace`` is the class routing's trace.
 
     Module names follow the original code (``convolve``, ``compute_a``, ``compute_mu``, ``routings``), so the
@@ -99,14 +86,18 @@ class SmallNORBClassifier(nn.Module):
             layers += [nn.BatchNorm2d(c_in), nn.Conv2d(c_in, cfg.d_chns, 3, stride), nn.SiLU()]  # SiLU = Swish
         self.convolve = nn.Sequential(*layers)
         self.compute_a = nn.Sequential(nn.BatchNorm2d(cfg.d_chns), nn.Conv2d(cfg.d_chns, cfg.n_parts, 1))
-        self.compute_mu = nn.Sequential(nn.BatchNorm2d(cfg.d_chns),
-                                        nn.Conv2d(cfg.d_chns, cfg.n_parts * cfg.d_pose ** 2, 1))
+        self.compute_mu = nn.Sequential(
+            nn.BatchNorm2d(cfg.d_chns), nn.Conv2d(cfg.d_chns, cfg.n_parts * cfg.d_pose**2, 1)
+        )
         p = cfg.d_pose
-        self.routings = nn.ModuleList([
-            GenerativeMatrixRouting(d_cov=p, d_inp=p, d_out=p, n_out=cfg.n_parts, n_iters=cfg.n_iters),
-            GenerativeMatrixRouting(d_cov=p, d_inp=p, d_out=p, n_inp=cfg.n_parts, n_out=cfg.n_objs,
-                                    n_iters=cfg.n_iters),
-        ])
+        self.routings = nn.ModuleList(
+            [
+                GenerativeMatrixRouting(d_cov=p, d_inp=p, d_out=p, n_out=cfg.n_parts, iterations=cfg.iterations),
+                GenerativeMatrixRouting(
+                    d_cov=p, d_inp=p, d_out=p, n_inp=cfg.n_parts, n_out=cfg.n_objs, iterations=cfg.iterations
+                ),
+            ]
+        )
         for m in self.convolve:
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight)
@@ -116,8 +107,7 @@ class SmallNORBClassifier(nn.Module):
         """``[B, 2, H, W]`` -> ``(a [B, n_parts * h * w], mu [B, n_parts * h * w, 4, 4])`` (part-major, then y, x)."""
         c = self.config
         s = c.image_size
-        check_tensor(images, "images", f"[B, {c.in_channels}, {s or 'H'}, {s or 'W'}]",
-                     [None, c.in_channels, s, s])
+        check_tensor(images, "images", f"[B, {c.in_channels}, {s or 'H'}, {s or 'W'}]", [None, c.in_channels, s, s])
         x = add_coordinate_channels(images) if c.coord_channels else images  # [B, 4, 96, 96]
         x = self.convolve(x)  # [B, 64, 9, 9]
         Bsz, _, h, w = x.shape
@@ -132,14 +122,14 @@ class SmallNORBClassifier(nn.Module):
         traces = []
         for routing in self.routings:
             if return_routing:
-                (a, mu, sig2), tr = routing(a, mu, return_routing=True)
+                (a, mu, sigma2), tr = routing(a, mu, return_routing=True)
                 traces.append(tr)
             else:
-                a, mu, sig2 = routing(a, mu)  # [B, J], [B, J, 4, 4], [B, J, 4, 4]
-        extra = {"mu": mu, "sig2": sig2}
+                a, mu, sigma2 = routing(a, mu)  # [B, J], [B, J, 4, 4], [B, J, 4, 4]
+        extra = {"mu": mu, "sigma2": sigma2}
         if return_routing:
             extra["traces"] = traces
-        return CapsuleOutput(a, mu.flatten(-2), None, traces[-1] if traces else None, extra)
+        return CapsuleOutput(a, "logits", mu.flatten(-2), None, traces[-1] if traces else None, extra)
 
 
 # --------------------------------------------------------------------------- sequence classification
@@ -148,13 +138,13 @@ class SequenceClassifierConfig:
     """The paper's SST head (defaults: SST-5 on the 37 hidden states of GPT-2-large; use ``n_classes=2`` for
     SST-2). ``d_depth=None`` takes one embedding per token ``[B, n, d_emb]`` and has no depth embedding."""
 
-    d_depth: int | None = 37          # embeddings per token (transformer layers incl. the input embeddings)
-    d_emb: int = 1280                 # size of each embedding
-    d_inp: int = 64                   # features computed per embedding (the input capsules' size)
-    d_cap: int = 2                    # output capsules are 1 x d_cap
-    n_parts: int = 64                 # capsules after the first routing
+    d_depth: int | None = 37  # embeddings per token (transformer layers incl. the input embeddings)
+    d_emb: int = 1280  # size of each embedding
+    d_inp: int = 64  # features computed per embedding (the input capsules' size)
+    d_cap: int = 2  # output capsules are 1 x d_cap
+    n_parts: int = 64  # capsules after the first routing
     n_classes: int = 5
-    n_iters: int = 3
+    iterations: int = 3
 
 
 class SequenceClassifierHead(nn.Module):
@@ -173,7 +163,7 @@ class SequenceClassifierHead(nn.Module):
     ``n * d_depth`` input capsules ``[B, n * d_depth, 1, d_inp]`` with scores ``a`` repeated over depth ->
     Routing(1, d_inp, d_cap, n_out=n_parts, variable n_inp) -> Routing(1, d_cap, d_cap, n_inp=n_parts,
     n_out=n_classes). Returns a :class:`CapsuleOutput` with ``lengths`` = class **logits** ``[B, n_classes]``,
-    ``poses [B, n_classes, d_cap]``, ``extra["sig2"]`` and, with ``return_routing``, the class routing's trace
+    ``poses [B, n_classes, d_cap]``, ``extra["sigma2"]`` and, with ``return_routing``, the class routing's trace
     (``extra["traces"]`` holds both). Module names (``depth_emb``, ``detect_parts``, ``routings``) follow the
     original ``SSTClassifier``.
     """
@@ -186,24 +176,37 @@ class SequenceClassifierHead(nn.Module):
         self.config = cfg
         self.depth_emb = nn.Parameter(torch.zeros(cfg.d_depth, cfg.d_emb)) if cfg.d_depth else None
         self.detect_parts = nn.Sequential(nn.Linear(cfg.d_emb, cfg.d_inp), nn.SiLU(), nn.LayerNorm(cfg.d_inp))
-        self.routings = nn.ModuleList([
-            GenerativeMatrixRouting(d_cov=1, d_inp=cfg.d_inp, d_out=cfg.d_cap, n_out=cfg.n_parts,
-                                    n_iters=cfg.n_iters),
-            GenerativeMatrixRouting(d_cov=1, d_inp=cfg.d_cap, d_out=cfg.d_cap, n_inp=cfg.n_parts,
-                                    n_out=cfg.n_classes, n_iters=cfg.n_iters),
-        ])
+        self.routings = nn.ModuleList(
+            [
+                GenerativeMatrixRouting(
+                    d_cov=1, d_inp=cfg.d_inp, d_out=cfg.d_cap, n_out=cfg.n_parts, iterations=cfg.iterations
+                ),
+                GenerativeMatrixRouting(
+                    d_cov=1,
+                    d_inp=cfg.d_cap,
+                    d_out=cfg.d_cap,
+                    n_inp=cfg.n_parts,
+                    n_out=cfg.n_classes,
+                    iterations=cfg.iterations,
+                ),
+            ]
+        )
         nn.init.kaiming_normal_(self.detect_parts[0].weight)
         nn.init.zeros_(self.detect_parts[0].bias)
 
-    def input_scores(self, embs: torch.Tensor, padding_mask: torch.Tensor | None,
-                     token_weights: torch.Tensor | None) -> torch.Tensor:
+    def input_scores(
+        self, embs: torch.Tensor, padding_mask: torch.Tensor | None, token_weights: torch.Tensor | None
+    ) -> torch.Tensor:
         """Token score logits ``[B, n]``: +inf for tokens, -inf for padding (or ``logit(token_weights)``)."""
         Bsz, n = embs.shape[:2]
         if padding_mask is not None and token_weights is not None:
             raise ValueError("pass either padding_mask or token_weights, not both")
         if padding_mask is not None:
-            if not isinstance(padding_mask, torch.Tensor) or padding_mask.dtype != torch.bool \
-                    or padding_mask.shape != (Bsz, n):
+            if (
+                not isinstance(padding_mask, torch.Tensor)
+                or padding_mask.dtype != torch.bool
+                or padding_mask.shape != (Bsz, n)
+            ):
                 got = tuple(padding_mask.shape) if isinstance(padding_mask, torch.Tensor) else type(padding_mask)
                 raise ValueError(f"padding_mask: expected a bool tensor of shape [B, n] = {(Bsz, n)}, got {got}")
             inf = torch.full((), float("inf"), device=embs.device)
@@ -213,12 +216,19 @@ class SequenceClassifierHead(nn.Module):
             return torch.logit(token_weights.float())  # [B, n]
         return torch.full((Bsz, n), float("inf"), device=embs.device)
 
-    def forward(self, embs: torch.Tensor, padding_mask: torch.Tensor | None = None, *,
-                token_weights: torch.Tensor | None = None, return_routing: bool = False) -> CapsuleOutput:
+    def forward(
+        self,
+        embs: torch.Tensor,
+        padding_mask: torch.Tensor | None = None,
+        *,
+        token_weights: torch.Tensor | None = None,
+        return_routing: bool = False,
+    ) -> CapsuleOutput:
         c = self.config
         if c.d_depth:
-            check_tensor(embs, "embs", f"[B, n, d_depth={c.d_depth}, d_emb={c.d_emb}]",
-                         [None, None, c.d_depth, c.d_emb])
+            check_tensor(
+                embs, "embs", f"[B, n, d_depth={c.d_depth}, d_emb={c.d_emb}]", [None, None, c.d_depth, c.d_emb]
+            )
         else:
             check_tensor(embs, "embs", f"[B, n, d_emb={c.d_emb}]", [None, None, c.d_emb])
             embs = embs.unsqueeze(-2)  # [B, n, 1, d_emb]
@@ -230,11 +240,11 @@ class SequenceClassifierHead(nn.Module):
         traces = []
         for routing in self.routings:
             if return_routing:
-                (a, mu, sig2), tr = routing(a, mu, return_routing=True)
+                (a, mu, sigma2), tr = routing(a, mu, return_routing=True)
                 traces.append(tr)
             else:
-                a, mu, sig2 = routing(a, mu)  # [B, J], [B, J, 1, d_cap], [B, J, 1, d_cap]
-        extra = {"sig2": sig2.flatten(-2)}
+                a, mu, sigma2 = routing(a, mu)  # [B, J], [B, J, 1, d_cap], [B, J, 1, d_cap]
+        extra = {"sigma2": sigma2.flatten(-2)}
         if return_routing:
             extra["traces"] = traces
-        return CapsuleOutput(a, mu.flatten(-2), None, traces[-1] if traces else None, extra)
+        return CapsuleOutput(a, "logits", mu.flatten(-2), None, traces[-1] if traces else None, extra)

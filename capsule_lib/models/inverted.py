@@ -17,7 +17,7 @@ Shapes for the CIFAR-10 configuration (the default, ``CapsModelConfig.cifar10()`
 CIFAR-100 (``CapsModelConfig.cifar100()``) uses d = 36 (6x6 poses) and an extra FC layer (800 -> 20)
 before the class capsules (20 -> 100).
 
-Every capsule layer performs one routing update per call; ``num_routing`` = T and ``sequential_routing``
+Every capsule layer performs one routing update per call; ``iterations`` = T and ``sequential_routing``
 choose how the updates of the layers are interleaved (see :meth:`CapsModel.route`).
 
 Differences from the official code (the paper is silent on all of them):
@@ -26,9 +26,11 @@ Differences from the official code (the paper is silent on all of them):
   ``input_expansion`` (apple PR #1) for comparison;
 * the logits are ``final_fc(poses).squeeze(-1)``, so they stay ``[B, K]`` at batch size 1 (the official
   ``out.squeeze()`` returns ``[K]`` there);
-* ``num_routing`` defaults to 2 (the README's recommendation, "num_routing should > 1", and its best results)
+* ``iterations`` defaults to 2 (the official README recommends more than one routing iteration, and its best
+  results use it)
   whereas the command line default is 1 (no agreement step at all).
 """
+
 from __future__ import annotations
 
 import math
@@ -39,9 +41,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._checks import check_module_input, check_tensor
+from ..layers import InvertedPrimaryCapsules
 from ..routing.inverted import EXPANSIONS, InvertedConvCapsules, InvertedFCCapsules
-from ..routing.trace import RoutingTrace
-from .capsnet import CapsuleOutput
+from ..types import CapsuleOutput, RoutingTrace
 
 __all__ = [
     "CapsLayerSpec",
@@ -50,7 +52,6 @@ __all__ = [
     "BasicBlock",
     "ResNetBackbone",
     "SimpleBackbone",
-    "InvertedPrimaryCapsules",
 ]
 
 _BACKBONES = ("resnet", "simple")
@@ -72,8 +73,9 @@ class BasicBlock(nn.Module):
         self.bn2 = nn.BatchNorm2d(planes)
         self.shortcut = nn.Sequential()
         if stride != 1 or in_planes != planes:
-            self.shortcut = nn.Sequential(nn.Conv2d(in_planes, planes, 1, stride=stride, bias=False),
-                                          nn.BatchNorm2d(planes))
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(in_planes, planes, 1, stride=stride, bias=False), nn.BatchNorm2d(planes)
+            )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = F.relu(self.bn1(self.conv1(x)))
@@ -86,11 +88,20 @@ class ResNetBackbone(nn.Module):
     ``blocks[0]`` BasicBlocks(stem, s1) -> ``blocks[1]`` BasicBlocks(channels, first with ``stride``).
     ``[B, 3, 32, 32] -> [B, 128, 16, 16]`` with the defaults."""
 
-    def __init__(self, in_channels: int = 3, channels: int = 128, stride: int = 2, stem: int = 64,
-                 blocks: tuple[int, int] = (3, 4)) -> None:
+    def __init__(
+        self,
+        in_channels: int = 3,
+        channels: int = 128,
+        stride: int = 2,
+        stem: int = 64,
+        blocks: tuple[int, int] = (3, 4),
+    ) -> None:
         super().__init__()
-        layers: list[nn.Module] = [nn.Conv2d(in_channels, stem, 3, stride=1, padding=1, bias=False),
-                                   nn.BatchNorm2d(stem), nn.ReLU()]
+        layers: list[nn.Module] = [
+            nn.Conv2d(in_channels, stem, 3, stride=1, padding=1, bias=False),
+            nn.BatchNorm2d(stem),
+            nn.ReLU(),
+        ]
         in_planes = stem
         for planes, n_blocks, first_stride in ((stem, blocks[0], 1), (channels, blocks[1], stride)):
             for st in [first_stride] + [1] * (n_blocks - 1):
@@ -106,35 +117,14 @@ class SimpleBackbone(nn.Module):
     """The official ``simple_backbone``: conv(in -> channels, k, stride, padding, with bias) + ReLU.
     ``[B, 3, 32, 32] -> [B, 128, 16, 16]`` with the defaults (k3, s2, p1)."""
 
-    def __init__(self, in_channels: int = 3, channels: int = 128, kernel_size: int = 3, stride: int = 2,
-                 padding: int = 1) -> None:
+    def __init__(
+        self, in_channels: int = 3, channels: int = 128, kernel_size: int = 3, stride: int = 2, padding: int = 1
+    ) -> None:
         super().__init__()
         self.pre_caps = nn.Sequential(nn.Conv2d(in_channels, channels, kernel_size, stride, padding), nn.ReLU())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.pre_caps(x)
-
-
-class InvertedPrimaryCapsules(nn.Module):
-    """Primary capsules of Tsai et al.: conv1x1 (no bias) to ``n_types * d`` channels, channels-last split into
-    ``(n_types, d)`` (type ``c`` owns channels ``c*d .. c*d+d-1``), then LayerNorm over ``d`` (no squash).
-    ``[B, C, H, W] -> [B, n_types, H, W, d]``."""
-
-    def __init__(self, in_channels: int = 128, n_types: int = 32, pose_dim: int = 16, eps: float = 1e-5) -> None:
-        super().__init__()
-        self.in_channels, self.n_types, self.pose_dim = in_channels, n_types, pose_dim
-        self.conv = nn.Conv2d(in_channels, n_types * pose_dim, 1, bias=False)
-        self.norm = nn.LayerNorm(pose_dim, eps=eps)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        check_tensor(x, "x", f"[B, C={self.in_channels}, H, W]", [None, self.in_channels, None, None])
-        u = self.conv(x)  # [B, N*d, H, W]
-        B, _, H, W = u.shape
-        u = u.permute(0, 2, 3, 1).reshape(B, H, W, self.n_types, self.pose_dim)  # [B, H, W, N, d]
-        u = u.permute(0, 3, 1, 2, 4)  # [B, N, H, W, d]
-        acc = torch.float64 if u.dtype == torch.float64 else torch.float32  # LayerNorm statistics in fp32+
-        return F.layer_norm(u.to(acc), (self.pose_dim,), self.norm.weight.to(acc), self.norm.bias.to(acc),
-                            self.norm.eps).to(u.dtype)
 
 
 # ---------------------------------------------------------------------------------------------- config
@@ -160,36 +150,47 @@ class CapsModelConfig:
     n_classes: int = 10
     in_channels: int = 3
     image_size: int = 32
-    backbone: str = "resnet"             # "resnet" | "simple"
-    backbone_channels: int = 128         # backbone output channels (primary-capsule input)
-    backbone_stride: int = 2             # stride of the first block of the 2nd resnet stage / of the simple conv
-    backbone_kernel: int = 3             # simple backbone only
-    backbone_padding: int = 1            # simple backbone only
+    backbone: str = "resnet"  # "resnet" | "simple"
+    backbone_channels: int = 128  # backbone output channels (primary-capsule input)
+    backbone_stride: int = 2  # stride of the first block of the 2nd resnet stage / of the simple conv
+    backbone_kernel: int = 3  # simple backbone only
+    backbone_padding: int = 1  # simple backbone only
     resnet_stem: int = 64
     resnet_blocks: tuple[int, int] = (3, 4)
     primary_types: int = 32
-    pose_dim: int = 16                   # d = s*s (4x4 matrix poses for CIFAR-10, 6x6 for CIFAR-100)
+    pose_dim: int = 16  # d = s*s (4x4 matrix poses for CIFAR-10, 6x6 for CIFAR-100)
     capsules: tuple[CapsLayerSpec, ...] = (CapsLayerSpec("conv", 32, 3, 2), CapsLayerSpec("conv", 32, 3, 1))
-    num_routing: int = 2                 # T >= 1 (official CLI default 1; README: "should > 1")
-    sequential_routing: bool = False     # False: concurrent (Jacobi) schedule, the official default
-    dropout: float = 0.0                 # --dp, on the vote sum before each LayerNorm
-    expansion: str = "unfold"            # "official_bug": the official CONV window expansion (apple PR #1)
+    iterations: int = 2  # T >= 1 (official CLI default 1; its README recommends > 1)
+    sequential_routing: bool = False  # False: concurrent (Jacobi) schedule, the official default
+    dropout: float = 0.0  # --dp, on the vote sum before each LayerNorm
+    expansion: str = "unfold"  # "official_bug": the official CONV window expansion (apple PR #1)
     norm_eps: float = 1e-5
 
     @classmethod
-    def cifar10(cls, backbone: str = "resnet", **overrides) -> "CapsModelConfig":
+    def cifar10(cls, backbone: str = "resnet", **overrides) -> CapsModelConfig:
         """CIFAR-10: 2 CONV capsule layers (32 types, k3 s2 then k3 s1), d = 16, 10 class capsules."""
-        return cls(**{"n_classes": 10, "backbone": backbone, "pose_dim": 16,
-                      "capsules": (CapsLayerSpec("conv", 32, 3, 2), CapsLayerSpec("conv", 32, 3, 1)),
-                      **overrides})
+        return cls(
+            **{
+                "n_classes": 10,
+                "backbone": backbone,
+                "pose_dim": 16,
+                "capsules": (CapsLayerSpec("conv", 32, 3, 2), CapsLayerSpec("conv", 32, 3, 1)),
+                **overrides,
+            }
+        )
 
     @classmethod
-    def cifar100(cls, backbone: str = "resnet", **overrides) -> "CapsModelConfig":
+    def cifar100(cls, backbone: str = "resnet", **overrides) -> CapsModelConfig:
         """CIFAR-100: the same CONV layers with d = 36, an FC layer (800 -> 20), then 100 class capsules."""
-        return cls(**{"n_classes": 100, "backbone": backbone, "pose_dim": 36,
-                      "capsules": (CapsLayerSpec("conv", 32, 3, 2), CapsLayerSpec("conv", 32, 3, 1),
-                                   CapsLayerSpec("fc", 20)),
-                      **overrides})
+        return cls(
+            **{
+                "n_classes": 100,
+                "backbone": backbone,
+                "pose_dim": 36,
+                "capsules": (CapsLayerSpec("conv", 32, 3, 2), CapsLayerSpec("conv", 32, 3, 1), CapsLayerSpec("fc", 20)),
+                **overrides,
+            }
+        )
 
     @property
     def backbone_grid(self) -> int:
@@ -225,8 +226,8 @@ class CapsModel(nn.Module):
             cfg = replace(cfg, **overrides)
         if cfg.backbone not in _BACKBONES:
             raise ValueError(f"backbone must be one of {_BACKBONES}, got {cfg.backbone!r}")
-        if cfg.num_routing < 1:
-            raise ValueError(f"num_routing must be >= 1, got {cfg.num_routing}")
+        if cfg.iterations < 1:
+            raise ValueError(f"iterations must be >= 1, got {cfg.iterations}")
         if cfg.expansion not in EXPANSIONS:
             raise ValueError(f"expansion must be one of {EXPANSIONS}, got {cfg.expansion!r}")
         s = math.isqrt(cfg.pose_dim)
@@ -234,11 +235,13 @@ class CapsModel(nn.Module):
             raise ValueError(f"pose_dim must be a square (matrix poses), got {cfg.pose_dim}")
         self.config = cfg
         if cfg.backbone == "resnet":
-            self.backbone = ResNetBackbone(cfg.in_channels, cfg.backbone_channels, cfg.backbone_stride,
-                                           cfg.resnet_stem, cfg.resnet_blocks)
+            self.backbone = ResNetBackbone(
+                cfg.in_channels, cfg.backbone_channels, cfg.backbone_stride, cfg.resnet_stem, cfg.resnet_blocks
+            )
         else:
-            self.backbone = SimpleBackbone(cfg.in_channels, cfg.backbone_channels, cfg.backbone_kernel,
-                                           cfg.backbone_stride, cfg.backbone_padding)
+            self.backbone = SimpleBackbone(
+                cfg.in_channels, cfg.backbone_channels, cfg.backbone_kernel, cfg.backbone_stride, cfg.backbone_padding
+            )
         self.primary = InvertedPrimaryCapsules(cfg.backbone_channels, cfg.primary_types, cfg.pose_dim, cfg.norm_eps)
 
         d = cfg.pose_dim
@@ -248,8 +251,16 @@ class CapsModel(nn.Module):
             if spec.kind == "conv":
                 if grid is None:
                     raise ValueError("a CONV capsule layer cannot follow an FC capsule layer")
-                layer = InvertedConvCapsules(n_prev, spec.n_caps, d, spec.kernel_size, spec.stride,
-                                             dropout=cfg.dropout, expansion=cfg.expansion, eps=cfg.norm_eps)
+                layer = InvertedConvCapsules(
+                    n_prev,
+                    spec.n_caps,
+                    d,
+                    spec.kernel_size,
+                    spec.stride,
+                    dropout=cfg.dropout,
+                    expansion=cfg.expansion,
+                    eps=cfg.norm_eps,
+                )
                 grid = layer.output_size(grid)
                 if grid < 1:
                     raise ValueError(f"image_size {cfg.image_size} is too small for the CONV capsule layers")
@@ -273,8 +284,12 @@ class CapsModel(nn.Module):
     def primary_capsules(self, x: torch.Tensor) -> torch.Tensor:
         """``[B, 3, 32, 32] -> [B, 32, 16, 16, d]`` (post-LayerNorm primary poses ``P_0``)."""
         c = self.config
-        check_tensor(x, "x", f"[B, {c.in_channels}, {c.image_size}, {c.image_size}]",
-                     [None, c.in_channels, c.image_size, c.image_size])
+        check_tensor(
+            x,
+            "x",
+            f"[B, {c.in_channels}, {c.image_size}, {c.image_size}]",
+            [None, c.in_channels, c.image_size, c.image_size],
+        )
         return self.primary(self.backbone(x))
 
     def route(self, p0: torch.Tensor, return_routing: bool = False):
@@ -282,7 +297,7 @@ class CapsModel(nn.Module):
         ``[P_0, P_1, ..., P_L]`` (``P_L`` = class capsules ``[B, K, d]``) and, with ``return_routing``, one
         :class:`RoutingTrace` per capsule layer (one entry per update of that layer).
 
-        With ``L_l(P_in, P_prev)`` one update of capsule layer ``l`` and ``T = num_routing``:
+        With ``L_l(P_in, P_prev)`` one update of capsule layer ``l`` and ``T = iterations``:
 
         * concurrent (default): ``P_l^(1) = L_l(P_{l-1}^(1))`` (uniform feed-forward pass), then for
           ``t = 2..T`` every layer updates from the *previous iteration's* values (Jacobi):
@@ -292,7 +307,7 @@ class CapsModel(nn.Module):
 
         Both schedules coincide for ``T = 1``.
         """
-        layers, T = self.capsule_layers, self.config.num_routing
+        layers, T = self.capsule_layers, self.config.iterations
         traces = [RoutingTrace("inverted") for _ in layers] if return_routing else None
 
         def update(idx: int, p_in: torch.Tensor, p_prev: torch.Tensor | None) -> torch.Tensor:
@@ -333,12 +348,17 @@ class CapsModel(nn.Module):
         trace = None
         if traces is not None:
             trace = traces[-1]
-            trace.extra.update(layers=traces[:-1], poses=values,
-                               schedule="sequential" if self.config.sequential_routing else "concurrent")
-        return CapsuleOutput(lengths=logits, poses=poses, reconstruction=None, trace=trace)
+            trace.extra.update(
+                layers=traces[:-1],
+                poses=values,
+                schedule="sequential" if self.config.sequential_routing else "concurrent",
+            )
+        return CapsuleOutput(scores=logits, kind="logits", poses=poses, reconstruction=None, trace=trace)
 
     def extra_repr(self) -> str:
         c = self.config
-        return (f"backbone={c.backbone!r}, n_classes={c.n_classes}, pose_dim={c.pose_dim}, "
-                f"num_routing={c.num_routing}, sequential_routing={c.sequential_routing}, "
-                f"expansion={c.expansion!r}")
+        return (
+            f"backbone={c.backbone!r}, n_classes={c.n_classes}, pose_dim={c.pose_dim}, "
+            f"iterations={c.iterations}, sequential_routing={c.sequential_routing}, "
+            f"expansion={c.expansion!r}"
+        )

@@ -15,15 +15,15 @@ Per iteration ``t = 1..T``::
 ``coupling="children"`` reproduces the most-copied PyTorch port (gram-ai/capsule-networks, issue #10),
 which takes the softmax over the 1152 *input* capsules instead; it is here only for comparison.
 """
-from __future__ import annotations
 
+from __future__ import annotations
 
 import torch
 from torch import nn
 
 from .._checks import check_module_input, check_tensor
 from ..functional import squash
-from .trace import RoutingTrace
+from ..types import RoutingTrace
 
 __all__ = ["dynamic_routing", "DynamicRouting", "capsule_votes"]
 
@@ -58,20 +58,26 @@ def dynamic_routing(
 ) -> torch.Tensor | tuple[torch.Tensor, RoutingTrace]:
     """Route ``votes [B, n_inp, n_out, d_out]`` to output capsules ``[B, n_out, d_out]``.
 
-    Parameters
-    ----------
-    votes: the prediction vectors ``u_hat_{j|i}``.
-    iterations: number of routing iterations ``T`` (>= 1); the paper uses 3.
-    bias: optional output bias ``[n_out, d_out]`` added to ``s_j`` (official code, init 0.1).
-    leaky: add an all-zero extra logit before the softmax (official "leaky routing").
-    coupling: ``"parents"`` (correct: sum to 1 over j) or ``"children"`` (gram-ai bug: over i).
-    return_routing: also return a :class:`RoutingTrace` with per-iteration coefficients ``[B, I, J]``,
-        agreements ``[B, I, J]`` and outputs ``[B, J, E]``; ``extra`` holds the final ``logits`` and the
-        ``votes``.
-
     Nothing is detached: gradients flow through every iteration, as in the official code. Internally the
     votes are laid out parent-major, ``[B, J, I, E]`` (one copy), so that both per-iteration contractions
     are contiguous batched matrix products; the trace's tensors are ``[B, I, J]`` views of that layout.
+
+    Parameters
+    ----------
+    votes
+        the prediction vectors ``u_hat_{j|i}``.
+    iterations
+        number of routing iterations ``T`` (>= 1); the paper uses 3.
+    bias
+        optional output bias ``[n_out, d_out]`` added to ``s_j`` (official code, init 0.1).
+    leaky
+        add an all-zero extra logit before the softmax (official "leaky routing").
+    coupling
+        ``"parents"`` (correct: sum to 1 over j) or ``"children"`` (gram-ai bug: over i).
+    return_routing
+        also return a :class:`RoutingTrace` with per-iteration coefficients ``[B, I, J]``,
+        agreements ``[B, I, J]`` and outputs ``[B, J, E]``; ``extra`` holds the final ``logits`` and the
+        ``votes``.
     """
     check_tensor(votes, "votes", "[B, n_inp, n_out, d_out]", [None, None, None, None])
     if iterations < 1:
@@ -146,10 +152,17 @@ class DynamicRouting(nn.Module):
     def forward(self, u: torch.Tensor, return_routing: bool = False):
         check_module_input(u, self, type(self).__name__, dtype=False)
         return dynamic_routing(
-            self.votes(u), self.iterations, self.bias, leaky=self.leaky, coupling=self.coupling,
-            squash_kind=self.squash_kind, return_routing=return_routing,
+            self.votes(u),
+            self.iterations,
+            self.bias,
+            leaky=self.leaky,
+            coupling=self.coupling,
+            squash_kind=self.squash_kind,
+            return_routing=return_routing,
         )
 
     def extra_repr(self) -> str:
-        return (f"n_inp={self.n_inp}, n_out={self.n_out}, d_inp={self.d_inp}, d_out={self.d_out}, "
-                f"iterations={self.iterations}, coupling={self.coupling!r}, leaky={self.leaky}")
+        return (
+            f"n_inp={self.n_inp}, n_out={self.n_out}, d_inp={self.d_inp}, d_out={self.d_out}, "
+            f"iterations={self.iterations}, coupling={self.coupling!r}, leaky={self.leaky}"
+        )

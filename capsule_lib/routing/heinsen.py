@@ -26,13 +26,14 @@ Differences from the public code (glassroom/heinsen_routing), none of which chan
 * internals in float32 with autocast off (the public code runs in whatever dtype it is given);
 * ``return_routing=True`` returns a :class:`RoutingTrace` with every iteration (the public ``return_R`` /
   ``return_dict`` give the final state only, and ``return_dict`` raises ``UnboundLocalError`` with
-  ``n_iters=1``); the trace also holds the agreements computed after the last iteration;
+  ``iterations=1``); the trace also holds the agreements computed after the last iteration;
 * the 2019 symmetry breaker ``linspace(-1, 1, n_out)`` is built in the parameters' dtype (float32 in the
   public code, a ~1e-8 difference in float64);
 * :class:`EfficientVectorRouting` takes the boolean ``mask`` described in the spec (True = ignore): masked
   pairs get ``a = -inf`` and routing logit ``-inf``; the t = 0 uniform shares are spread over the unmasked
   outputs only, and an input masked for every output gets all-zero shares instead of NaN.
 """
+
 from __future__ import annotations
 
 import math
@@ -42,11 +43,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._checks import check_module_input, check_tensor
-from .trace import RoutingTrace, autocast_outputs
+from ..types import RoutingTrace
+from ._common import autocast_outputs
 
 __all__ = [
-    "generative_matrix_routing", "GenerativeMatrixRouting", "heinsen_votes",
-    "efficient_vector_routing", "EfficientVectorRouting",
+    "generative_matrix_routing",
+    "GenerativeMatrixRouting",
+    "heinsen_votes",
+    "efficient_vector_routing",
+    "EfficientVectorRouting",
 ]
 
 _P_MODELS = ("gaussian", "skm")
@@ -84,8 +89,9 @@ def _check_mask(mask: torch.Tensor | None, lead: torch.Size, n_inp: int, n_out: 
     except RuntimeError:
         ok = False
     if not ok:
-        raise ValueError(f"mask: expected shape {spec} for inputs with leading dims {tuple(lead)}, "
-                         f"got {tuple(mask.shape)}")
+        raise ValueError(
+            f"mask: expected shape {spec} for inputs with leading dims {tuple(lead)}, got {tuple(mask.shape)}"
+        )
     return mask
 
 
@@ -123,14 +129,14 @@ def heinsen_votes(mu_inp: torch.Tensor, W: torch.Tensor, B: torch.Tensor) -> tor
     return V.transpose(-4, -3)  # [..., I, J, C, E]
 
 
-def _log_p(V_less_mu_out_2: torch.Tensor, sig2_out: torch.Tensor, p_model: str) -> torch.Tensor:
+def _log_p(V_less_mu_out_2: torch.Tensor, sigma2_out: torch.Tensor, p_model: str) -> torch.Tensor:
     """``log p_ij`` of every vote under every output's model.
 
-    ``(V - mu)^2 [..., I, J, C, E]``, ``sig2 [..., J, C, E]`` -> ``[..., I, J]``.
+    ``(V - mu)^2 [..., I, J, C, E]``, ``sigma2 [..., J, C, E]`` -> ``[..., I, J]``.
     """
     if p_model == "gaussian":  # the -1/2 log(2 pi) constant is dropped (it cancels in the softmax)
-        quad = torch.einsum("...ijce,...jce->...ij", V_less_mu_out_2, 1.0 / (2.0 * sig2_out))  # [..., I, J]
-        log_sig = 0.5 * torch.log(sig2_out).sum(dim=(-2, -1))  # [..., J]  sum_{c,e} log sigma_jce
+        quad = torch.einsum("...ijce,...jce->...ij", V_less_mu_out_2, 1.0 / (2.0 * sigma2_out))  # [..., I, J]
+        log_sig = 0.5 * torch.log(sigma2_out).sum(dim=(-2, -1))  # [..., J]  sum_{c,e} log sigma_jce
         return -quad - log_sig.unsqueeze(-2)  # [..., I, J]
     return torch.log_softmax(-V_less_mu_out_2.sum(dim=(-2, -1)), dim=-1)  # [..., I, J]  soft k-means
 
@@ -142,30 +148,14 @@ def generative_matrix_routing(
     B: torch.Tensor,
     beta_use: torch.Tensor,
     beta_ign: torch.Tensor,
-    n_iters: int = 3,
+    iterations: int = 3,
     p_model: str = "gaussian",
     eps: float = 1e-5,
     *,
     return_routing: bool = False,
 ):
     """Heinsen (2019) routing of matrix capsules: ``(a_inp [..., I], mu_inp [..., I, C, D])`` ->
-    ``(a_out [..., J], mu_out [..., J, C, E], sig2_out [..., J, C, E])``.
-
-    Parameters
-    ----------
-    a_inp: input scores as **logits** (``f(a) = sigmoid(a)``; ``+-inf`` allowed, e.g. ``logit(mask)``).
-    mu_inp: input capsules, ``d_cov x d_inp`` matrices.
-    W: ``[I or 1, J, d_inp, d_out]`` transformation matrices (first size 1 = shared by all inputs).
-    B: ``[I or 1, J, d_cov, d_out]`` vote biases.
-    beta_use, beta_ign
-        ``[I or 1, J]`` net benefit of using / net cost of ignoring a unit of data.
-    n_iters: routing iterations ``T`` (>= 1; the paper uses 3).
-    p_model: ``"gaussian"`` (Gaussian mixture) or ``"skm"`` (soft k-means) for ``log p_ij``.
-    eps: added to ``sum_i D_use_ij`` and to the variances.
-    return_routing: also return a :class:`RoutingTrace` (``algorithm="heinsen"``) holding, per iteration,
-        ``coefficients`` R ``[..., I, J]`` (t = 0 is the uniform 1/J), ``agreements`` log p_ij ``[..., I, J]``
-        computed from that iteration's outputs, ``outputs`` mu_out, ``activations`` a_out, and in ``extra``
-        the lists ``D_use``, ``D_ign``, ``sig2`` plus the ``votes`` V ``[..., I, J, C, E]``.
+    ``(a_out [..., J], mu_out [..., J, C, E], sigma2_out [..., J, C, E])``.
 
     The loop (spec section 4.1), with ``f = sigmoid(a_inp)``::
 
@@ -173,21 +163,47 @@ def generative_matrix_routing(
         D-step  D_use_ij = f_i R_ij;  D_ign_ij = f_i - D_use_ij
         M-step  a_out_j  = sum_i beta_use_ij D_use_ij - sum_i beta_ign_ij D_ign_ij      (logits)
                 mu_j     = sum_i D_use_ij V_ij / (sum_i D_use_ij + eps)
-                sig2_j   = sum_i D_use_ij (V_ij - mu_j)^2 / (sum_i D_use_ij + eps) + eps
+                sigma2_j   = sum_i D_use_ij (V_ij - mu_j)^2 / (sum_i D_use_ij + eps) + eps
 
     ``a_out`` are logits, meant to be fed straight into a cross-entropy.
+
+    Parameters
+    ----------
+    a_inp
+        input scores as **logits** (``f(a) = sigmoid(a)``; ``+-inf`` allowed, e.g. ``logit(mask)``).
+    mu_inp
+        input capsules, ``d_cov x d_inp`` matrices.
+    W
+        ``[I or 1, J, d_inp, d_out]`` transformation matrices (first size 1 = shared by all inputs).
+    B
+        ``[I or 1, J, d_cov, d_out]`` vote biases.
+    beta_use, beta_ign
+        ``[I or 1, J]`` net benefit of using / net cost of ignoring a unit of data.
+    iterations
+        routing iterations ``T`` (>= 1; the paper uses 3).
+    p_model
+        ``"gaussian"`` (Gaussian mixture) or ``"skm"`` (soft k-means) for ``log p_ij``.
+    eps
+        added to ``sum_i D_use_ij`` and to the variances.
+    return_routing
+        also return a :class:`RoutingTrace` (``algorithm="heinsen"``) holding, per iteration,
+        ``coefficients`` R ``[..., I, J]`` (t = 0 is the uniform 1/J), ``agreements`` log p_ij ``[..., I, J]``
+        computed from that iteration's outputs, ``outputs`` mu_out, ``activations`` a_out, and in ``extra``
+        the lists ``D_use``, ``D_ign``, ``sigma2`` plus the ``votes`` V ``[..., I, J, C, E]``.
     """
     if p_model not in _P_MODELS:
         raise ValueError(f"p_model must be one of {_P_MODELS}, got {p_model!r}")
-    if n_iters < 1:
-        raise ValueError(f"n_iters must be >= 1, got {n_iters}")
+    if iterations < 1:
+        raise ValueError(f"iterations must be >= 1, got {iterations}")
     check_tensor(mu_inp, "mu_inp", "[..., n_inp, d_cov, d_inp]", [None, None, None], min_leading=0)
     I, C, D = mu_inp.shape[-3:]
     lead = mu_inp.shape[:-3]
     check_tensor(a_inp, "a_inp", f"[..., n_inp={I}]", [I], min_leading=0)
     if a_inp.shape != (*lead, I):
-        raise ValueError(f"a_inp: expected shape [..., n_inp] = {(*lead, I)} to match mu_inp "
-                         f"{tuple(mu_inp.shape)}, got {tuple(a_inp.shape)}")
+        raise ValueError(
+            f"a_inp: expected shape [..., n_inp] = {(*lead, I)} to match mu_inp "
+            f"{tuple(mu_inp.shape)}, got {tuple(a_inp.shape)}"
+        )
     check_tensor(W, "W", f"[n_inp or 1, n_out, d_inp={D}, d_out]", [None, None, D, None])
     J, E = W.shape[1], W.shape[3]
     _check_one_or(W, "W", f"[n_inp={I} or 1, n_out, d_inp={D}, d_out]", I, [J, D, E])
@@ -204,8 +220,8 @@ def generative_matrix_routing(
         f_a_inp = torch.sigmoid(a_inp.to(ct)).unsqueeze(-1)  # [..., I, 1]
         b_use = beta_use.to(ct).expand(I, J)  # [I, J]
         b_ign = beta_ign.to(ct).expand(I, J)  # [I, J]
-        a_out = mu_out = sig2_out = log_p = None
-        for t in range(n_iters):
+        a_out = mu_out = sigma2_out = log_p = None
+        for t in range(iterations):
             # E-step: each input's shares R_ij over the outputs (sum to 1 over j).
             if t == 0:
                 R = V.new_full((*lead, I, J), 1.0 / J)  # [..., I, J]
@@ -221,12 +237,13 @@ def generative_matrix_routing(
             over_D_use_sum = (1.0 / (D_use.sum(dim=-2) + eps))[..., None, None]  # [..., J, 1, 1]
             mu_out = torch.einsum("...ij,...ijce->...jce", D_use, V) * over_D_use_sum  # [..., J, C, E]
             V_less_mu_out_2 = (V - mu_out.unsqueeze(-4)) ** 2  # [..., I, J, C, E]
-            sig2_out = torch.einsum("...ij,...ijce->...jce", D_use, V_less_mu_out_2) * over_D_use_sum \
-                + eps  # [..., J, C, E]
+            sigma2_out = (
+                torch.einsum("...ij,...ijce->...jce", D_use, V_less_mu_out_2) * over_D_use_sum + eps
+            )  # [..., J, C, E]
 
             # Agreement of every vote with the new outputs (the next E-step's log-likelihoods).
-            if t < n_iters - 1 or trace is not None:
-                log_p = _log_p(V_less_mu_out_2, sig2_out, p_model)  # [..., I, J]
+            if t < iterations - 1 or trace is not None:
+                log_p = _log_p(V_less_mu_out_2, sigma2_out, p_model)  # [..., I, J]
             if trace is not None:
                 trace.coefficients.append(R)
                 trace.agreements.append(log_p)
@@ -234,8 +251,8 @@ def generative_matrix_routing(
                 trace.activations.append(a_out.to(out_dtype))
                 trace.extra.setdefault("D_use", []).append(D_use)
                 trace.extra.setdefault("D_ign", []).append(D_ign)
-                trace.extra.setdefault("sig2", []).append(sig2_out.to(out_dtype))
-    outputs = (a_out.to(out_dtype), mu_out.to(out_dtype), sig2_out.to(out_dtype))
+                trace.extra.setdefault("sigma2", []).append(sigma2_out.to(out_dtype))
+    outputs = (a_out.to(out_dtype), mu_out.to(out_dtype), sigma2_out.to(out_dtype))
     if trace is not None:
         trace.extra["votes"] = V
         trace.extra["f_a_inp"] = f_a_inp.squeeze(-1)
@@ -247,7 +264,7 @@ class GenerativeMatrixRouting(nn.Module):
     """Heinsen (2019) routing (the paper's ``Routing`` class): matrix capsules with scores, Gaussian mixture.
 
     ``forward(a_inp [..., n_inp], mu_inp [..., n_inp, d_cov, d_inp], n_out=None, return_routing=False)``
-    -> ``(a_out [..., n_out], mu_out [..., n_out, d_cov, d_out], sig2_out [..., n_out, d_cov, d_out])``,
+    -> ``(a_out [..., n_out], mu_out [..., n_out, d_cov, d_out], sigma2_out [..., n_out, d_cov, d_out])``,
     or ``(that tuple, RoutingTrace)`` with ``return_routing=True``. ``a_inp`` and ``a_out`` are **logits**.
 
     Arguments (2019 order: ``d_cov, d_inp, d_out, n_inp=-1, n_out=-1, ...``; the 2022 package
@@ -273,7 +290,7 @@ class GenerativeMatrixRouting(nn.Module):
         d_out: int,
         n_inp: int = -1,
         n_out: int = -1,
-        n_iters: int = 3,
+        iterations: int = 3,
         single_beta: bool = False,
         p_model: str = "gaussian",
         eps: float = 1e-5,
@@ -283,10 +300,10 @@ class GenerativeMatrixRouting(nn.Module):
             raise ValueError(f"p_model must be one of {_P_MODELS}, got {p_model!r}")
         if not (n_inp > 0 or n_inp == -1) or not (n_out > 0 or n_out == -1):
             raise ValueError(f"n_inp and n_out must be > 0 or -1 (variable), got {n_inp}, {n_out}")
-        if n_iters < 1:
-            raise ValueError(f"n_iters must be >= 1, got {n_iters}")
+        if iterations < 1:
+            raise ValueError(f"iterations must be >= 1, got {iterations}")
         self.d_cov, self.d_inp, self.d_out, self.n_inp, self.n_out = d_cov, d_inp, d_out, n_inp, n_out
-        self.n_iters, self.single_beta, self.p_model, self.eps = n_iters, single_beta, p_model, eps
+        self.iterations, self.single_beta, self.p_model, self.eps = iterations, single_beta, p_model, eps
         i1, j1 = max(1, n_inp), max(1, n_out)
         self.register_buffer("CONST_one", torch.tensor(1.0))  # unused; kept for state-dict compatibility
         self.W = nn.Parameter(torch.randn(i1, j1, d_inp, d_out) / d_inp)
@@ -313,21 +330,41 @@ class GenerativeMatrixRouting(nn.Module):
         B = self.B + self.B_brk * ramp[:, None, None]  # [I', J, C, E]  break the symmetry between outputs
         return W, B, self.beta_use.expand(-1, n_out), self.beta_ign.expand(-1, n_out)
 
-    def forward(self, a_inp: torch.Tensor, mu_inp: torch.Tensor, n_out: int | None = None,
-                return_routing: bool = False):
+    def forward(
+        self, a_inp: torch.Tensor, mu_inp: torch.Tensor, n_out: int | None = None, return_routing: bool = False
+    ):
         check_module_input(mu_inp, self, type(self).__name__, dtype=False)
         I = self.n_inp if self.n_inp > 0 else None
-        check_tensor(mu_inp, "mu_inp", f"[..., n_inp={I or '*'}, d_cov={self.d_cov}, d_inp={self.d_inp}]",
-                     [I, self.d_cov, self.d_inp], min_leading=0)
+        check_tensor(
+            mu_inp,
+            "mu_inp",
+            f"[..., n_inp={I or '*'}, d_cov={self.d_cov}, d_inp={self.d_inp}]",
+            [I, self.d_cov, self.d_inp],
+            min_leading=0,
+        )
         W, B, b_use, b_ign = self.expanded_parameters(n_out, mu_inp.shape[-3])
-        return autocast_outputs(generative_matrix_routing(a_inp, mu_inp, W, B, b_use, b_ign, self.n_iters,
-                                                          self.p_model, self.eps, return_routing=return_routing),
-                                mu_inp.device.type)
+        return autocast_outputs(
+            generative_matrix_routing(
+                a_inp,
+                mu_inp,
+                W,
+                B,
+                b_use,
+                b_ign,
+                self.iterations,
+                self.p_model,
+                self.eps,
+                return_routing=return_routing,
+            ),
+            mu_inp.device.type,
+        )
 
     def extra_repr(self) -> str:
-        return (f"d_cov={self.d_cov}, d_inp={self.d_inp}, d_out={self.d_out}, n_inp={self.n_inp}, "
-                f"n_out={self.n_out}, n_iters={self.n_iters}, single_beta={self.single_beta}, "
-                f"p_model={self.p_model!r}, eps={self.eps}")
+        return (
+            f"d_cov={self.d_cov}, d_inp={self.d_inp}, d_out={self.d_out}, n_inp={self.n_inp}, "
+            f"n_out={self.n_out}, iterations={self.iterations}, single_beta={self.single_beta}, "
+            f"p_model={self.p_model!r}, eps={self.eps}"
+        )
 
 
 # ------------------------------------------------------------------------------ 2022: vector routing
@@ -350,7 +387,7 @@ def efficient_vector_routing(
     B_S: torch.Tensor,
     beta_use: torch.Tensor,
     beta_ign: torch.Tensor,
-    n_iters: int = 2,
+    iterations: int = 2,
     *,
     normalize: bool = True,
     memory_efficient: bool = True,
@@ -361,6 +398,14 @@ def efficient_vector_routing(
     """Heinsen (2022) efficient vector routing: ``x_inp [..., I, d_inp] -> x_out [..., J, d_out]``.
 
     In the shapes of the parameters, ``I' = I``, or 1 when shared by a variable number of inputs.
+
+    The loop (spec section 4.2)::
+
+        E-step  t = 0: R_ij = 1/J;  t > 0: R_ij = softmax_j(S_ij)
+        D-step  D_use_ij = sigmoid(a_i) R_ij;  D_ign_ij = sigmoid(a_i) - D_use_ij
+        M-step  phi_ij = beta_use_ij D_use_ij - beta_ign_ij D_ign_ij       ("bang per bit", credit assignment)
+                x_out_j = sum_i phi_ij V_ij
+        after the loop: x_out = N(x_out) if normalize
 
     Parameters
     ----------
@@ -378,31 +423,28 @@ def efficient_vector_routing(
         (unscaled x).
     beta_use, beta_ign
         ``[I, J]`` or per example ``[..., I, J]`` (``Linear(d_inp -> J)`` of x when ``n_inp = -1``).
-    n_iters: iterations (>= 1; the paper uses 2). ``n_iters=1`` works here, trace included (the public
-        ``return_dict=True`` path raises ``UnboundLocalError`` for ``n_iters=1``).
-    normalize: apply ``N`` (LayerNorm without affine, identity when ``d_out = 1``) to the final outputs.
-    memory_efficient: never materialise ``V [..., I, J, d_out]``; contract ``phi`` with ``x~`` first
+    iterations
+        iterations (>= 1; the paper uses 2). ``iterations=1`` works here, trace included (the public
+        ``return_dict=True`` path raises ``UnboundLocalError`` for ``iterations=1``).
+    normalize
+        apply ``N`` (LayerNorm without affine, identity when ``d_out = 1``) to the final outputs.
+    memory_efficient
+        never materialise ``V [..., I, J, d_out]``; contract ``phi`` with ``x~`` first
         (same result up to rounding).
-    mask: optional bool ``[I, J]`` or batch-broadcastable ``[..., I, J]``; **True = ignore the pair**. A masked
+    mask
+        optional bool ``[I, J]`` or batch-broadcastable ``[..., I, J]``; **True = ignore the pair**. A masked
         pair gets ``a = -inf`` (so ``D_use = D_ign = phi = 0``) and routing logit ``-inf``; for a padding mask
         ``pad [B, I]`` pass ``pad[..., None]``. An input masked for every output gets all-zero ``R``. Masked
         input values must be finite (they are multiplied by 0).
-    return_routing: also return a :class:`RoutingTrace` (``algorithm="heinsen_vector"``) with per-iteration
+    return_routing
+        also return a :class:`RoutingTrace` (``algorithm="heinsen_vector"``) with per-iteration
         ``coefficients`` R ``[..., I, J]`` (t = 0 uniform), ``agreements`` S ``[..., I, J]`` (the log-sigmoid
         logits computed from that iteration's outputs), ``outputs`` x_out ``[..., J, d_out]`` (normalised if
         ``normalize``), and in ``extra`` the lists ``phi``, ``D_use``, ``D_ign``, ``pred_x_inp`` plus ``a_inp``
         ``[..., I]`` (and ``V`` when not ``memory_efficient``).
-
-    The loop (spec section 4.2)::
-
-        E-step  t = 0: R_ij = 1/J;  t > 0: R_ij = softmax_j(S_ij)
-        D-step  D_use_ij = sigmoid(a_i) R_ij;  D_ign_ij = sigmoid(a_i) - D_use_ij
-        M-step  phi_ij = beta_use_ij D_use_ij - beta_ign_ij D_ign_ij       ("bang per bit", credit assignment)
-                x_out_j = sum_i phi_ij V_ij
-        after the loop: x_out = N(x_out) if normalize
     """
-    if n_iters < 1:
-        raise ValueError(f"n_iters must be >= 1, got {n_iters}")
+    if iterations < 1:
+        raise ValueError(f"iterations must be >= 1, got {iterations}")
     check_tensor(x_inp, "x_inp", "[..., n_inp, d_inp]", [None, None], min_leading=0)
     I, D = x_inp.shape[-2:]
     lead = x_inp.shape[:-2]
@@ -427,10 +469,11 @@ def efficient_vector_routing(
     with _no_autocast(x_inp):
         x = x_inp.to(ct)  # [..., I, D]
         W_A, B_A, W_F1, W_F2, B_F2, W_G1, W_G2, B_G2, W_S, B_S, beta_use, beta_ign = (
-            p.to(ct) for p in (W_A, B_A, W_F1, W_F2, B_F2, W_G1, W_G2, B_G2, W_S, B_S, beta_use, beta_ign))
+            p.to(ct) for p in (W_A, B_A, W_F1, W_F2, B_F2, W_G1, W_G2, B_G2, W_S, B_S, beta_use, beta_ign)
+        )
         W_A, B_A = W_A.expand(I, D), B_A.expand(I)  # [I, D], [I]
         W_S, B_S = W_S.expand(I, J), B_S.expand(I, J)  # [I, J], [I, J]
-        scaled_x_inp = x * I ** -0.5  # [..., I, D]  x~ = x / sqrt(I)
+        scaled_x_inp = x * I**-0.5  # [..., I, D]  x~ = x / sqrt(I)
         a_inp = torch.einsum("...id,id->...i", scaled_x_inp, W_A) + B_A  # [..., I]
         f_a_inp = torch.sigmoid(a_inp).unsqueeze(-1)  # [..., I, 1]
         if mask is not None:
@@ -439,7 +482,7 @@ def efficient_vector_routing(
         if not memory_efficient:
             V = torch.einsum("...id,jd,de->...ije", scaled_x_inp, W_F1, W_F2) + B_F2  # [..., I, J, E]
         S = x_out = None
-        for t in range(n_iters):
+        for t in range(iterations):
             # E-step: shares of each input over the outputs.
             if t == 0:
                 R = _masked_softmax(x.new_zeros((*lead, I, J)), mask)  # [..., I, J]  uniform 1/J
@@ -454,15 +497,17 @@ def efficient_vector_routing(
             phi = beta_use * D_use - beta_ign * D_ign  # [..., I, J]  "bang per bit" credit assignments
             if V is None:  # sum_i phi_ij V_ij without materialising V
                 phi_x = torch.einsum("...ij,...id->...jd", phi, scaled_x_inp)  # [..., J, D]
-                x_out = (torch.einsum("...jd,jd,de->...je", phi_x, W_F1, W_F2)
-                         + torch.einsum("...ij,je->...je", phi, B_F2))  # [..., J, E]
+                x_out = torch.einsum("...jd,jd,de->...je", phi_x, W_F1, W_F2) + torch.einsum(
+                    "...ij,je->...je", phi, B_F2
+                )  # [..., J, E]
             else:
                 x_out = torch.einsum("...ij,...ije->...je", phi, V)  # [..., J, E]
 
             # Agreements with the new outputs (the next E-step's logits).
-            if t < n_iters - 1 or trace is not None:
-                pred_x_inp = torch.einsum("...je,ed,jd->...jd", _normalize(x_out, ln_eps), W_G1, W_G2) \
-                    + B_G2  # [..., J, D]
+            if t < iterations - 1 or trace is not None:
+                pred_x_inp = (
+                    torch.einsum("...je,ed,jd->...jd", _normalize(x_out, ln_eps), W_G1, W_G2) + B_G2
+                )  # [..., J, D]
                 S = F.logsigmoid(torch.einsum("...id,...jd->...ij", x, pred_x_inp) * W_S + B_S)  # [..., I, J]
             if trace is not None:
                 trace.coefficients.append(R)
@@ -498,21 +543,29 @@ class EfficientVectorRouting(nn.Module):
     ``1/sqrt(d_inp)``, ``B_S [I', J] = 0``; ``beta_use``, ``beta_ign [n_inp, J] ~ N(0, 1)``, or, with
     ``n_inp = -1`` (variable length), ``compute_beta_use``/``compute_beta_ign = Linear(d_inp, J)`` applied to x.
 
-    ``n_out >= 2`` (as in the package). ``n_iters=1`` is supported, including ``return_routing=True`` (the
+    ``n_out >= 2`` (as in the package). ``iterations=1`` is supported, including ``return_routing=True`` (the
     public ``return_dict=True`` raises ``UnboundLocalError`` there). ``d_out = 1`` routes a sequence to
     ``n_out`` scalars (sequence -> vector).
     """
 
-    def __init__(self, n_inp: int, n_out: int, d_inp: int, d_out: int, n_iters: int = 2,
-                 normalize: bool = True, memory_efficient: bool = True) -> None:
+    def __init__(
+        self,
+        n_inp: int,
+        n_out: int,
+        d_inp: int,
+        d_out: int,
+        iterations: int = 2,
+        normalize: bool = True,
+        memory_efficient: bool = True,
+    ) -> None:
         super().__init__()
         if not (n_inp > 0 or n_inp == -1):
             raise ValueError(f"n_inp must be > 0 or -1 (variable), got {n_inp}")
         if n_out < 2:
             raise ValueError(f"n_out must be >= 2, got {n_out}")
-        if n_iters < 1:
-            raise ValueError(f"n_iters must be >= 1, got {n_iters}")
-        self.n_inp, self.n_out, self.d_inp, self.d_out, self.n_iters = n_inp, n_out, d_inp, d_out, n_iters
+        if iterations < 1:
+            raise ValueError(f"iterations must be >= 1, got {iterations}")
+        self.n_inp, self.n_out, self.d_inp, self.d_out, self.iterations = n_inp, n_out, d_inp, d_out, iterations
         self.normalize, self.memory_efficient = normalize, memory_efficient
         i1 = max(1, n_inp)
         self.register_buffer("CONST_ones_over_n_out", torch.ones(n_out) / n_out)  # state-dict compatibility
@@ -540,21 +593,42 @@ class EfficientVectorRouting(nn.Module):
         ct = _compute_dtype(x_inp.dtype)
         with _no_autocast(x_inp):
             x = x_inp.to(ct)
-            return tuple(F.linear(x, m.weight.to(ct), m.bias.to(ct))  # [..., I, J]
-                         for m in (self.compute_beta_use, self.compute_beta_ign))
+            return tuple(
+                F.linear(x, m.weight.to(ct), m.bias.to(ct))  # [..., I, J]
+                for m in (self.compute_beta_use, self.compute_beta_ign)
+            )
 
     def forward(self, x_inp: torch.Tensor, mask: torch.Tensor | None = None, return_routing: bool = False):
         check_module_input(x_inp, self, type(self).__name__, dtype=False)
         I = self.n_inp if self.n_inp > 0 else None
-        check_tensor(x_inp, "x_inp", f"[..., n_inp={I or '*'}, d_inp={self.d_inp}]", [I, self.d_inp],
-                     min_leading=0)
+        check_tensor(x_inp, "x_inp", f"[..., n_inp={I or '*'}, d_inp={self.d_inp}]", [I, self.d_inp], min_leading=0)
         beta_use, beta_ign = self.betas(x_inp)
-        return autocast_outputs(efficient_vector_routing(
-            x_inp, self.W_A, self.B_A, self.W_F1, self.W_F2, self.B_F2, self.W_G1, self.W_G2, self.B_G2,
-            self.W_S, self.B_S, beta_use, beta_ign, self.n_iters, normalize=self.normalize,
-            memory_efficient=self.memory_efficient, mask=mask, return_routing=return_routing,
-        ), x_inp.device.type)
+        return autocast_outputs(
+            efficient_vector_routing(
+                x_inp,
+                self.W_A,
+                self.B_A,
+                self.W_F1,
+                self.W_F2,
+                self.B_F2,
+                self.W_G1,
+                self.W_G2,
+                self.B_G2,
+                self.W_S,
+                self.B_S,
+                beta_use,
+                beta_ign,
+                self.iterations,
+                normalize=self.normalize,
+                memory_efficient=self.memory_efficient,
+                mask=mask,
+                return_routing=return_routing,
+            ),
+            x_inp.device.type,
+        )
 
     def extra_repr(self) -> str:
-        return (f"n_inp={self.n_inp}, n_out={self.n_out}, d_inp={self.d_inp}, d_out={self.d_out}, "
-                f"n_iters={self.n_iters}, normalize={self.normalize}, memory_efficient={self.memory_efficient}")
+        return (
+            f"n_inp={self.n_inp}, n_out={self.n_out}, d_inp={self.d_inp}, d_out={self.d_out}, "
+            f"iterations={self.iterations}, normalize={self.normalize}, memory_efficient={self.memory_efficient}"
+        )

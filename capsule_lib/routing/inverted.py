@@ -33,6 +33,7 @@ pose entries and output positions (reported in apple PR #1, closed unmerged; the
 ``yaohungt/Capsules-Inverted-Attention-Routing`` switched to ``unfold``). It is here only so the book can
 compare; which expansion produced the published numbers is unknown.
 """
+
 from __future__ import annotations
 
 import math
@@ -42,10 +43,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._checks import check_module_input, check_tensor
-from .trace import RoutingTrace, autocast_outputs
+from ..types import RoutingTrace
+from ._common import autocast_outputs
 
 __all__ = [
-    "matrix_votes",
+    "fc_matrix_votes",
     "conv_windows",
     "conv_matrix_votes",
     "inverted_attention_update",
@@ -74,7 +76,7 @@ def _side(d: int) -> int:
 
 
 # ----------------------------------------------------------------------------------------------- votes
-def matrix_votes(poses: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def fc_matrix_votes(poses: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """FC votes ``V_{i->j} = P_i . W_ij``: ``poses [B, n_inp, d]``, ``weight [n_inp, s, s, n_out]``
     -> ``[B, n_inp, n_out, d]`` (each pose read as an ``s x s`` matrix, row-major)."""
     V = _fc_votes(poses, weight)  # [B, I, J, s, s]
@@ -88,8 +90,7 @@ def _fc_votes(poses: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return torch.einsum("biax,ixej->bijae", P, weight)  # [B, I, J, s, s]
 
 
-def conv_windows(poses: torch.Tensor, kernel_size: int, stride: int = 1,
-                 expansion: str = "unfold") -> torch.Tensor:
+def conv_windows(poses: torch.Tensor, kernel_size: int, stride: int = 1, expansion: str = "unfold") -> torch.Tensor:
     """Valid ``k x k`` windows of a capsule grid: ``[B, N, H, W, d] -> [B, N, k, k, h_out, w_out, d]``
     (the official layout), with ``h_out = (H - k) // stride + 1``.
 
@@ -102,8 +103,10 @@ def conv_windows(poses: torch.Tensor, kernel_size: int, stride: int = 1,
     check_tensor(poses, "poses", "[B, N, H, W, d]", [None, None, None, None, None])
     B, N, H, W, D = poses.shape
     if H < kernel_size or W < kernel_size:
-        raise ValueError(f"poses: a {kernel_size}x{kernel_size} valid window needs H, W >= {kernel_size}, "
-                         f"got shape {tuple(poses.shape)} ([B, N, H, W, d])")
+        raise ValueError(
+            f"poses: a {kernel_size}x{kernel_size} valid window needs H, W >= {kernel_size}, "
+            f"got shape {tuple(poses.shape)} ([B, N, H, W, d])"
+        )
     u = poses.unfold(2, kernel_size, stride).unfold(3, kernel_size, stride)  # [B, N, h, w, d, k, l]
     h, w = u.shape[2], u.shape[3]
     if expansion == "unfold":
@@ -146,8 +149,9 @@ def _attend(votes: torch.Tensor, prev_pose: torch.Tensor):
     return s.flatten(-2), r, a  # [B, ..., J, d]
 
 
-def _pose_norm(s: torch.Tensor, norm_weight, norm_bias, eps: float, dropout: float, training: bool,
-               dtype: torch.dtype) -> torch.Tensor:
+def _pose_norm(
+    s: torch.Tensor, norm_weight, norm_bias, eps: float, dropout: float, training: bool, dtype: torch.dtype
+) -> torch.Tensor:
     """``LayerNorm_d(Dropout(s))`` computed in fp32 (fp64 for fp64), cast to ``dtype``: ``[..., d] -> [..., d]``."""
     s = F.dropout(s, dropout, training)
     acc = _acc_dtype(s)
@@ -225,8 +229,7 @@ def inverted_fc_update(
     I, s, _, J = weight.shape
     D = s * s
     if poses.dim() == 5:
-        check_tensor(poses, "poses", f"[B, N, h, w, d={D}] with N*h*w = n_inp = {I}",
-                     [None, None, None, None, D])
+        check_tensor(poses, "poses", f"[B, N, h, w, d={D}] with N*h*w = n_inp = {I}", [None, None, None, None, D])
         poses = poses.reshape(poses.shape[0], -1, D)  # [B, N*h*w, d], type-major
     check_tensor(poses, "poses", f"[B, n_inp={I}, d={D}]", [None, I, D])
     B = poses.shape[0]
@@ -299,8 +302,7 @@ class InvertedFCCapsules(nn.Module):
     post-LayerNorm output of this layer's previous update (``None``: uniform first pass).
     """
 
-    def __init__(self, n_inp: int, n_out: int, pose_dim: int = 16, *, dropout: float = 0.0,
-                 eps: float = 1e-5) -> None:
+    def __init__(self, n_inp: int, n_out: int, pose_dim: int = 16, *, dropout: float = 0.0, eps: float = 1e-5) -> None:
         super().__init__()
         s = _side(pose_dim)
         self.n_inp, self.n_out, self.pose_dim, self.side = n_inp, n_out, pose_dim, s
@@ -312,18 +314,30 @@ class InvertedFCCapsules(nn.Module):
     def votes(self, P_in: torch.Tensor) -> torch.Tensor:
         """``[B, n_inp, d] -> [B, n_inp, n_out, d]``."""
         check_tensor(P_in, "P_in", f"[B, n_inp={self.n_inp}, d={self.pose_dim}]", [None, self.n_inp, self.pose_dim])
-        return matrix_votes(P_in, self.weight)
+        return fc_matrix_votes(P_in, self.weight)
 
     def forward(self, P_in: torch.Tensor, P_out_prev: torch.Tensor | None = None, return_routing: bool = False):
         check_module_input(P_in, self, type(self).__name__, dtype=False)
-        return autocast_outputs(inverted_fc_update(
-            P_in, self.weight, P_out_prev, norm_weight=self.norm.weight, norm_bias=self.norm.bias,
-            eps=self.norm.eps, dropout=self.dropout, training=self.training, return_routing=return_routing,
-        ), P_in.device.type)
+        return autocast_outputs(
+            inverted_fc_update(
+                P_in,
+                self.weight,
+                P_out_prev,
+                norm_weight=self.norm.weight,
+                norm_bias=self.norm.bias,
+                eps=self.norm.eps,
+                dropout=self.dropout,
+                training=self.training,
+                return_routing=return_routing,
+            ),
+            P_in.device.type,
+        )
 
     def extra_repr(self) -> str:
-        return (f"n_inp={self.n_inp}, n_out={self.n_out}, pose_dim={self.pose_dim} ({self.side}x{self.side}), "
-                f"dropout={self.dropout}, init_std={self.init_std:.4g}")
+        return (
+            f"n_inp={self.n_inp}, n_out={self.n_out}, pose_dim={self.pose_dim} ({self.side}x{self.side}), "
+            f"dropout={self.dropout}, init_std={self.init_std:.4g}"
+        )
 
 
 class InvertedConvCapsules(nn.Module):
@@ -337,8 +351,18 @@ class InvertedConvCapsules(nn.Module):
     ``input_expansion`` (see the module docstring), for comparison only.
     """
 
-    def __init__(self, n_inp: int, n_out: int, pose_dim: int = 16, kernel_size: int = 3, stride: int = 1, *,
-                 dropout: float = 0.0, expansion: str = "unfold", eps: float = 1e-5) -> None:
+    def __init__(
+        self,
+        n_inp: int,
+        n_out: int,
+        pose_dim: int = 16,
+        kernel_size: int = 3,
+        stride: int = 1,
+        *,
+        dropout: float = 0.0,
+        expansion: str = "unfold",
+        eps: float = 1e-5,
+    ) -> None:
         super().__init__()
         if expansion not in EXPANSIONS:
             raise ValueError(f"expansion must be one of {EXPANSIONS}, got {expansion!r}")
@@ -355,19 +379,36 @@ class InvertedConvCapsules(nn.Module):
 
     def votes(self, P_in: torch.Tensor) -> torch.Tensor:
         """``[B, n_inp, H, W, d] -> [B, h_out, w_out, n_inp*k*k, n_out, d]``."""
-        check_tensor(P_in, "P_in", f"[B, n_inp={self.n_inp}, H, W, d={self.pose_dim}]",
-                     [None, self.n_inp, None, None, self.pose_dim])
+        check_tensor(
+            P_in,
+            "P_in",
+            f"[B, n_inp={self.n_inp}, H, W, d={self.pose_dim}]",
+            [None, self.n_inp, None, None, self.pose_dim],
+        )
         return conv_matrix_votes(conv_windows(P_in, self.kernel_size, self.stride, self.expansion), self.weight)
 
     def forward(self, P_in: torch.Tensor, P_out_prev: torch.Tensor | None = None, return_routing: bool = False):
         check_module_input(P_in, self, type(self).__name__, dtype=False)
-        return autocast_outputs(inverted_conv_update(
-            P_in, self.weight, P_out_prev, stride=self.stride, expansion=self.expansion,
-            norm_weight=self.norm.weight, norm_bias=self.norm.bias, eps=self.norm.eps, dropout=self.dropout,
-            training=self.training, return_routing=return_routing,
-        ), P_in.device.type)
+        return autocast_outputs(
+            inverted_conv_update(
+                P_in,
+                self.weight,
+                P_out_prev,
+                stride=self.stride,
+                expansion=self.expansion,
+                norm_weight=self.norm.weight,
+                norm_bias=self.norm.bias,
+                eps=self.norm.eps,
+                dropout=self.dropout,
+                training=self.training,
+                return_routing=return_routing,
+            ),
+            P_in.device.type,
+        )
 
     def extra_repr(self) -> str:
-        return (f"n_inp={self.n_inp}, n_out={self.n_out}, pose_dim={self.pose_dim} ({self.side}x{self.side}), "
-                f"kernel_size={self.kernel_size}, stride={self.stride}, expansion={self.expansion!r}, "
-                f"dropout={self.dropout}, init_std={self.init_std:.4g}")
+        return (
+            f"n_inp={self.n_inp}, n_out={self.n_out}, pose_dim={self.pose_dim} ({self.side}x{self.side}), "
+            f"kernel_size={self.kernel_size}, stride={self.stride}, expansion={self.expansion!r}, "
+            f"dropout={self.dropout}, init_std={self.init_std:.4g}"
+        )

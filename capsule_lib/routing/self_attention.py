@@ -25,6 +25,7 @@ Nothing is detached. Because the bias is added after the softmax, the coefficien
 ``coefficients`` are therefore the softmax outputs (before the bias, they sum to 1 over ``j``) and the
 post-bias ones are in ``trace.extra["coefficients_with_prior"]``.
 """
+
 from __future__ import annotations
 
 import math
@@ -34,16 +35,19 @@ from torch import nn
 
 from .._checks import check_module_input, check_tensor
 from ..functional import squash_efficient
-from .trace import RoutingTrace
+from ..types import TRUNC_NORMAL_STD, RoutingTrace
 
-__all__ = ["self_attention_routing", "SelfAttentionRouting", "FCCapsules", "self_attention_votes",
-           "keras_fans", "keras_he_normal_"]
+__all__ = [
+    "self_attention_routing",
+    "SelfAttentionRouting",
+    "FCCapsules",
+    "self_attention_votes",
+    "keras_fans",
+    "keras_he_normal_",
+]
 
 #: the squash epsilon of the official code (``config.json``: ``"eps": 10e-21``)
 SQUASH_EPS = 1e-20
-#: standard deviation of a unit normal truncated to (-2, 2); Keras divides by it so that the truncated
-#: distribution has the requested standard deviation
-_TRUNC_STD = 0.87962566103423978
 
 
 def keras_fans(shape: tuple[int, ...] | torch.Size) -> tuple[int, int]:
@@ -68,7 +72,7 @@ def keras_fans(shape: tuple[int, ...] | torch.Size) -> tuple[int, int]:
 def keras_he_normal_(tensor: torch.Tensor, fan_in: int, generator: torch.Generator | None = None) -> torch.Tensor:
     """In-place Keras ``he_normal``: normal with std ``sqrt(2 / fan_in) / 0.8796``, truncated at +-2 std
     (so that the truncated distribution has standard deviation ``sqrt(2 / fan_in)``)."""
-    std = math.sqrt(2.0 / fan_in) / _TRUNC_STD
+    std = math.sqrt(2.0 / fan_in) / TRUNC_NORMAL_STD
     with torch.no_grad():
         return nn.init.trunc_normal_(tensor, 0.0, std, -2.0 * std, 2.0 * std, generator=generator)
 
@@ -88,16 +92,23 @@ def self_attention_routing(
 ) -> torch.Tensor | tuple[torch.Tensor, RoutingTrace]:
     """Route ``votes [B, n_inp, n_out, d_out]`` to output capsules ``[B, n_out, d_out]`` in one pass.
 
+    Logits, softmax and the bias are computed in float32 (float64 for float64 votes; autocast disabled for
+    them); the weighted sum runs in the votes' dtype.
+
     Parameters
     ----------
-    votes: the prediction vectors ``u_hat_{j,i}`` (see :func:`self_attention_votes`).
-    log_prior: the learned bias ``b`` as ``[n_inp, n_out]`` (the module stores it as ``(J, I, 1)``, like
+    votes
+        the prediction vectors ``u_hat_{j,i}`` (see :func:`self_attention_votes`).
+    log_prior
+        the learned bias ``b`` as ``[n_inp, n_out]`` (the module stores it as ``(J, I, 1)``, like
         the original), added to the coefficients **after** the softmax; ``None`` = 0.
-    eps: squash_E epsilon, ``1e-20`` as in the official code. :func:`~capsule_lib.functional.squash_efficient`
+    eps
+        squash_E epsilon, ``1e-20`` as in the official code. :func:`~capsule_lib.functional.squash_efficient`
         puts it inside the root of the norm instead of adding it to ``|s|`` and ``e^{|s|}``; the values
         agree to float precision for any ``|s| >> 1e-10`` and, unlike the original, the gradient at
         ``s = 0`` is finite.
-    return_routing: also return a :class:`RoutingTrace` (one iteration) with
+    return_routing
+        also return a :class:`RoutingTrace` (one iteration) with
 
         * ``coefficients[0]`` ``[B, I, J]``: ``softmax_j`` of the scaled row sums, **before** the bias
           (sums to 1 over the outputs, the last axis);
@@ -106,9 +117,6 @@ def self_attention_routing(
         * ``extra["attention"]`` ``[B, J, I, I]``: ``A_j = U_j U_j^T`` (unscaled);
           ``extra["coefficients_with_prior"]`` ``[B, I, J]``: ``c + b``, the weights actually used;
           ``extra["log_prior"]`` ``[I, J]`` (zeros when ``None``).
-
-    Logits, softmax and the bias are computed in float32 (float64 for float64 votes; autocast disabled for
-    them); the weighted sum runs in the votes' dtype.
     """
     check_tensor(votes, "votes", "[B, n_inp, n_out, d_out]", [None, None, None, None])
     B, I, J, E = votes.shape
@@ -158,8 +166,9 @@ class SelfAttentionRouting(nn.Module):
     ``forward(u, return_routing=True)`` also returns the :class:`RoutingTrace`.
     """
 
-    def __init__(self, n_inp: int, n_out: int, d_inp: int, d_out: int, *, eps: float = SQUASH_EPS,
-                 init: str = "keras") -> None:
+    def __init__(
+        self, n_inp: int, n_out: int, d_inp: int, d_out: int, *, eps: float = SQUASH_EPS, init: str = "keras"
+    ) -> None:
         super().__init__()
         if init not in ("keras", "torch"):
             raise ValueError(f"init must be 'keras' or 'torch', got {init!r}")
@@ -188,8 +197,10 @@ class SelfAttentionRouting(nn.Module):
         return self_attention_routing(self.votes(u), self.prior(), eps=self.eps, return_routing=return_routing)
 
     def extra_repr(self) -> str:
-        return (f"n_inp={self.n_inp}, n_out={self.n_out}, d_inp={self.d_inp}, d_out={self.d_out}, "
-                f"eps={self.eps}, init={self.init!r}")
+        return (
+            f"n_inp={self.n_inp}, n_out={self.n_out}, d_inp={self.d_inp}, d_out={self.d_out}, "
+            f"eps={self.eps}, init={self.init!r}"
+        )
 
 
 class FCCapsules(SelfAttentionRouting):

@@ -7,12 +7,25 @@ reconstructions, perturbations), ``data`` (dataset samples). Widgets: ``widgets`
 trained classifiers); they need ``ipywidgets`` and are imported on demand. Every widget has a static twin
 in the static modules, which the chapters draw as ordinary figures for the rendered page.
 """
+
 from . import capsules, data, plots, toy
 from .plots import LivePlot, plot_capsules, plot_coefficients, plot_history, plot_squash, set_style
-from .toy import ToyVotes, plot_routing_iterations, plot_routing_state, routing_readout, toy_votes
+from .toy import ToyVotes, plot_routing_state, plot_toy_iterations, routing_readout, toy_votes
 
 __all__ = [
-    "capsules", "data", "plots", "toy",
-    "LivePlot", "plot_capsules", "plot_coefficients", "plot_history", "plot_squash", "set_style",
-    "ToyVotes", "plot_routing_iterations", "plot_routing_state", "routing_readout", "toy_votes",
+    "capsules",
+    "data",
+    "plots",
+    "toy",
+    "LivePlot",
+    "plot_capsules",
+    "plot_coefficients",
+    "plot_history",
+    "plot_squash",
+    "set_style",
+    "ToyVotes",
+    "plot_toy_iterations",
+    "plot_routing_state",
+    "routing_readout",
+    "toy_votes",
 ]

@@ -2,9 +2,10 @@
 MultiMNIST segmentation. Each function draws one figure from given tensors and returns it; the widgets in
 :mod:`capsule_lib.viz.explorers` only wire sliders to these functions (their static twins).
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -13,34 +14,42 @@ from matplotlib.figure import Figure
 
 from .._checks import module_device
 from ..functional import capsule_lengths
-from ..routing.trace import RoutingTrace
+from ..types import RoutingTrace
+from .data import to_display
 
 __all__ = [
-    "coupling_grid", "routing_contributions", "coupling_entropy", "plot_routing_step", "plot_routing_iterations",
-    "plot_coupling_sharpening", "plot_reconstructions", "perturb_poses", "plot_perturbation",
-    "plot_perturbation_grid", "plot_lengths", "plot_segmentation", "plot_image_grid", "to_numpy_image",
+    "coupling_grid",
+    "routing_contributions",
+    "coupling_entropy",
+    "plot_routing_step",
+    "plot_routing_iterations",
+    "plot_coupling_sharpening",
+    "plot_reconstructions",
+    "perturb_poses",
+    "plot_perturbation",
+    "plot_perturbation_grid",
+    "plot_lengths",
+    "plot_segmentation",
+    "plot_image_grid",
     "plot_self_attention",
 ]
 
 
-def to_numpy_image(x: torch.Tensor) -> np.ndarray:
-    """``[C, H, W]`` or ``[H, W]`` tensor (uint8 or float) -> ``[H, W]`` / ``[H, W, C]`` float array in [0, 1]."""
-    x = x.detach().cpu()
-    x = x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
-    if x.dim() == 3:
-        x = x[0] if x.shape[0] == 1 else x.permute(1, 2, 0)
-    return x.clamp(0, 1).numpy()
-
-
-def coupling_grid(trace: RoutingTrace, sample: int, parent: int, grid: tuple[int, int, int] = (32, 6, 6)) -> torch.Tensor:
+def coupling_grid(
+    trace: RoutingTrace, sample: int, parent: int, grid: tuple[int, int, int] = (32, 6, 6)
+) -> torch.Tensor:
     """Coupling coefficients ``c_{i, parent}`` of one sample for every iteration, on the primary capsule
     grid: ``[T, n_types, h, w]`` (capsules are type-major, ``i = c*h*w + y*w + x``)."""
     c = trace.stacked("coefficients")[:, sample, :, parent]  # [T, I]
     return c.reshape(c.shape[0], *grid).float()
 
 
-def routing_contributions(trace: RoutingTrace, sample: int, parent: int, grid: tuple[int, int, int] = (32, 6, 6),
-                          ) -> torch.Tensor:
+def routing_contributions(
+    trace: RoutingTrace,
+    sample: int,
+    parent: int,
+    grid: tuple[int, int, int] = (32, 6, 6),
+) -> torch.Tensor:
     """How much each primary capsule sends to ``parent``: ``c_{i,parent} * |u_hat_{parent|i}|`` per
     iteration, ``[T, n_types, h, w]`` (needs the votes in ``trace.extra``)."""
     votes = trace.extra["votes"][sample, :, parent]  # [I, E]
@@ -68,12 +77,19 @@ def _mosaic(maps: torch.Tensor, cols: int = 8) -> np.ndarray:
     out = np.full((rows * (h + 1) - 1, cols * (w + 1) - 1), np.nan)
     for k in range(n):
         r, c = divmod(k, cols)
-        out[r * (h + 1):r * (h + 1) + h, c * (w + 1):c * (w + 1) + w] = maps[k].numpy()
+        out[r * (h + 1) : r * (h + 1) + h, c * (w + 1) : c * (w + 1) + w] = maps[k].numpy()
     return out
 
 
-def plot_routing_step(image: torch.Tensor, trace: RoutingTrace, sample: int, iteration: int, parent: int | None = None,
-                      grid: tuple[int, int, int] = (32, 6, 6), classes: Sequence[str] | None = None) -> Figure:
+def plot_routing_step(
+    image: torch.Tensor,
+    trace: RoutingTrace,
+    sample: int,
+    iteration: int,
+    parent: int | None = None,
+    grid: tuple[int, int, int] = (32, 6, 6),
+    classes: Sequence[str] | None = None,
+) -> Figure:
     """One routing iteration for one image: the input, the coupling of every primary capsule to ``parent``
     (default: the final winner) as a mosaic of the capsule types, what each sends (coupling x vote length)
     summed over types on the spatial grid, and the output capsule lengths after this iteration."""
@@ -83,7 +99,7 @@ def plot_routing_step(image: torch.Tensor, trace: RoutingTrace, sample: int, ite
     names = list(classes) if classes is not None else [str(k) for k in range(final_len.numel())]
     coup = coupling_grid(trace, sample, parent, grid)[iteration]  # [N, h, w]
     fig, axes = plt.subplots(1, 4, figsize=(13, 3.2), gridspec_kw={"width_ratios": [1, 2.2, 1, 1.4]})
-    axes[0].imshow(to_numpy_image(image), cmap="gray")
+    axes[0].imshow(to_display(image), cmap="gray")
     axes[0].set_title("input")
     im = axes[1].imshow(_mosaic(coup), cmap="viridis", vmin=0, vmax=1)
     axes[1].set_title(f"iteration {iteration + 1}: c(i -> '{names[parent]}') per capsule type")
@@ -108,29 +124,37 @@ def plot_routing_step(image: torch.Tensor, trace: RoutingTrace, sample: int, ite
     return fig
 
 
-def plot_routing_iterations(image: torch.Tensor, trace: RoutingTrace, sample: int, parent: int | None = None,
-                            grid: tuple[int, int, int] = (32, 6, 6), classes: Sequence[str] | None = None) -> Figure:
+def plot_routing_iterations(
+    image: torch.Tensor,
+    trace: RoutingTrace,
+    sample: int,
+    parent: int | None = None,
+    grid: tuple[int, int, int] = (32, 6, 6),
+    classes: Sequence[str] | None = None,
+) -> Figure:
     """All iterations side by side (the static twin of the routing explorer): one row per iteration with the
     coupling mosaic toward the winning capsule, the spatial map of what is sent to it, and the lengths."""
-    T = trace.n_iters
+    T = trace.iterations
     final_len = capsule_lengths(trace.outputs[-1][sample].float())
     parent = int(final_len.argmax()) if parent is None else parent
     names = list(classes) if classes is not None else [str(k) for k in range(final_len.numel())]
     coup = coupling_grid(trace, sample, parent, grid)  # [T, N, h, w]
     contrib = routing_contributions(trace, sample, parent, grid).sum(1) if "votes" in trace.extra else coup.mean(1)
-    fig, axes = plt.subplots(T, 4, figsize=(13, 2.9 * T), gridspec_kw={"width_ratios": [1, 2.2, 1, 1.4]},
-                             squeeze=False)
+    fig, axes = plt.subplots(T, 4, figsize=(13, 2.9 * T), gridspec_kw={"width_ratios": [1, 2.2, 1, 1.4]}, squeeze=False)
     vmax_contrib = float(contrib.max())
     for t in range(T):
         ax = axes[t]
-        ax[0].imshow(to_numpy_image(image), cmap="gray")
+        ax[0].imshow(to_display(image), cmap="gray")
         ax[0].set_ylabel(f"iteration {t + 1}", fontsize=11)
         im = ax[1].imshow(_mosaic(coup[t]), cmap="viridis", vmin=0, vmax=1)
         fig.colorbar(im, ax=ax[1], fraction=0.025)
         ax[2].imshow(contrib[t].numpy(), cmap="magma", vmin=0, vmax=vmax_contrib)
         lengths = capsule_lengths(trace.outputs[t][sample].float()).numpy()
-        ax[3].bar(range(len(lengths)), lengths, color=["tab:orange" if k == parent else "tab:blue"
-                                                        for k in range(len(lengths))])
+        ax[3].bar(
+            range(len(lengths)),
+            lengths,
+            color=["tab:orange" if k == parent else "tab:blue" for k in range(len(lengths))],
+        )
         ax[3].set_xticks(range(len(lengths)), names, fontsize=8)
         ax[3].set_ylim(0, 1)
         for a in ax[:3]:
@@ -138,18 +162,19 @@ def plot_routing_iterations(image: torch.Tensor, trace: RoutingTrace, sample: in
             a.set_yticks([])
         if t == 0:
             ax[0].set_title("input")
-            ax[1].set_title(f"coupling to '{names[parent]}' (4x8 capsule types, each 6x6)")
+            ax[1].set_title(f"coupling to '{names[parent]}' ({grid[0]} capsule types, each {grid[1]}x{grid[2]})")
             ax[2].set_title("sent to it: sum of c*|u_hat|")
             ax[3].set_title("output lengths")
     fig.tight_layout()
     return fig
 
 
-def plot_coupling_sharpening(trace: RoutingTrace, primary_lengths: torch.Tensor | None = None,
-                             parent_of: torch.Tensor | None = None) -> Figure:
+def plot_coupling_sharpening(
+    trace: RoutingTrace, primary_lengths: torch.Tensor | None = None, parent_of: torch.Tensor | None = None
+) -> Figure:
     """How routing sharpens over iterations, over a batch: (left) mean entropy of the children's coupling
     distributions; (right) histogram of couplings to each image's winning capsule, per iteration."""
-    T = trace.n_iters
+    T = trace.iterations
     ent = coupling_entropy(trace, primary_lengths).numpy()
     c = trace.stacked("coefficients").float()  # [T, B, I, J]
     if parent_of is None:
@@ -160,7 +185,7 @@ def plot_coupling_sharpening(trace: RoutingTrace, primary_lengths: torch.Tensor 
     J = c.shape[-1]
     axes[0].plot(range(1, T + 1), ent, "o-")
     axes[0].axhline(np.log(J), ls="--", c="gray", lw=1)
-    axes[0].text(1, np.log(J), " uniform = ln %d" % J, va="bottom", fontsize=8, color="gray")
+    axes[0].text(1, np.log(J), f" uniform = ln {J}", va="bottom", fontsize=8, color="gray")
     axes[0].set_xlabel("iteration")
     axes[0].set_ylabel("mean coupling entropy (nats)")
     axes[0].set_xticks(range(1, T + 1))
@@ -175,19 +200,21 @@ def plot_coupling_sharpening(trace: RoutingTrace, primary_lengths: torch.Tensor 
     return fig
 
 
-def plot_reconstructions(images: torch.Tensor, recons: torch.Tensor, labels: Sequence[int] | None = None,
-                         preds: Sequence[int] | None = None, n: int = 10) -> Figure:
+def plot_reconstructions(
+    images: torch.Tensor,
+    recons: torch.Tensor,
+    labels: Sequence[int] | None = None,
+    preds: Sequence[int] | None = None,
+    n: int = 10,
+) -> Figure:
     """Inputs (top row) vs reconstructions (bottom row)."""
     n = min(n, images.shape[0])
     fig, axes = plt.subplots(2, n, figsize=(1.3 * n, 2.9), squeeze=False)
     for k in range(n):
-        axes[0, k].imshow(to_numpy_image(images[k]), cmap="gray")
-        axes[1, k].imshow(to_numpy_image(recons[k]), cmap="gray")
-        title = ""
-        if labels is not None:
-            title = f"y={int(labels[k])}"
-        if preds is not None:
-            title += f" p={int(preds[k])}"
+        axes[0, k].imshow(to_display(images[k]), cmap="gray")
+        axes[1, k].imshow(to_display(recons[k]), cmap="gray")
+        parts = [f"y={int(labels[k])}" if labels is not None else "", f"p={int(preds[k])}" if preds is not None else ""]
+        title = " ".join(p for p in parts if p)
         axes[0, k].set_title(title, fontsize=8)
         for a in axes[:, k]:
             a.set_xticks([])
@@ -198,7 +225,9 @@ def plot_reconstructions(images: torch.Tensor, recons: torch.Tensor, labels: Seq
     return fig
 
 
-def perturb_poses(poses: torch.Tensor, offsets: torch.Tensor | Sequence[float], label: int | None = None) -> torch.Tensor:
+def perturb_poses(
+    poses: torch.Tensor, offsets: torch.Tensor | Sequence[float], label: int | None = None
+) -> torch.Tensor:
     """Add ``offsets [D]`` to the pose dimensions: of every capsule (``label=None``, as the
     Efficient-CapsNet notebook does) or of the ``label`` capsule only (Sabour et al., Fig. 4).
     ``poses [K, D]`` or ``[B, K, D]``."""
@@ -221,24 +250,34 @@ def _decode(model: torch.nn.Module, poses: torch.Tensor, label: int) -> torch.Te
 
 def plot_lengths(ax, lengths: np.ndarray, highlight: int | None = None, classes: Sequence[str] | None = None) -> None:
     names = list(classes) if classes is not None else [str(k) for k in range(len(lengths))]
-    ax.bar(range(len(lengths)), lengths, color=["tab:orange" if k == highlight else "tab:blue"
-                                                 for k in range(len(lengths))])
+    ax.bar(
+        range(len(lengths)),
+        lengths,
+        color=["tab:orange" if k == highlight else "tab:blue" for k in range(len(lengths))],
+    )
     ax.set_xticks(range(len(lengths)), names, fontsize=8)
     ax.set_ylim(0, 1)
     ax.set_title("capsule lengths")
 
 
-def plot_perturbation(model: torch.nn.Module, image: torch.Tensor, poses: torch.Tensor, label: int,
-                      offsets: Sequence[float], perturb: str = "all", classes: Sequence[str] | None = None) -> Figure:
+def plot_perturbation(
+    model: torch.nn.Module,
+    image: torch.Tensor,
+    poses: torch.Tensor,
+    label: int,
+    offsets: Sequence[float],
+    perturb: str = "all",
+    classes: Sequence[str] | None = None,
+) -> Figure:
     """Input, reconstruction from the perturbed ``label`` capsule, and the lengths of the perturbed capsules.
 
     ``poses [K, D]`` of one image; ``offsets [D]``; ``perturb``: ``"all"`` capsules or only the ``"label"``."""
     p = perturb_poses(poses, offsets, None if perturb == "all" else label)
     recon = _decode(model, p[None], label)[0]
     fig, axes = plt.subplots(1, 3, figsize=(9, 2.9), gridspec_kw={"width_ratios": [1, 1, 1.6]})
-    axes[0].imshow(to_numpy_image(image), cmap="gray")
+    axes[0].imshow(to_display(image), cmap="gray")
     axes[0].set_title("input")
-    axes[1].imshow(to_numpy_image(recon), cmap="gray")
+    axes[1].imshow(to_display(recon), cmap="gray")
     axes[1].set_title("reconstruction")
     for a in axes[:2]:
         a.set_xticks([])
@@ -248,9 +287,14 @@ def plot_perturbation(model: torch.nn.Module, image: torch.Tensor, poses: torch.
     return fig
 
 
-def plot_perturbation_grid(model: torch.nn.Module, poses: torch.Tensor, label: int,
-                           values: Sequence[float] = tuple(np.round(np.arange(-0.25, 0.2501, 0.05), 2)),
-                           dims: Sequence[int] | None = None, image: torch.Tensor | None = None) -> Figure:
+def plot_perturbation_grid(
+    model: torch.nn.Module,
+    poses: torch.Tensor,
+    label: int,
+    values: Sequence[float] = tuple(np.round(np.arange(-0.25, 0.2501, 0.05), 2)),
+    dims: Sequence[int] | None = None,
+    image: torch.Tensor | None = None,
+) -> Figure:
     """The paper's Figure 4: one row per pose dimension, one column per perturbation value; each cell is
     the reconstruction after adding that value to that dimension of the ``label`` capsule. With ``image``,
     a first row shows the input next to the unperturbed reconstruction."""
@@ -259,7 +303,7 @@ def plot_perturbation_grid(model: torch.nn.Module, poses: torch.Tensor, label: i
     vals = torch.tensor([float(v) + 0.0 for v in values], dtype=poses.dtype)  # + 0.0 turns -0.0 into 0.0
     batch = poses[None].repeat(len(dims) * len(vals) + 1, 1, 1)  # [R*V + 1, K, D]; the last is unperturbed
     for r, d in enumerate(dims):
-        batch[r * len(vals):(r + 1) * len(vals), label, d] += vals.to(poses.device)
+        batch[r * len(vals) : (r + 1) * len(vals), label, d] += vals.to(poses.device)
     recons = _decode(model, batch, label).cpu()  # [R*V + 1, C, H, W]
     top = 1 if image is not None else 0
     nrows, ncols = len(dims) + top, len(vals) + 1
@@ -272,37 +316,45 @@ def plot_perturbation_grid(model: torch.nn.Module, poses: torch.Tensor, label: i
         for col, (img, title) in enumerate(((image, "input"), (recons[-1], "recon."))):
             ax = axes[0, 1 + col]
             ax.axis("on")
-            ax.imshow(to_numpy_image(img), cmap="gray", vmin=0, vmax=1)
+            ax.imshow(to_display(img), cmap="gray", vmin=0, vmax=1)
             ax.set_title(title, fontsize=8)
     for r, d in enumerate(dims):
-        axes[top + r, 0].text(0.95, 0.5, f"dim {d}", ha="right", va="center", fontsize=8,
-                              transform=axes[top + r, 0].transAxes)
+        axes[top + r, 0].text(
+            0.95, 0.5, f"dim {d}", ha="right", va="center", fontsize=8, transform=axes[top + r, 0].transAxes
+        )
         for c in range(len(vals)):
             ax = axes[top + r, c + 1]
             ax.axis("on")
-            ax.imshow(to_numpy_image(recons[r * len(vals) + c]), cmap="gray", vmin=0, vmax=1)
+            ax.imshow(to_display(recons[r * len(vals) + c]), cmap="gray", vmin=0, vmax=1)
             if r == len(dims) - 1:
                 ax.set_xlabel(f"{float(vals[c]):+.2f}", fontsize=8)
     fig.subplots_adjust(wspace=0.05, hspace=0.08)
     return fig
 
 
-def plot_segmentation(images: torch.Tensor, recon_a: torch.Tensor, recon_b: torch.Tensor,
-                      labels: torch.Tensor | None = None, preds: torch.Tensor | None = None, n: int = 8) -> Figure:
+def plot_segmentation(
+    images: torch.Tensor,
+    recon_a: torch.Tensor,
+    recon_b: torch.Tensor,
+    labels: torch.Tensor | None = None,
+    preds: torch.Tensor | None = None,
+    n: int = 8,
+) -> Figure:
     """MultiMNIST: input (top) and the two reconstructions overlaid in red and green (bottom)."""
     n = min(n, images.shape[0])
     fig, axes = plt.subplots(2, n, figsize=(1.5 * n, 3.3), squeeze=False)
     for k in range(n):
-        axes[0, k].imshow(to_numpy_image(images[k]), cmap="gray")
-        rgb = np.zeros((*to_numpy_image(recon_a[k]).shape, 3))
-        rgb[..., 0] = to_numpy_image(recon_a[k])
-        rgb[..., 1] = to_numpy_image(recon_b[k])
+        axes[0, k].imshow(to_display(images[k]), cmap="gray")
+        rgb = np.zeros((*to_display(recon_a[k]).shape, 3))
+        rgb[..., 0] = to_display(recon_a[k])
+        rgb[..., 1] = to_display(recon_b[k])
         axes[1, k].imshow(rgb.clip(0, 1))
-        t = ""
+        lines = []
         if labels is not None:
-            t = "y=" + ",".join(str(int(v)) for v in labels[k])
+            lines.append("y=" + ",".join(str(int(v)) for v in labels[k]))
         if preds is not None:
-            t += "\np=" + ",".join(str(int(v)) for v in preds[k])
+            lines.append("p=" + ",".join(str(int(v)) for v in preds[k]))
+        t = "\n".join(lines)
         axes[0, k].set_title(t, fontsize=8)
         for a in axes[:, k]:
             a.set_xticks([])
@@ -313,8 +365,9 @@ def plot_segmentation(images: torch.Tensor, recon_a: torch.Tensor, recon_b: torc
     return fig
 
 
-def plot_image_grid(images: torch.Tensor, titles: Sequence[str] | None = None, cols: int = 10,
-                    size: float = 1.2) -> Figure:
+def plot_image_grid(
+    images: torch.Tensor, titles: Sequence[str] | None = None, cols: int = 10, size: float = 1.2
+) -> Figure:
     """A grid of images with optional titles."""
     n = images.shape[0]
     rows = max(1, int(np.ceil(n / cols)))
@@ -323,7 +376,7 @@ def plot_image_grid(images: torch.Tensor, titles: Sequence[str] | None = None, c
         ax.set_xticks([])
         ax.set_yticks([])
         if k < n:
-            ax.imshow(to_numpy_image(images[k]), cmap="gray")
+            ax.imshow(to_display(images[k]), cmap="gray")
             if titles is not None:
                 ax.set_title(titles[k], fontsize=8)
         else:
@@ -332,8 +385,13 @@ def plot_image_grid(images: torch.Tensor, titles: Sequence[str] | None = None, c
     return fig
 
 
-def plot_self_attention(image: torch.Tensor, trace: RoutingTrace, sample: int, parent: int | None = None,
-                        classes: Sequence[str] | None = None) -> Figure:
+def plot_self_attention(
+    image: torch.Tensor,
+    trace: RoutingTrace,
+    sample: int,
+    parent: int | None = None,
+    classes: Sequence[str] | None = None,
+) -> Figure:
     """Self-attention routing (Mazzia et al. 2021) for one image: the attention matrix ``A_j = U_j U_j^T``
     between the votes for class ``parent`` (default: the predicted class), the routing coefficients
     ``softmax_j(rowsum(A_j)/sqrt(D))`` of every primary capsule over the classes, the same after adding the
@@ -346,7 +404,7 @@ def plot_self_attention(image: torch.Tensor, trace: RoutingTrace, sample: int, p
     c = trace.coefficients[-1][sample].float().numpy()  # [I, J]
     cb = trace.extra["coefficients_with_prior"][sample].float().numpy()  # [I, J]
     fig, axes = plt.subplots(1, 5, figsize=(16, 3.4), gridspec_kw={"width_ratios": [1, 1.3, 1.3, 1.3, 1.3]})
-    axes[0].imshow(to_numpy_image(image), cmap="gray")
+    axes[0].imshow(to_display(image), cmap="gray")
     axes[0].set_title("input")
     axes[0].set_xticks([])
     axes[0].set_yticks([])
@@ -356,8 +414,10 @@ def plot_self_attention(image: torch.Tensor, trace: RoutingTrace, sample: int, p
     axes[1].set_xlabel("primary capsule k")
     axes[1].set_ylabel("primary capsule i")
     fig.colorbar(im, ax=axes[1], fraction=0.046)
-    for ax, mat, title in ((axes[2], c, "coupling c (softmax over classes)"),
-                           (axes[3], cb, "c + log-prior bias (used)")):
+    for ax, mat, title in (
+        (axes[2], c, "coupling c (softmax over classes)"),
+        (axes[3], cb, "c + log-prior bias (used)"),
+    ):
         im = ax.imshow(mat, cmap="viridis", aspect="auto")
         ax.set_title(title, fontsize=9)
         ax.set_xticks(range(len(names)), names, fontsize=7)

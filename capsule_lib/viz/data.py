@@ -3,15 +3,26 @@
 Plain functions returning matplotlib figures (no widgets). Every figure of a generated set carries
 "GENERATED" in its title so a reader cannot mistake it for the real dataset.
 """
+
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
-__all__ = ["to_display", "image_grid", "show_samples", "show_multimnist", "plot_overlap", "show_viewpoints",
-           "show_lightings", "show_stereo_pairs", "show_affine"]
+__all__ = [
+    "to_display",
+    "image_grid",
+    "show_samples",
+    "show_multimnist",
+    "plot_overlap",
+    "show_viewpoints",
+    "show_lightings",
+    "show_stereo_pairs",
+    "show_affine",
+]
 
 
 def _plt():
@@ -21,10 +32,13 @@ def _plt():
 
 
 def to_display(x: torch.Tensor) -> np.ndarray:
-    """One image ``[C, H, W]`` (uint8 or float in [0, 1]) -> an array for ``imshow``: grey ``[H, W]`` for one
-    channel, the two stereo images side by side ``[H, 2W + 2]`` for two, ``[H, W, 3]`` RGB for three."""
+    """One image ``[C, H, W]`` or ``[H, W]`` (uint8, or float in [0, 1]; clipped to it) -> an array for
+    ``imshow``: grey ``[H, W]`` for one channel, the two stereo images side by side ``[H, 2W + 2]`` for two,
+    ``[H, W, 3]`` RGB for three."""
     x = x.detach().cpu()
-    x = x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
+    x = (x.float() / 255.0 if x.dtype == torch.uint8 else x.float()).clamp(0, 1)
+    if x.dim() == 2:
+        return x.numpy()
     C = x.shape[0]
     if C == 1:
         return x[0].numpy()
@@ -32,7 +46,7 @@ def to_display(x: torch.Tensor) -> np.ndarray:
         gap = torch.ones(x.shape[1], 2)
         return torch.cat([x[0], gap, x[1]], dim=1).numpy()
     if C >= 3:
-        return x[:3].permute(1, 2, 0).clamp(0, 1).numpy()
+        return x[:3].permute(1, 2, 0).numpy()
     raise ValueError(f"cannot display {C} channels")
 
 
@@ -41,8 +55,14 @@ def _title(ds: Any, text: str | None) -> str:
     return f"{base}  [GENERATED]" if getattr(ds, "generated", False) and "GENERATED" not in base else base
 
 
-def image_grid(images: torch.Tensor, titles: Sequence[str] | None = None, ncols: int = 8, title: str | None = None,
-               size: float = 1.3, fig=None):
+def image_grid(
+    images: torch.Tensor,
+    titles: Sequence[str] | None = None,
+    ncols: int = 8,
+    title: str | None = None,
+    size: float = 1.3,
+    fig=None,
+):
     """Grid of ``[N, C, H, W]`` images (see :func:`to_display`) with optional per-image titles."""
     plt = _plt()
     n = images.shape[0]
@@ -116,7 +136,9 @@ def plot_overlap(datasets: dict[str, Any], bins: int = 30):
     fig, axes = plt.subplots(1, 2, figsize=(9, 3))
     for name, ds in datasets.items():
         ov = bbox_overlap(ds.extra["source_a"], ds.extra["source_b"])
-        for ax, key, label in zip(axes, ("iou", "inter_over_min"), ("IoU of the two boxes", "intersection / smaller box")):
+        for ax, key, label in zip(
+            axes, ("iou", "inter_over_min"), ("IoU of the two boxes", "intersection / smaller box")
+        ):
             v = ov[key].numpy()
             ax.hist(v, bins=bins, range=(0, 1), alpha=0.55, label=f"{name} (mean {v.mean():.2f})")
             ax.set_xlabel(label)
@@ -136,9 +158,17 @@ def _find(ds: Any, **fields: int) -> int | None:
     return int(hits[0]) if hits.numel() else None
 
 
-def show_viewpoints(ds: Any, category: int = 0, instance: int | None = None, lighting: int = 0, camera: int = 0,
-                    elevations: Sequence[int] | None = None, azimuths: Sequence[int] | None = None,
-                    title: str | None = None, size: float = 0.75):
+def show_viewpoints(
+    ds: Any,
+    category: int = 0,
+    instance: int | None = None,
+    lighting: int = 0,
+    camera: int = 0,
+    elevations: Sequence[int] | None = None,
+    azimuths: Sequence[int] | None = None,
+    title: str | None = None,
+    size: float = 0.75,
+):
     """One object across viewpoints as one mosaic: rows = elevations, columns = azimuths (indices present in
     ``ds``), one camera of the stereo pair, one lighting; missing views are left blank. Works for smallNORB and
     the rendered set."""
@@ -155,8 +185,9 @@ def show_viewpoints(ds: Any, category: int = 0, instance: int | None = None, lig
         for c, a in enumerate(azs):
             i = _find(ds, category=category, instance=instance, lighting=lighting, elevation=e, azimuth=a)
             if i is not None:
-                mosaic[r * (H + gap):r * (H + gap) + H, c * (W + gap):c * (W + gap) + W] = \
-                    to_display(ds.images[i][camera:camera + 1])
+                mosaic[r * (H + gap) : r * (H + gap) + H, c * (W + gap) : c * (W + gap) + W] = to_display(
+                    ds.images[i][camera : camera + 1]
+                )
     fig, ax = plt.subplots(figsize=(len(azs) * size + 0.8, len(els) * size + 0.8))
     ax.imshow(mosaic, cmap="gray", vmin=0, vmax=1, interpolation="nearest")
     ax.set_xticks([c * (W + gap) + W / 2 for c in range(len(azs))], [f"{20 * a}°" for a in azs], fontsize=7)
@@ -173,18 +204,37 @@ def show_viewpoints(ds: Any, category: int = 0, instance: int | None = None, lig
     return fig
 
 
-def show_lightings(ds: Any, category: int = 0, instance: int | None = None, elevation: int = 0, azimuth: int = 0,
-                   title: str | None = None, size: float = 1.4):
+def show_lightings(
+    ds: Any,
+    category: int = 0,
+    instance: int | None = None,
+    elevation: int = 0,
+    azimuth: int = 0,
+    title: str | None = None,
+    size: float = 1.4,
+):
     """One viewpoint of one object under each lighting condition present (stereo pairs)."""
     if instance is None:
         instance = int(ds.extra["instance"][ds.labels == category][0])
-    idx = [i for l in range(6) if (i := _find(ds, category=category, instance=instance, elevation=elevation,
-                                                azimuth=azimuth, lighting=l)) is not None]
+    idx = [
+        i
+        for l in range(6)
+        if (i := _find(ds, category=category, instance=instance, elevation=elevation, azimuth=azimuth, lighting=l))
+        is not None
+    ]
     titles = [f"lighting {int(ds.extra['lighting'][i])}" for i in idx]
     name = ds.classes[category] if ds.classes else str(category)
-    return image_grid(ds.images[idx], titles, ncols=len(idx), size=size,
-                      title=_title(ds, title or f"{name} #{instance}, elevation {30 + 5 * elevation}°, "
-                                                f"azimuth {20 * azimuth}°: the lighting conditions"))
+    return image_grid(
+        ds.images[idx],
+        titles,
+        ncols=len(idx),
+        size=size,
+        title=_title(
+            ds,
+            title
+            or f"{name} #{instance}, elevation {30 + 5 * elevation}°, azimuth {20 * azimuth}°: the lighting conditions",
+        ),
+    )
 
 
 def show_stereo_pairs(ds: Any, n: int = 10, seed: int = 0, ncols: int = 5, title: str | None = None, size: float = 1.4):
@@ -203,5 +253,7 @@ def show_affine(ds: Any, n: int = 16, ncols: int = 8, seed: int = 0, title: str 
     g = torch.Generator().manual_seed(seed)
     idx = torch.randperm(len(ds), generator=g)[:n].tolist()
     e = ds.extra
-    titles = [f"{_label_text(ds, i)}: {e['rotation'][i]:+.0f}° s{e['scale_x'][i]:.2f}/{e['scale_y'][i]:.2f}" for i in idx]
+    titles = [
+        f"{_label_text(ds, i)}: {e['rotation'][i]:+.0f}° s{e['scale_x'][i]:.2f}/{e['scale_y'][i]:.2f}" for i in idx
+    ]
     return image_grid(ds.images[idx], titles, ncols, _title(ds, title), size)

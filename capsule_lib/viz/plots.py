@@ -4,9 +4,11 @@ live training plot for notebooks.
 Every function draws with matplotlib and returns the ``Figure`` (the caller decides whether to show,
 save or close it). Functions that take an ``ax`` draw into it instead of making a new figure.
 """
+
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -15,10 +17,18 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from ..functional import capsule_lengths, squash_efficient, squash_hinton
-from ..routing.trace import RoutingTrace
+from ..types import RoutingTrace
 
-__all__ = ["set_style", "plot_squash", "plot_capsules", "plot_coefficients", "plot_history", "LivePlot",
-           "history_records", "BOOK_STYLE"]
+__all__ = [
+    "set_style",
+    "plot_squash",
+    "plot_capsules",
+    "plot_coefficients",
+    "plot_history",
+    "LivePlot",
+    "history_records",
+    "BOOK_STYLE",
+]
 
 #: matplotlib rcParams used by every figure of the book (applied by :func:`set_style`).
 BOOK_STYLE: dict[str, Any] = {
@@ -57,19 +67,31 @@ def plot_squash(max_norm: float = 5.0, n: int = 400, ax: Axes | None = None) -> 
         fig = ax.figure
     r = torch.linspace(0.0, max_norm, n)
     s = torch.stack([r, torch.zeros_like(r)], dim=-1)  # [n, 2]: vectors of length r
-    for fn, label, style in ((squash_hinton, r"$\mathrm{squash}_H$ (Sabour et al. 2017)", "-"),
-                             (squash_efficient, r"$\mathrm{squash}_E$ (Mazzia et al. 2021)", "--")):
+    for fn, label, style in (
+        (squash_hinton, r"$\mathrm{squash}_H$ (Sabour et al. 2017)", "-"),
+        (squash_efficient, r"$\mathrm{squash}_E$ (Mazzia et al. 2021)", "--"),
+    ):
         ax.plot(_np(r), _np(capsule_lengths(fn(s))), style, lw=2, label=label)
     ax.plot(_np(r), np.minimum(_np(r), 1.0), ":", color="0.5", lw=1, label=r"$\min(|s|, 1)$")
     ax.axhline(1.0, color="0.3", lw=0.8)
-    ax.set(xlabel=r"input length $|s|$", ylabel=r"output length $|v|$", xlim=(0, max_norm), ylim=(0, 1.05),
-           title="Squash keeps the direction and maps the length into [0, 1)")
+    ax.set(
+        xlabel=r"input length $|s|$",
+        ylabel=r"output length $|v|$",
+        xlim=(0, max_norm),
+        ylim=(0, 1.05),
+        title="Squash keeps the direction and maps the length into [0, 1)",
+    )
     ax.legend(loc="lower right")
     return fig
 
 
-def plot_capsules(vectors: torch.Tensor | np.ndarray, labels: Sequence[str] | None = None,
-                  ax: Axes | None = None, title: str | None = None, colors: Sequence[Any] | None = None) -> Figure:
+def plot_capsules(
+    vectors: torch.Tensor | np.ndarray,
+    labels: Sequence[str] | None = None,
+    ax: Axes | None = None,
+    title: str | None = None,
+    colors: Sequence[Any] | None = None,
+) -> Figure:
     """2-D capsules ``[n, 2]`` as arrows from the origin, with the unit circle (length 1 = certainty).
 
     Each arrow is labelled with its name (``labels``) and its length.
@@ -89,8 +111,15 @@ def plot_capsules(vectors: torch.Tensor | np.ndarray, labels: Sequence[str] | No
         name = labels[k] if labels is not None else f"capsule {k}"
         n = float(np.hypot(x, y))
         ux, uy = (x / n, y / n) if n > 1e-9 else (1.0, 0.0)
-        ax.text(x + 0.12 * ux, y + 0.12 * uy, f"{name}\n|v| = {n:.2f}", color=c, fontsize="small",
-                ha="left" if ux >= 0 else "right", va="bottom" if uy >= 0 else "top")
+        ax.text(
+            x + 0.12 * ux,
+            y + 0.12 * uy,
+            f"{name}\n|v| = {n:.2f}",
+            color=c,
+            fontsize="small",
+            ha="left" if ux >= 0 else "right",
+            va="bottom" if uy >= 0 else "top",
+        )
     lim = max(1.25, float(np.abs(v).max()) * 1.3)
     ax.set(xlim=(-lim, lim), ylim=(-lim, lim), aspect="equal", title=title or "Capsules: length and direction")
     return fig
@@ -103,22 +132,25 @@ def _unit_circle(ax: Axes) -> None:
     ax.axvline(0, color="0.8", lw=0.6, zorder=0)
 
 
-def plot_coefficients(trace: RoutingTrace, sample: int = 0, iterations: Iterable[int] | None = None,
-                      child_labels: Sequence[str] | None = None,
-                      parent_labels: Sequence[str] | None = None) -> Figure:
+def plot_coefficients(
+    trace: RoutingTrace,
+    sample: int = 0,
+    iterations: Iterable[int] | None = None,
+    child_labels: Sequence[str] | None = None,
+    parent_labels: Sequence[str] | None = None,
+) -> Figure:
     """Heatmaps of the routing coefficients ``c[i, j]`` of one sample, one panel per iteration.
 
-    Works for every algorithm's :class:`~capsule_lib.routing.RoutingTrace` with fully-connected
+    Works for every algorithm's :class:`~capsule_lib.types.RoutingTrace` with fully-connected
     coefficients ``[B, n_inp, n_out]``. ``iterations`` are 1-based (default: all).
     """
-    if trace.n_iters == 0:
+    if trace.iterations == 0:
         raise ValueError("the trace has no iterations (was it recorded with return_routing=True?)")
-    its = list(iterations) if iterations is not None else list(range(1, trace.n_iters + 1))
+    its = list(iterations) if iterations is not None else list(range(1, trace.iterations + 1))
     for t in its:
-        if not 1 <= t <= trace.n_iters:
-            raise ValueError(f"iteration {t} out of range 1..{trace.n_iters}")
-    fig, axes = plt.subplots(1, len(its), figsize=(2.2 + 1.9 * len(its), 3.6), squeeze=False,
-                             constrained_layout=True)
+        if not 1 <= t <= trace.iterations:
+            raise ValueError(f"iteration {t} out of range 1..{trace.iterations}")
+    fig, axes = plt.subplots(1, len(its), figsize=(2.2 + 1.9 * len(its), 3.6), squeeze=False, constrained_layout=True)
     im = None
     for ax, t in zip(axes[0], its):
         c = _np(trace.coefficients[t - 1][sample])  # [I, J]

@@ -1,14 +1,15 @@
 """Toy 2-D routing problems and their figures (the primer chapter).
 
 :func:`toy_votes` builds votes ``[B, n_inp, n_out, 2]`` where groups of children agree on one parent each
-and a few outliers agree with nobody. The figures consume a :class:`~capsule_lib.routing.RoutingTrace`
+and a few outliers agree with nobody. The figures consume a :class:`~capsule_lib.types.RoutingTrace`
 recorded once (``return_routing=True``); they never re-run routing. Iterations are 1-based: panel ``t``
 shows the coefficients used in iteration ``t`` and the parents they produced.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -18,11 +19,20 @@ from matplotlib.figure import Figure
 
 from ..functional import capsule_lengths
 from ..routing.dynamic import dynamic_routing
-from ..routing.trace import RoutingTrace
+from ..types import RoutingTrace
 from .plots import _np, _unit_circle
 
-__all__ = ["ToyVotes", "toy_votes", "draw_routing_panel", "plot_routing_state", "plot_routing_iterations",
-           "routing_readout", "group_shares", "outlier_sweep", "plot_outlier_sweep"]
+__all__ = [
+    "ToyVotes",
+    "toy_votes",
+    "draw_routing_panel",
+    "plot_routing_state",
+    "plot_toy_iterations",
+    "routing_readout",
+    "group_shares",
+    "outlier_sweep",
+    "plot_outlier_sweep",
+]
 
 PARENT_NAMES = "ABCDEFGH"
 _GROUP_COLORS = ["tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink"]
@@ -63,9 +73,15 @@ class ToyVotes:
         return out
 
 
-def toy_votes(groups: Sequence[int] = (5, 3), n_outliers: int = 2, spread: float = 0.12,
-              length: float = 0.9, outlier_length: tuple[float, float] = (0.3, 1.1), batch: int = 1,
-              seed: int = 0) -> ToyVotes:
+def toy_votes(
+    groups: Sequence[int] = (5, 3),
+    n_outliers: int = 2,
+    spread: float = 0.12,
+    length: float = 0.9,
+    outlier_length: tuple[float, float] = (0.3, 1.1),
+    batch: int = 1,
+    seed: int = 0,
+) -> ToyVotes:
     """Votes from ``sum(groups) + n_outliers`` children for ``len(groups)`` parents.
 
     The ``groups[j]`` children of group ``j`` vote for parent ``j`` near a common pose (a vector of length
@@ -74,8 +90,9 @@ def toy_votes(groups: Sequence[int] = (5, 3), n_outliers: int = 2, spread: float
     ``outlier_length``. Deterministic for a given ``seed``; ``batch`` independent draws share the groups.
     """
     if len(groups) < 1 or any(g < 0 for g in groups) or n_outliers < 0:
-        raise ValueError(f"groups must be non-negative sizes (at least one) and n_outliers >= 0, got {groups}, "
-                         f"{n_outliers}")
+        raise ValueError(
+            f"groups must be non-negative sizes (at least one) and n_outliers >= 0, got {groups}, {n_outliers}"
+        )
     n_out = len(groups)
     n_inp = sum(groups) + n_outliers
     if n_inp < 1:
@@ -105,12 +122,13 @@ def group_shares(toy: ToyVotes, trace: RoutingTrace, t: int, sample: int = 0) ->
 
 
 def _check_t(trace: RoutingTrace, t: int) -> None:
-    if not 1 <= t <= trace.n_iters:
-        raise ValueError(f"iteration {t} out of range 1..{trace.n_iters}")
+    if not 1 <= t <= trace.iterations:
+        raise ValueError(f"iteration {t} out of range 1..{trace.iterations}")
 
 
-def draw_routing_panel(ax: Axes, toy: ToyVotes, trace: RoutingTrace, t: int, j: int, sample: int = 0,
-                       label_parent: bool = True) -> None:
+def draw_routing_panel(
+    ax: Axes, toy: ToyVotes, trace: RoutingTrace, t: int, j: int, sample: int = 0, label_parent: bool = True
+) -> None:
     """One parent ``j`` in iteration ``t``: its votes (dot size and opacity = coefficient ``c_ij``,
     colour = the child's group, grey = outlier) and the parent capsule ``v_j`` (black arrow).
 
@@ -123,10 +141,16 @@ def draw_routing_panel(ax: Axes, toy: ToyVotes, trace: RoutingTrace, t: int, j: 
     _unit_circle(ax)
     colors = [(_GROUP_COLORS[g % len(_GROUP_COLORS)] if g >= 0 else _OUTLIER_COLOR) for g in toy.group.tolist()]
     for k in range(u.shape[0]):
-        ax.scatter(u[k, 0], u[k, 1], s=15 + 200 * c[k], color=colors[k], alpha=0.25 + 0.75 * float(c[k]),
-                   edgecolors="none", zorder=2)
-    ax.annotate("", xy=(v[0], v[1]), xytext=(0, 0),
-                arrowprops=dict(arrowstyle="-|>", color="black", lw=2.0), zorder=3)
+        ax.scatter(
+            u[k, 0],
+            u[k, 1],
+            s=15 + 200 * c[k],
+            color=colors[k],
+            alpha=0.25 + 0.75 * float(c[k]),
+            edgecolors="none",
+            zorder=2,
+        )
+    ax.annotate("", xy=(v[0], v[1]), xytext=(0, 0), arrowprops=dict(arrowstyle="-|>", color="black", lw=2.0), zorder=3)
     name = PARENT_NAMES[j]
     ax.set_title(f"iteration {t}: $|v_{name}|$ = {np.hypot(*v):.2f}", fontsize="medium")
     if label_parent:
@@ -139,8 +163,17 @@ def _group_legend(fig: Figure, toy: ToyVotes) -> None:
     from matplotlib.lines import Line2D
 
     keys = sorted(k for k in set(toy.group.tolist()) if k >= 0)
-    handles = [Line2D([], [], ls="", marker="o", color=_GROUP_COLORS[k % len(_GROUP_COLORS)],
-                      label=f"votes of group {PARENT_NAMES[k]}") for k in keys]
+    handles = [
+        Line2D(
+            [],
+            [],
+            ls="",
+            marker="o",
+            color=_GROUP_COLORS[k % len(_GROUP_COLORS)],
+            label=f"votes of group {PARENT_NAMES[k]}",
+        )
+        for k in keys
+    ]
     if (toy.group < 0).any():
         handles.append(Line2D([], [], ls="", marker="o", color=_OUTLIER_COLOR, label="votes of outliers"))
     handles.append(Line2D([], [], color="black", lw=2, label="parent capsule $v_j$"))
@@ -152,12 +185,17 @@ def _draw_shares(ax: Axes, toy: ToyVotes, trace: RoutingTrace, t: int, sample: i
     labels = toy.child_labels()
     bottom = np.zeros(c.shape[0])
     for j in range(c.shape[1]):
-        ax.bar(range(c.shape[0]), c[:, j], bottom=bottom, color=_GROUP_COLORS[j % len(_GROUP_COLORS)],
-               label=f"to {PARENT_NAMES[j]}", width=0.8)
+        ax.bar(
+            range(c.shape[0]),
+            c[:, j],
+            bottom=bottom,
+            color=_GROUP_COLORS[j % len(_GROUP_COLORS)],
+            label=f"to {PARENT_NAMES[j]}",
+            width=0.8,
+        )
         bottom += c[:, j]
     ax.set_xticks(range(c.shape[0]), labels, fontsize="x-small")
-    ax.set(ylim=(0, 1.18), yticks=np.linspace(0, 1, 6), ylabel=r"$c_{ij}$",
-           title=f"coefficients used in iteration {t}")
+    ax.set(ylim=(0, 1.18), yticks=np.linspace(0, 1, 6), ylabel=r"$c_{ij}$", title=f"coefficients used in iteration {t}")
     ax.title.set_fontsize("small")
     ax.grid(False)
     ax.legend(fontsize="x-small", loc="upper right", ncol=c.shape[1])
@@ -170,8 +208,9 @@ def plot_routing_state(toy: ToyVotes, trace: RoutingTrace, t: int, sample: int =
     """
     _check_t(trace, t)
     J = toy.n_parents
-    fig, axes = plt.subplots(1, J + 1, figsize=(3.2 * J + 4.0, 3.6), constrained_layout=True,
-                             gridspec_kw={"width_ratios": [1] * J + [1.3]})
+    fig, axes = plt.subplots(
+        1, J + 1, figsize=(3.2 * J + 4.0, 3.6), constrained_layout=True, gridspec_kw={"width_ratios": [1] * J + [1.3]}
+    )
     for j in range(J):
         draw_routing_panel(axes[j], toy, trace, t, j, sample)
     _draw_shares(axes[J], toy, trace, t, sample)
@@ -179,18 +218,20 @@ def plot_routing_state(toy: ToyVotes, trace: RoutingTrace, t: int, sample: int =
     return fig
 
 
-def plot_routing_iterations(toy: ToyVotes, trace: RoutingTrace, iterations: Sequence[int] | None = None,
-                            sample: int = 0) -> Figure:
+def plot_toy_iterations(
+    toy: ToyVotes, trace: RoutingTrace, iterations: Sequence[int] | None = None, sample: int = 0
+) -> Figure:
     """All requested iterations side by side: rows = parents, columns = iterations (default: all).
 
     Each panel is the one :func:`plot_routing_state` draws for that iteration and parent.
     """
-    its = list(iterations) if iterations is not None else list(range(1, trace.n_iters + 1))
+    its = list(iterations) if iterations is not None else list(range(1, trace.iterations + 1))
     for t in its:
         _check_t(trace, t)
     J = toy.n_parents
-    fig, axes = plt.subplots(J, len(its), figsize=(0.4 + 2.3 * len(its), 0.5 + 2.3 * J), squeeze=False,
-                             constrained_layout=True)
+    fig, axes = plt.subplots(
+        J, len(its), figsize=(0.4 + 2.3 * len(its), 0.5 + 2.3 * J), squeeze=False, constrained_layout=True
+    )
     for col, t in enumerate(its):
         for j in range(J):
             draw_routing_panel(axes[j][col], toy, trace, t, j, sample, label_parent=col == 0)
@@ -214,9 +255,14 @@ def routing_readout(toy: ToyVotes, trace: RoutingTrace, t: int, sample: int = 0)
     return "; ".join(p for p in parts if p)
 
 
-def outlier_sweep(n_outliers: Sequence[int] = tuple(range(0, 13, 2)), group: int = 4,
-                  iterations: Sequence[int] = (1, 3), problems: int = 500, seed: int = 0,
-                  progress: bool = True) -> dict[str, np.ndarray]:
+def outlier_sweep(
+    n_outliers: Sequence[int] = tuple(range(0, 13, 2)),
+    group: int = 4,
+    iterations: Sequence[int] = (1, 3),
+    problems: int = 500,
+    seed: int = 0,
+    progress: bool = True,
+) -> dict[str, np.ndarray]:
     """Mean parent lengths when one group of ``group`` children agrees on parent A, nobody agrees on B,
     and ``m`` outliers vote at random, for each ``m`` in ``n_outliers``.
 
@@ -235,8 +281,7 @@ def outlier_sweep(n_outliers: Sequence[int] = tuple(range(0, 13, 2)), group: int
             for k, T in enumerate(its):
                 v = dynamic_routing(toy.votes, T, leaky=leaky)  # [P, 2, 2]
                 out[a, b, k] = _np(capsule_lengths(v).mean(dim=0))  # [2]
-    return {"n_outliers": np.array(ms), "iterations": np.array(its), "leaky": np.array([False, True]),
-            "lengths": out}
+    return {"n_outliers": np.array(ms), "iterations": np.array(its), "leaky": np.array([False, True]), "lengths": out}
 
 
 def plot_outlier_sweep(sweep: dict[str, np.ndarray]) -> Figure:
@@ -247,10 +292,22 @@ def plot_outlier_sweep(sweep: dict[str, np.ndarray]) -> Figure:
     for b, (ax, name) in enumerate(zip(axes, ("plain routing", "leaky routing"))):
         for k, T in enumerate(sweep["iterations"]):
             st = styles[k % len(styles)]
-            ax.plot(sweep["n_outliers"], sweep["lengths"][:, b, k, 0], st, color=_GROUP_COLORS[0], ms=4,
-                    label=f"$|v_A|$, {T} it.")
-            ax.plot(sweep["n_outliers"], sweep["lengths"][:, b, k, 1], st, color=_GROUP_COLORS[1], ms=4,
-                    label=f"$|v_B|$, {T} it.")
+            ax.plot(
+                sweep["n_outliers"],
+                sweep["lengths"][:, b, k, 0],
+                st,
+                color=_GROUP_COLORS[0],
+                ms=4,
+                label=f"$|v_A|$, {T} it.",
+            )
+            ax.plot(
+                sweep["n_outliers"],
+                sweep["lengths"][:, b, k, 1],
+                st,
+                color=_GROUP_COLORS[1],
+                ms=4,
+                label=f"$|v_B|$, {T} it.",
+            )
         ax.set(title=name, xlabel="number of outliers", ylim=(0, 1))
     axes[0].set_ylabel("mean parent length")
     handles, labels = axes[0].get_legend_handles_labels()

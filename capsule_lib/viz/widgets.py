@@ -7,18 +7,20 @@ normal figure and tests can call it without a browser.
 :class:`Explorer` is an ``ipywidgets.VBox`` (controls, readout, figure output) that keeps references to its
 parts for tests. :func:`routing_explorer` is the primer chapter's explorer built on it.
 """
+
 from __future__ import annotations
 
 import base64
 import html
 import io
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import ipywidgets as W
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
-from ..routing.trace import RoutingTrace
+from ..types import RoutingTrace
 from .toy import ToyVotes, plot_routing_state, routing_readout
 
 __all__ = ["Explorer", "explorer", "routing_explorer", "figure_output"]
@@ -32,9 +34,13 @@ class Explorer(W.VBox):
     ``draws`` (how many times the figure was drawn) and ``last_values`` (the values of the last draw).
     """
 
-    def __init__(self, controls: Mapping[str, W.ValueWidget], draw: Callable[..., Figure],
-                 readout: Callable[..., str] | None = None,
-                 buttons: Mapping[str, Callable[["Explorer"], None]] | None = None) -> None:
+    def __init__(
+        self,
+        controls: Mapping[str, W.ValueWidget],
+        draw: Callable[..., Figure],
+        readout: Callable[..., str] | None = None,
+        buttons: Mapping[str, Callable[[Explorer], None]] | None = None,
+    ) -> None:
         self.controls = dict(controls)
         self.draw_fn, self.readout_fn = draw, readout
         self.readout = W.HTML(layout=W.Layout(min_height="1.5em"))
@@ -97,14 +103,22 @@ def figure_output(fig: Figure) -> dict[str, Any]:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", bbox_inches="tight", dpi=fig.dpi)
     w, h = fig.get_size_inches() * fig.dpi
-    return {"output_type": "display_data", "metadata": {},
-            "data": {"image/png": base64.b64encode(buf.getvalue()).decode("ascii"),
-                     "text/plain": f"<Figure size {w:.0f}x{h:.0f} with {len(fig.axes)} Axes>"}}
+    return {
+        "output_type": "display_data",
+        "metadata": {},
+        "data": {
+            "image/png": base64.b64encode(buf.getvalue()).decode("ascii"),
+            "text/plain": f"<Figure size {w:.0f}x{h:.0f} with {len(fig.axes)} Axes>",
+        },
+    }
 
 
-def explorer(controls: Mapping[str, W.ValueWidget], draw: Callable[..., Figure],
-             readout: Callable[..., str] | None = None,
-             buttons: Mapping[str, Callable[[Explorer], None]] | None = None) -> Explorer:
+def explorer(
+    controls: Mapping[str, W.ValueWidget],
+    draw: Callable[..., Figure],
+    readout: Callable[..., str] | None = None,
+    buttons: Mapping[str, Callable[[Explorer], None]] | None = None,
+) -> Explorer:
     """Wire ``controls`` to the static twin ``draw`` (called as ``draw(**{name: value})``).
 
     ``readout(**values) -> str`` fills a text line under the controls; ``buttons`` maps a label to an
@@ -120,10 +134,16 @@ def routing_explorer(toy: ToyVotes, trace: RoutingTrace, initial: int = 1, sampl
     Static twins: :func:`~capsule_lib.viz.toy.plot_routing_state` (figure) and
     :func:`~capsule_lib.viz.toy.routing_readout` (text). The slider's description is ``"iterations"``.
     """
-    if trace.n_iters < 1:
+    if trace.iterations < 1:
         raise ValueError("the trace has no iterations")
-    slider = W.IntSlider(value=min(max(initial, 1), trace.n_iters), min=1, max=trace.n_iters, step=1,
-                         description="iterations", continuous_update=False)
+    slider = W.IntSlider(
+        value=min(max(initial, 1), trace.iterations),
+        min=1,
+        max=trace.iterations,
+        step=1,
+        description="iterations",
+        continuous_update=False,
+    )
     return explorer(
         {"t": slider},
         draw=lambda t: plot_routing_state(toy, trace, t, sample),

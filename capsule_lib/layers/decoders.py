@@ -1,0 +1,84 @@
+"""Decoders that reconstruct the input from the (masked) class capsules."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .._checks import check_tensor
+
+__all__ = ["FCDecoder", "UpsampleConvDecoder"]
+
+
+class FCDecoder(nn.Module):
+    """Reconstruction decoder: masked capsules ``[B, J, D]`` -> image ``[B, *out_shape]`` in [0, 1].
+
+    ``J*D -> hidden[0] -> hidden[1] -> prod(out_shape)``, ReLU then sigmoid (Sabour: 160-512-1024-784).
+    """
+
+    def __init__(
+        self,
+        n_caps: int = 10,
+        d_caps: int = 16,
+        out_shape: tuple[int, ...] = (1, 28, 28),
+        hidden: tuple[int, ...] = (512, 1024),
+    ) -> None:
+        super().__init__()
+        self.n_caps, self.d_caps, self.out_shape = n_caps, d_caps, tuple(out_shape)
+        dims = [n_caps * d_caps, *hidden]
+        layers: list[nn.Module] = []
+        for a, b in zip(dims[:-1], dims[1:]):
+            layers += [nn.Linear(a, b), nn.ReLU(inplace=True)]
+        n_out = 1
+        for s in self.out_shape:
+            n_out *= s
+        layers += [nn.Linear(dims[-1], n_out), nn.Sigmoid()]
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, masked: torch.Tensor) -> torch.Tensor:
+        check_tensor(masked, "masked", f"[B, {self.n_caps}, {self.d_caps}]", [None, self.n_caps, self.d_caps])
+        return self.net(masked.flatten(1)).view(-1, *self.out_shape)
+
+
+class UpsampleConvDecoder(nn.Module):
+    """Efficient-CapsNet's smallNORB decoder: masked capsules ``[B, J, D]`` -> image ``[B, C, 48, 48]``.
+
+    Dense(64) -> reshape 8x8x1 -> 3 x [bilinear x2 upsample, conv 3x3 valid, leaky ReLU] with
+    ``channels`` (64, 128, 128) -> conv 3x3 valid to ``out_channels``, sigmoid. Spatial sizes
+    8 -> 16 -> 14 -> 28 -> 26 -> 52 -> 50 -> 48. (Its sigmoid output is compared with standardised, signed
+    smallNORB targets in the official code, a known quirk of that code.)
+    """
+
+    def __init__(
+        self,
+        n_caps: int = 5,
+        d_caps: int = 16,
+        out_channels: int = 2,
+        channels: tuple[int, ...] = (64, 128, 128),
+        slope: float = 0.2,
+    ) -> None:
+        super().__init__()
+        self.n_caps, self.d_caps, self.out_channels, self.slope = n_caps, d_caps, out_channels, slope
+        self.fc = nn.Linear(n_caps * d_caps, 64)
+        convs, c_in = [], 1
+        for c in channels:
+            convs.append(nn.Conv2d(c_in, c, 3))
+            c_in = c
+        self.convs = nn.ModuleList(convs)
+        self.out = nn.Conv2d(c_in, out_channels, 3)
+
+    @property
+    def out_size(self) -> int:
+        h = 8
+        for _ in self.convs:
+            h = 2 * h - 2
+        return h - 2
+
+    def forward(self, masked: torch.Tensor) -> torch.Tensor:
+        check_tensor(masked, "masked", f"[B, {self.n_caps}, {self.d_caps}]", [None, self.n_caps, self.d_caps])
+        h = self.fc(masked.flatten(1)).view(-1, 1, 8, 8)  # [B, 1, 8, 8]
+        for conv in self.convs:
+            h = F.interpolate(h, scale_factor=2, mode="bilinear", align_corners=False)  # Keras UpSampling2D
+            h = F.leaky_relu(conv(h), self.slope)
+        return torch.sigmoid(self.out(h))  # [B, C, 48, 48]

@@ -1,0 +1,184 @@
+"""Convolutional and class matrix capsules with EM routing (Hinton et al. 2018): the layers around
+:func:`~capsule_lib.routing.em.em_routing`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from .._checks import check_module_input, check_tensor
+from ..routing.em import EMRoutingBase
+
+__all__ = ["ConvCapsules", "ClassCapsules", "grid_centers"]
+
+
+def _check_grid(poses: torch.Tensor, acts: torch.Tensor, n_types: int, d: int) -> None:
+    check_tensor(poses, "poses", f"[B, n_types={n_types}, H, W, d={d}]", [None, n_types, None, None, d])
+    B, T, H, W, _ = poses.shape
+    check_tensor(acts, "activations", f"[B, n_types={n_types}, H, W]", [None, n_types, None, None])
+    if tuple(acts.shape) != (B, T, H, W):
+        raise ValueError(
+            f"activations: expected shape [B, n_types, H, W] = {(B, T, H, W)} (matching poses), got {tuple(acts.shape)}"
+        )
+
+
+class ConvCapsules(EMRoutingBase):
+    """Convolutional matrix capsules with EM routing:
+    ``poses [B, T_in, H, W, P*P], activations [B, T_in, H, W] -> ([B, T_out, h, w, P*P], [B, T_out, h, w])``.
+
+    One ``P x P`` transformation per (kernel offset, input type, output type), shared over positions:
+    ``weight [K, K, T_in, T_out, P, P]`` plus ``beta_u``, ``beta_a [T_out]`` (``K*K*T_in*T_out*P*P + 2*T_out``
+    parameters). The ``K*K*T_in`` children of each output position's window vote ``V = M W`` (4x4 matrix
+    product) for the ``T_out`` parents at that position, and EM routing runs over that window.
+
+    Windows are gathered with ``F.unfold`` and routed **independently per output position**: a child that
+    lies in several overlapping windows (K > stride) is assigned separately in each, so its R does not
+    sum to 1 over *all* parents at all positions that see it (Gritzman's "pitfall 3"; the IBM code shares
+    one R across windows). ``h = (H + 2*padding - K) // stride + 1``; zero padding adds children with
+    activation 0, which carry no weight.
+    """
+
+    def __init__(
+        self,
+        in_types: int,
+        out_types: int,
+        kernel_size: int = 3,
+        stride: int = 1,
+        padding: int = 0,
+        pose_size: int = 4,
+        iterations: int = 3,
+        *,
+        inverse_temperature: float | Sequence[float] | None = None,
+        normalize_over_outputs: bool = False,
+        normalize_costs: bool = True,
+        eps: float = 1e-8,
+        init_std: float | None = None,
+    ) -> None:
+        super().__init__(out_types, iterations, inverse_temperature, normalize_over_outputs, normalize_costs, eps)
+        self.in_types, self.out_types, self.kernel_size = in_types, out_types, kernel_size
+        self.stride, self.padding, self.pose_size = stride, padding, pose_size
+        std = init_std if init_std is not None else pose_size**-0.5
+        self.weight = self.pose_weight((kernel_size, kernel_size, in_types, out_types, pose_size, pose_size), std)
+
+    def output_size(self, size: int) -> int:
+        return (size + 2 * self.padding - self.kernel_size) // self.stride + 1
+
+    def votes(self, poses: torch.Tensor, acts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Window votes ``[B, h, w, K*K*T_in, T_out, P*P]`` and children activations ``[B, h, w, K*K*T_in]``
+        (child index ``i = (u*K + v)*T_in + t``)."""
+        P, K, T, D = self.pose_size, self.kernel_size, self.in_types, self.pose_size**2
+        _check_grid(poses, acts, T, D)
+        B, _, H, W, _ = poses.shape
+        h, w = self.output_size(H), self.output_size(W)
+        if h < 1 or w < 1:
+            raise ValueError(f"poses: grid {H}x{W} is smaller than the kernel {K} (padding {self.padding})")
+        x = poses.permute(0, 1, 4, 2, 3).reshape(B, T * D, H, W)  # [B, T*D, H, W]
+        cols = F.unfold(x, K, padding=self.padding, stride=self.stride)  # [B, T*D*K*K, h*w]
+        M = cols.view(B, T, P, P, K, K, h, w)  # [B, t, p, q, u, v, h, w]
+        V = torch.einsum("btpquvhw,uvtjqr->bhwuvtjpr", M, self.weight)  # [B, h, w, K, K, T, J, P, P]
+        V = V.reshape(B, h, w, K * K * T, self.out_types, D)  # [B, h, w, I, J, D]
+        ac = F.unfold(acts, K, padding=self.padding, stride=self.stride)  # [B, T*K*K, h*w]
+        ac = ac.view(B, T, K, K, h, w).permute(0, 4, 5, 2, 3, 1).reshape(B, h, w, K * K * T)  # [B, h, w, I]
+        return V, ac
+
+    def forward(self, poses: torch.Tensor, acts: torch.Tensor, return_routing: bool = False):
+        check_module_input(poses, self, type(self).__name__, dtype=False)
+        V, a = self.votes(poses, acts)  # [B, h, w, I, J, D], [B, h, w, I]
+        out = self.route(V, a, return_routing)
+        (mu, a_out), trace = out if return_routing else (out, None)
+        mu = mu.permute(0, 3, 1, 2, 4)  # [B, J, h, w, D]
+        a_out = a_out.permute(0, 3, 1, 2)  # [B, J, h, w]
+        return ((mu, a_out), trace) if return_routing else (mu, a_out)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_types={self.in_types}, out_types={self.out_types}, kernel_size={self.kernel_size}, "
+            f"stride={self.stride}, padding={self.padding}, " + self._repr()
+        )
+
+
+def grid_centers(height: int, width: int, device=None, dtype=torch.float32) -> torch.Tensor:
+    """Scaled centres ``((y + 0.5) / height, (x + 0.5) / width)`` of a ``height x width`` grid: ``[H, W, 2]``."""
+    ys = (torch.arange(height, device=device, dtype=dtype) + 0.5) / height  # [H]
+    xs = (torch.arange(width, device=device, dtype=dtype) + 0.5) / width  # [W]
+    return torch.stack(torch.meshgrid(ys, xs, indexing="ij"), dim=-1)  # [H, W, 2]
+
+
+class ClassCapsules(EMRoutingBase):
+    """Class capsules with EM routing from every position and type:
+    ``poses [B, T, H, W, P*P], activations [B, T, H, W] -> (poses [B, K, P*P], activations [B, K])``.
+
+    One ``P x P`` transformation per (input type, class), shared over positions: ``weight [T, K, P, P]`` plus
+    ``beta_u``, ``beta_a [K]`` (``T*K*P*P + 2*K`` parameters). Children are all ``H*W*T`` capsules (order
+    ``i = (y*W + x)*T + t``).
+
+    **Coordinate addition** (paper, Sec. 3): the scaled (row, column) coordinates of the centre of each
+    child's receptive field are added to the first two elements of the right-hand column of its vote
+    matrix, i.e. flat entries ``(P-1, 2P-1)`` = ``(3, 7)`` for 4x4 row-major poses. ``centers [H, W, 2]`` (row,
+    column) are passed by the model (receptive-field centres in the image, scaled to ``[0, 1]``); without them
+    the child grid's own cell centres :func:`grid_centers` are used. yl-1993 adds ``arange(H)/H`` to flat
+    entries ``(0, 1)`` instead: ``coord_entries=(0, 1)``.
+    """
+
+    def __init__(
+        self,
+        in_types: int,
+        n_classes: int,
+        pose_size: int = 4,
+        iterations: int = 3,
+        *,
+        coord_add: bool = True,
+        coord_entries: tuple[int, int] | None = None,
+        inverse_temperature: float | Sequence[float] | None = None,
+        normalize_over_outputs: bool = False,
+        normalize_costs: bool = True,
+        eps: float = 1e-8,
+        init_std: float | None = None,
+    ) -> None:
+        super().__init__(n_classes, iterations, inverse_temperature, normalize_over_outputs, normalize_costs, eps)
+        self.in_types, self.n_classes, self.pose_size, self.coord_add = in_types, n_classes, pose_size, coord_add
+        D = pose_size**2
+        entries = coord_entries if coord_entries is not None else (pose_size - 1, 2 * pose_size - 1)
+        if not all(0 <= e < D for e in entries) or entries[0] == entries[1]:
+            raise ValueError(f"coord_entries must be two distinct indices in [0, {D}), got {entries}")
+        self.coord_entries = tuple(entries)
+        basis = torch.zeros(2, D)
+        basis[0, entries[0]] = 1.0  # row coordinate
+        basis[1, entries[1]] = 1.0  # column coordinate
+        self.register_buffer("coord_basis", basis, persistent=False)  # [2, D]
+        std = init_std if init_std is not None else pose_size**-0.5
+        self.weight = self.pose_weight((in_types, n_classes, pose_size, pose_size), std)
+
+    def votes(
+        self, poses: torch.Tensor, acts: torch.Tensor, centers: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Votes ``[B, H*W*T, K, P*P]`` (with coordinate addition) and activations ``[B, H*W*T]``."""
+        P, T, D = self.pose_size, self.in_types, self.pose_size**2
+        _check_grid(poses, acts, T, D)
+        B, _, H, W, _ = poses.shape
+        M = poses.reshape(B, T, H, W, P, P)  # [B, T, H, W, P, P]
+        V = torch.einsum("bthwpq,tjqr->bhwtjpr", M, self.weight)  # [B, H, W, T, K, P, P]
+        V = V.reshape(B, H, W, T, self.n_classes, D)  # [B, H, W, T, K, D]
+        if self.coord_add:
+            if centers is None:
+                centers = grid_centers(H, W, device=V.device)
+            check_tensor(centers, "centers", f"[H={H}, W={W}, 2]", [H, W, 2])
+            offset = torch.einsum("hwc,cd->hwd", centers.to(self.coord_basis.dtype), self.coord_basis)  # [H, W, D]
+            V = V + offset[:, :, None, None, :].to(V.dtype)  # [B, H, W, T, K, D]
+        V = V.reshape(B, H * W * T, self.n_classes, D)  # [B, I, K, D]
+        a = acts.permute(0, 2, 3, 1).reshape(B, H * W * T)  # [B, I]
+        return V, a
+
+    def forward(
+        self, poses: torch.Tensor, acts: torch.Tensor, centers: torch.Tensor | None = None, return_routing: bool = False
+    ):
+        V, a = self.votes(poses, acts, centers)
+        return self.route(V, a, return_routing)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_types={self.in_types}, n_classes={self.n_classes}, coord_add={self.coord_add}, "
+            f"coord_entries={self.coord_entries}, " + self._repr()
+        )

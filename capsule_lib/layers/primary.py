@@ -1,0 +1,140 @@
+"""Primary capsules, the first capsule layer of every model: convolutional (Sabour et al.), depthwise
+(Mazzia et al.), matrix (Hinton et al.) and LayerNorm (Tsai et al.)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .._checks import check_tensor
+from ..functional import squash
+from .conv import GemmConv2d
+
+__all__ = ["PrimaryCapsules", "DepthwisePrimaryCapsules", "MatrixPrimaryCapsules", "InvertedPrimaryCapsules"]
+
+
+class PrimaryCapsules(nn.Module):
+    """Convolutional primary capsules (Sabour et al. 2017): ``[B, C, H, W] -> [B, n_types*h*w, d_caps]``.
+
+    One convolution with ``n_types * d_caps`` output channels; output channel ``c*d_caps + a`` is
+    dimension ``a`` of capsule type ``c`` (the official layout). Capsules are ordered **type-major**,
+    ``i = c*h*w + y*w + x`` (the official transpose to ``[B, n_types, h, w, d]``), then squashed over ``d``.
+    ``grid(x)`` returns the unflattened ``[B, n_types, h, w, d_caps]`` view for figures.
+    ``conv="bf16_gemm"`` computes the convolution with :class:`GemmConv2d` (faster CPU training, bf16
+    numerics; same state dict).
+    """
+
+    def __init__(
+        self,
+        in_channels: int = 256,
+        n_types: int = 32,
+        d_caps: int = 8,
+        kernel_size: int = 9,
+        stride: int = 2,
+        squash_kind: str = "hinton",
+        conv: str = "standard",
+    ) -> None:
+        super().__init__()
+        if conv not in ("standard", "bf16_gemm"):
+            raise ValueError(f"conv must be 'standard' or 'bf16_gemm', got {conv!r}")
+        self.in_channels, self.n_types, self.d_caps, self.squash_kind = in_channels, n_types, d_caps, squash_kind
+        conv_cls = GemmConv2d if conv == "bf16_gemm" else nn.Conv2d
+        self.conv = conv_cls(in_channels, n_types * d_caps, kernel_size, stride)
+
+    def grid(self, x: torch.Tensor) -> torch.Tensor:
+        check_tensor(x, "x", f"[B, C={self.in_channels}, H, W]", [None, self.in_channels, None, None])
+        B = x.shape[0]
+        h = self.conv(x)  # [B, N*D, h, w]
+        _, _, H, W = h.shape
+        h = h.view(B, self.n_types, self.d_caps, H, W).permute(0, 1, 3, 4, 2)  # [B, N, h, w, D]
+        return squash(h, self.squash_kind)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        g = self.grid(x)  # [B, N, h, w, D]
+        return g.reshape(g.shape[0], -1, self.d_caps)  # [B, N*h*w, D], type-major
+
+
+class DepthwisePrimaryCapsules(nn.Module):
+    """Efficient-CapsNet primary capsules: depthwise conv ``F x K x K`` (groups=F), valid padding, then
+    reshape the ``F`` channels into ``n_caps`` capsules of ``d_caps`` (capsule n = channels
+    ``n*d_caps .. n*d_caps+d_caps-1``) and squash_E. ``[B, F, H, W] -> [B, n_caps * h*w, d_caps]``
+    (``h = w = 1`` in the papers' configurations).
+    """
+
+    def __init__(
+        self,
+        channels: int = 128,
+        kernel_size: int = 9,
+        n_caps: int = 16,
+        d_caps: int = 8,
+        stride: int = 1,
+        squash_kind: str = "efficient",
+    ) -> None:
+        super().__init__()
+        if n_caps * d_caps != channels:
+            raise ValueError(f"n_caps*d_caps must equal channels ({n_caps}*{d_caps} != {channels})")
+        self.channels, self.n_caps, self.d_caps, self.squash_kind = channels, n_caps, d_caps, squash_kind
+        self.conv = nn.Conv2d(channels, channels, kernel_size, stride, groups=channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        check_tensor(x, "x", f"[B, F={self.channels}, H, W]", [None, self.channels, None, None])
+        B = x.shape[0]
+        h = self.conv(x)  # [B, F, h, w]
+        h = h.permute(0, 2, 3, 1).reshape(B, -1, self.d_caps)  # [B, h*w*n_caps, D]
+        return squash(h, self.squash_kind)
+
+
+class MatrixPrimaryCapsules(nn.Module):
+    """Primary matrix capsules: ``[B, A, H, W] -> (poses [B, n_types, h, w, P*P], activations [B, n_types, h, w])``.
+
+    Two convolutions on the same input (1x1 by default, as in the paper): one with ``n_types * P*P``
+    channels for the poses (output channel ``t*P*P + d`` is pose entry ``d`` of type ``t``, row-major), one
+    with ``n_types`` channels and a sigmoid for the activations. Parameters:
+    ``A*n_types*(P*P+1)*k*k + n_types*(P*P+1)``.
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        n_types: int,
+        pose_size: int = 4,
+        kernel_size: int = 1,
+        stride: int = 1,
+        padding: int = 0,
+    ) -> None:
+        super().__init__()
+        self.in_channels, self.n_types, self.pose_size = in_channels, n_types, pose_size
+        self.pose = nn.Conv2d(in_channels, n_types * pose_size**2, kernel_size, stride, padding)
+        self.activation = nn.Conv2d(in_channels, n_types, kernel_size, stride, padding)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        check_tensor(x, "x", f"[B, A={self.in_channels}, H, W]", [None, self.in_channels, None, None])
+        p = self.pose(x)  # [B, T*D, h, w]
+        B, _, h, w = p.shape
+        poses = p.view(B, self.n_types, self.pose_size**2, h, w).permute(0, 1, 3, 4, 2)  # [B, T, h, w, D]
+        acts = torch.sigmoid(self.activation(x))  # [B, T, h, w]
+        return poses, acts
+
+
+class InvertedPrimaryCapsules(nn.Module):
+    """Primary capsules of Tsai et al.: conv1x1 (no bias) to ``n_types * d`` channels, channels-last split into
+    ``(n_types, d)`` (type ``c`` owns channels ``c*d .. c*d+d-1``), then LayerNorm over ``d`` (no squash).
+    ``[B, C, H, W] -> [B, n_types, H, W, d]``."""
+
+    def __init__(self, in_channels: int = 128, n_types: int = 32, pose_dim: int = 16, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.in_channels, self.n_types, self.pose_dim = in_channels, n_types, pose_dim
+        self.conv = nn.Conv2d(in_channels, n_types * pose_dim, 1, bias=False)
+        self.norm = nn.LayerNorm(pose_dim, eps=eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        check_tensor(x, "x", f"[B, C={self.in_channels}, H, W]", [None, self.in_channels, None, None])
+        u = self.conv(x)  # [B, N*d, H, W]
+        B, _, H, W = u.shape
+        u = u.permute(0, 2, 3, 1).reshape(B, H, W, self.n_types, self.pose_dim)  # [B, H, W, N, d]
+        u = u.permute(0, 3, 1, 2, 4)  # [B, N, H, W, d]
+        acc = torch.float64 if u.dtype == torch.float64 else torch.float32  # LayerNorm statistics in fp32+
+        return F.layer_norm(
+            u.to(acc), (self.pose_dim,), self.norm.weight.to(acc), self.norm.bias.to(acc), self.norm.eps
+        ).to(u.dtype)

@@ -1,0 +1,158 @@
+"""The one training entry point: :func:`train` runs any recipe of :mod:`capsule_lib.recipes`.
+
+Chapters (``TRAIN = True``), the command line and the tests all train through :func:`train`::
+
+    python -m capsule_lib.train capsnet --out runs/capsnet_mnist --set epochs=15 model.iterations=3
+    python -m capsule_lib.train --shipped capsnet_mnist --out runs/capsnet_mnist   # the shipped model's recipe
+
+It builds the recipe's data loaders (training augmentation only), model, optimiser, schedule and objective,
+then runs :class:`~capsule_lib.training.Trainer` with checkpoints and resume in ``out_dir``. ``standin`` is
+passed to :func:`~capsule_lib.data.get_dataset`: ``None`` uses the generated stand-in only in offline mode
+(``CAPSULE_OFFLINE=1``), ``True`` whenever the real data cannot be had (the chapters), ``False`` never.
+``resume=True`` continues the run in ``out_dir`` (only the same run: see :class:`~capsule_lib.training.Trainer`);
+``resume=False`` starts afresh. The test split is evaluated once, after the epoch is chosen on validation,
+and recorded in ``trainer.history.meta["test"]``. ``--export NAME`` (or :func:`capsule_lib.pretrained.export_run`)
+turns a finished run into a shipped checkpoint and its registry entry.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .recipes import RECIPES, Recipe, make_recipe, recipe_config
+from .training import Trainer, select_device
+
+__all__ = ["train", "shipped_recipe", "hardware_string", "main"]
+
+
+def hardware_string(device: torch.device) -> str:
+    """What a run's history records as its hardware: the GPU's name, or the CPU and its thread count."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads"
+
+
+def shipped_recipe(checkpoint: str, **overrides: Any) -> Recipe:
+    """The recipe a shipped checkpoint's run started with, with ``overrides`` applied:
+    ``train(shipped_recipe("capsnet_mnist"), out_dir=...)`` retrains it. Where the run was resumed with a
+    changed recipe, ``phase=k`` (an override) picks the recipe of the k-th recorded change instead
+    (``history.meta["changes"]``, whose ``from_epoch`` says when it applied)."""
+    from .pretrained import load_pretrained_history
+
+    meta = load_pretrained_history(checkpoint).meta
+    phase = overrides.pop("phase", 0)
+    changes = meta.get("changes") or []
+    if not 0 <= phase <= len(changes):
+        raise ValueError(f"{checkpoint}: phase must be 0..{len(changes)} (its run recorded {len(changes)} change(s))")
+    config = meta["config"] if phase == 0 else changes[phase - 1]["config"]
+    return make_recipe(recipe_config(meta["recipe"], config), **overrides)
+
+
+def train(
+    recipe: str | Recipe,
+    *,
+    out_dir: str | Path | None = None,
+    data_root: str | None = None,
+    callbacks: tuple = (),
+    progress: bool = True,
+    test: bool = True,
+    standin: bool | None = None,
+    resume: bool = True,
+    **overrides: Any,
+) -> tuple[nn.Module, Trainer]:
+    """Train ``recipe`` (a name in :data:`~capsule_lib.recipes.RECIPES` or a :class:`~capsule_lib.recipes.Recipe`)
+    with ``overrides`` (recipe fields, ``model__<field>`` for the model config).
+
+    Returns the model (best validation weights loaded) and the :class:`~capsule_lib.training.Trainer` (its
+    ``history`` holds the per-epoch records and, when ``test``, the test accuracy of the selected epoch).
+    ``out_dir=None`` keeps everything in memory (no checkpoints, no resume)."""
+    r = make_recipe(recipe, **overrides)
+    device = select_device(r.device)
+    torch.manual_seed(r.seed)
+    loaders = r.loaders(data_root, device, test=test, standin=standin)
+    model = r.build_model()
+    r.check_data(model, loaders)
+    optimizer = r.build_optimizer(model)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: r.lr_factor(step))
+    meta = {
+        "recipe": r.name,
+        "config": r.config(),
+        "hardware": hardware_string(device),
+        "torch": torch.__version__,
+        "train_images": len(loaders.train_set),
+        "dataset": loaders.dataset,
+        "generated_data": loaders.generated_data,
+        **r.describe(model),
+    }
+    trainer = Trainer(
+        model,
+        r.build_objective(),
+        optimizer,
+        scheduler,
+        scheduler_step=r.scheduler_step,
+        device=device,
+        amp=r.amp,
+        out_dir=out_dir,
+        seed=r.seed,
+        callbacks=callbacks,
+        progress=progress,
+        meta=meta,
+        keep_epochs=r.keep_epochs,
+    )
+    trainer.fit(loaders.train, loaders.val, r.epochs, resume=resume)
+    trainer.finish(loaders.test)  # best validation weights; the test split is read once, now
+    return model, trainer
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The command line (see the module docstring)."""
+    p = argparse.ArgumentParser(
+        prog="python -m capsule_lib.train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("recipe", nargs="?", choices=sorted(RECIPES), help="recipe name (or use --shipped)")
+    p.add_argument("--shipped", metavar="CHECKPOINT", help="start from a shipped checkpoint's recipe")
+    p.add_argument("--out", required=True, help="run directory (checkpoints, history.json); resumes if present")
+    p.add_argument("--data-root", default=None)
+    p.add_argument(
+        "--set",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override recipe fields (model.FIELD for the model config); values as JSON",
+    )
+    p.add_argument("--fresh", action="store_true", help="start afresh instead of resuming the run in --out")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--export", metavar="NAME", help="export the finished run as shipped checkpoint NAME")
+    a = p.parse_args(argv)
+    if (a.recipe is None) == (a.shipped is None):
+        p.error("give a recipe name or --shipped CHECKPOINT (one of them)")
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    overrides = {}
+    for kv in a.set:
+        if "=" not in kv:
+            p.error(f"--set wants KEY=VALUE, got {kv!r}")
+        k, v = kv.split("=", 1)
+        overrides[k] = v
+    try:
+        recipe = shipped_recipe(a.shipped, **overrides) if a.shipped else make_recipe(a.recipe, **overrides)
+    except KeyError as e:
+        p.error(str(e.args[0]))
+    _, trainer = train(recipe, out_dir=a.out, data_root=a.data_root, progress=False, resume=not a.fresh)
+    print(json.dumps({"best": trainer.history.best("val_acc"), "test": trainer.history.meta.get("test")}, default=str))
+    if a.export:
+        from .pretrained import export_run
+
+        entry = export_run(a.out, a.export, data_root=a.data_root)
+        print(json.dumps({k: entry[k] for k in ("file", "sha256", "metrics")}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""The types every layer, routing algorithm and model shares, and the library's shared constants.
+
+This module is at the bottom of the library: it imports nothing from ``capsule_lib``.
+
+* :class:`RoutingTrace`: what every routing algorithm returns with ``return_routing=True``.
+* :class:`CapsuleOutput`: what every capsule classifier returns.
+* :data:`TRUNC_NORMAL_STD`: the standard deviation of a unit normal truncated to ``[-2, 2]`` (Keras'
+  ``truncated_normal`` initialisers divide by it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+
+__all__ = ["RoutingTrace", "CapsuleOutput", "ScoreKind", "SCORE_KINDS", "TRUNC_NORMAL_STD"]
+
+#: Standard deviation of a standard normal truncated to [-2, 2] (Keras' ``VarianceScaling`` "truncated_normal").
+TRUNC_NORMAL_STD = 0.87962566103423978
+
+ScoreKind = Literal["lengths", "activations", "logits"]
+#: What a model's :attr:`CapsuleOutput.scores` are: capsule lengths in [0, 1) (CapsNet, Efficient-CapsNet),
+#: activations in (0, 1) (EM), or unnormalised logits (Heinsen, inverted attention, the CNN baseline).
+SCORE_KINDS: tuple[str, ...] = ("lengths", "activations", "logits")
+
+
+@dataclass
+class RoutingTrace:
+    """Internals of one routing call, per iteration, for figures and widgets.
+
+    Attributes
+    ----------
+    algorithm
+        Name of the algorithm (``"dynamic"``, ``"em"``, ``"heinsen"``, ``"inverted"``, ``"self_attention"``...).
+    coefficients
+        One tensor per iteration with the routing (coupling) coefficients used **in** that iteration,
+        shaped ``[B, n_inp, n_out]`` (FC routing) or ``[B, ..., n_inp, n_out]``. They sum to 1 over the
+        parent axis ``n_out`` (the last axis) for every algorithm except where documented.
+    agreements
+        One tensor per iteration with the agreement computed **after** that iteration's outputs (the
+        quantity that updates the logits: dot products for dynamic routing, log-likelihoods for EM /
+        Heinsen, scaled dot products for inverted attention). Same shape as ``coefficients``.
+    outputs
+        Output capsules after each iteration (poses), ``[B, n_out, d_out]``-like.
+    activations
+        Output activations/scores after each iteration where the algorithm has them (else empty).
+    extra
+        Algorithm-specific tensors (e.g. the self-attention matrix, variances ``sigma2``, D-step shares).
+    """
+
+    algorithm: str
+    coefficients: list[torch.Tensor] = field(default_factory=list)
+    agreements: list[torch.Tensor] = field(default_factory=list)
+    outputs: list[torch.Tensor] = field(default_factory=list)
+    activations: list[torch.Tensor] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def iterations(self) -> int:
+        """The number of routing iterations recorded."""
+        return len(self.coefficients)
+
+    def detach(self) -> RoutingTrace:
+        """A copy with every tensor detached and moved to the CPU (safe to keep for plotting)."""
+
+        def d(x: Any) -> Any:
+            if isinstance(x, torch.Tensor):
+                return x.detach().cpu()
+            if isinstance(x, list):
+                return [d(t) for t in x]
+            if isinstance(x, tuple):
+                return tuple(d(t) for t in x)
+            if isinstance(x, dict):
+                return {k: d(v) for k, v in x.items()}
+            return x
+
+        return RoutingTrace(
+            algorithm=self.algorithm,
+            coefficients=d(self.coefficients),
+            agreements=d(self.agreements),
+            outputs=d(self.outputs),
+            activations=d(self.activations),
+            extra=d(self.extra),
+        )
+
+    def stacked(self, name: str = "coefficients") -> torch.Tensor:
+        """Stack one per-iteration list into a tensor ``[T, ...]``."""
+        return torch.stack(getattr(self, name), dim=0)
+
+
+@dataclass
+class CapsuleOutput:
+    """What every capsule classifier returns.
+
+    Attributes
+    ----------
+    scores
+        Class scores ``[B, K]``; what they are is named by ``kind``. The predicted class is
+        ``scores.argmax(-1)`` for every kind.
+    kind
+        ``"lengths"`` (capsule lengths in [0, 1)), ``"activations"`` (EM activations in (0, 1)) or
+        ``"logits"`` (unnormalised; use ``softmax`` for probabilities).
+    poses
+        Class capsules ``[B, K, D]`` (matrix poses flattened to ``D = 16``).
+    reconstruction
+        Decoder output ``[B, C, H, W]``, or ``None`` for models without a decoder.
+    trace
+        The :class:`RoutingTrace` of the class-capsule routing when asked for (``return_routing=True``).
+    extra
+        Model-specific tensors (per-layer activations, variances, other traces).
+    """
+
+    scores: torch.Tensor
+    kind: ScoreKind
+    poses: torch.Tensor
+    reconstruction: torch.Tensor | None = None
+    trace: RoutingTrace | None = None
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.kind not in SCORE_KINDS:
+            raise ValueError(f"CapsuleOutput.kind must be one of {SCORE_KINDS}, got {self.kind!r}")

@@ -1,0 +1,285 @@
+"""The library's shape: one home and one name per concept, modules that import only downwards, one data
+root, one offline fallback and one training entry point (see CONTRIBUTING.md)."""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from capsule_lib.models import CapsNetConfig
+from capsule_lib.pretrained import load_pretrained_history, registry
+from capsule_lib.recipes import RECIPES, CapsNetRecipe, make_recipe, recipe_config
+from capsule_lib.train import main, shipped_recipe, train
+
+REPO = Path(__file__).resolve().parents[1]
+LIB = REPO / "capsule_lib"
+TINY = CapsNetConfig(conv_channels=8, primary_types=4, class_dim=8, decoder_hidden=(32, 64))
+
+#: the library's layers, bottom to top: a module may import only from its own layer or from layers before it
+LAYERS = [
+    "types",
+    "_checks",
+    "_progress",
+    "functional",
+    "losses",
+    "routing",
+    "layers",
+    "models",
+    "data",
+    "evaluation",
+    "training",
+    "recipes",
+    "pretrained",
+    "train",
+    "report",
+    "viz",
+    "notebook",
+]
+
+
+def _modules():
+    for path in sorted(LIB.rglob("*.py")):
+        parts = list(path.with_suffix("").relative_to(REPO).parts)
+        package = parts[:-1] if parts[-1] != "__init__" else parts[:-1]
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        yield path, ".".join(parts), package
+
+
+def _layer(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "capsule_lib"
+
+
+def test_every_module_belongs_to_a_layer():
+    layers = {_layer(m) for _, m, _ in _modules()} - {"capsule_lib"}
+    assert layers <= set(LAYERS), f"modules outside the layer list: {sorted(layers - set(LAYERS))}"
+
+
+def test_modules_import_only_from_lower_layers():
+    """Top-level and function-level (lazy) imports alike; the package ``__init__`` re-exports and is exempt."""
+    upward = []
+    for path, module, package in _modules():
+        src = _layer(module)
+        if src == "capsule_lib":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = []
+            if isinstance(node, ast.ImportFrom) and node.level:
+                base = package[: len(package) - node.level + 1]
+                targets = [".".join(base + ([node.module] if node.module else []))]
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("capsule_lib"):
+                targets = [node.module]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names if a.name.startswith("capsule_lib")]
+            for target in targets:
+                dst = _layer(target)
+                if dst == "capsule_lib" or LAYERS.index(dst) > LAYERS.index(src):
+                    upward.append(f"{module} imports {target} (line {node.lineno})")
+    assert not upward, "imports from a higher layer:\n" + "\n".join(upward)
+
+
+def test_each_public_name_is_defined_once():
+    """One concept, one home: no two modules define a public class or function of the same name."""
+    seen: dict[str, list[str]] = {}
+    for path, module, _ in _modules():
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and not node.name.startswith("_"):
+                seen.setdefault(node.name, []).append(module)
+    dupes = {k: v for k, v in seen.items() if len(v) > 1 and k != "main"}
+    assert not dupes, f"defined in several modules: {dupes}"
+
+
+def test_capsule_layers_live_in_layers_and_algorithms_in_routing():
+    import capsule_lib.layers as layers
+    import capsule_lib.routing as routing
+
+    for name in layers.__all__:
+        assert getattr(layers, name).__module__.startswith("capsule_lib.layers."), name
+    for name in routing.__all__:
+        assert getattr(routing, name).__module__.startswith("capsule_lib.routing."), name
+    primaries = [
+        (n, module)
+        for path, module, _ in _modules()
+        for n in re.findall(r"^class (\w*PrimaryCapsules)\b", path.read_text(), re.M)
+    ]
+    assert {m for _, m in primaries} == {"capsule_lib.layers.primary"}, primaries
+    primaries = [n for n, _ in primaries]
+    assert sorted(primaries) == sorted(
+        ["PrimaryCapsules", "DepthwisePrimaryCapsules", "MatrixPrimaryCapsules", "InvertedPrimaryCapsules"]
+    )
+    assert {p.name for p in (LIB / "routing").glob("*.py")} == {
+        "__init__.py",
+        "_common.py",
+        "dynamic.py",
+        "em.py",
+        "heinsen.py",
+        "inverted.py",
+        "self_attention.py",
+    }
+
+
+OLD_NAMES = [
+    r"\bn_iters\b",
+    r"\bnum_routing\b",
+    r"\bsig2",
+    r"\.lengths\b",
+    r"\bdefault_data_root\b",
+    r"\btrain_capsnet\b",
+    r"\btrain_efficient_capsnet\b",
+    r"\btrain_baseline_cnn\b",
+    r"\btrain_efficient_multimnist\b",
+    r"routing\.trace\b",
+    r"\b_TRUNC_STD\b",
+    r"\b_EMOptions\b",
+    r"capsule_lib\.recipes (capsnet|efficient)",
+]
+
+
+def test_old_names_are_gone():
+    files = [
+        *LIB.rglob("*.py"),
+        *REPO.glob("tests/*.py"),
+        *REPO.glob("book/**/*.ipynb"),
+        *REPO.glob("book/**/*.md"),
+        *REPO.glob("benchmarks/*.py"),
+        REPO / "README.md",
+        REPO / "CONTRIBUTING.md",
+    ]
+    skip = {Path(__file__).resolve(), REPO / "benchmarks" / "originals.py"}  # originals keep their own names
+    found = []
+    for f in files:
+        if f.resolve() in skip or "_build" in f.parts or ".ipynb_checkpoints" in f.parts:
+            continue
+        for i, line in enumerate(f.read_text().splitlines(), 1):
+            for pat in OLD_NAMES:
+                if re.search(pat, line) and "orig." not in line:
+                    found.append(f"{f.relative_to(REPO)}:{i}: {pat}: {line.strip()[:80]}")
+    assert not found, "old names:\n" + "\n".join(found)
+
+
+def test_every_model_says_what_its_scores_are():
+    from capsule_lib import CapsuleOutput
+
+    with pytest.raises(ValueError, match="kind must be one of"):
+        CapsuleOutput(torch.zeros(1, 2), "length", torch.zeros(1, 2, 3))
+    from capsule_lib.models import CapsNet, SequenceClassifierHead
+    from capsule_lib.models.heinsen import SequenceClassifierConfig
+
+    assert CapsNet(TINY)(torch.rand(2, 1, 28, 28)).kind == "lengths"
+    cfg = SequenceClassifierConfig(d_depth=3, d_emb=16, d_inp=8, d_cap=2, n_parts=6, n_classes=3)
+    assert SequenceClassifierHead(cfg)(torch.randn(2, 5, 3, 16)).kind == "logits"
+    from capsule_lib.models import EMCapsNet, EMCapsNetConfig
+
+    assert EMCapsNet(EMCapsNetConfig.small())(torch.rand(1, 1, 28, 28)).kind == "activations"
+
+
+# ------------------------------------------------------------------------------------- one data root
+def test_one_data_root_for_the_library_the_chapters_and_the_download_scripts(tmp_path, monkeypatch):
+    import importlib.util
+
+    from capsule_lib.data import data_root
+    from capsule_lib.notebook import settings
+
+    spec = importlib.util.spec_from_file_location("_download_under_test", REPO / "data_scripts" / "_download.py")
+    dl = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, dl)
+    spec.loader.exec_module(dl)
+    for env in (None, str(tmp_path / "env")):
+        for cwd in (REPO / "book", tmp_path):
+            monkeypatch.chdir(cwd)
+            if env is None:
+                monkeypatch.delenv("CAPSULE_DATA", raising=False)
+            else:
+                monkeypatch.setenv("CAPSULE_DATA", env)
+            want = data_root().resolve()
+            assert settings(quiet=True, style=False).data_root == want
+            assert dl.default_root().resolve() == want
+            assert want == (Path(env) if env else (REPO / "data" if cwd != tmp_path else tmp_path / "data")).resolve()
+
+
+def test_a_recipe_offline_without_data_trains_on_the_stand_in_and_says_so(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("CAPSULE_OFFLINE", "1")
+    empty = tmp_path / "no-data"
+    empty.mkdir()
+    _, trainer = train(
+        "capsnet",
+        epochs=1,
+        train_subset=64,
+        eval_subset=32,
+        device="cpu",
+        model=TINY,
+        data_root=str(empty),
+        out_dir=tmp_path / "run",
+        progress=False,
+    )
+    out = capsys.readouterr().out
+    assert "[GENERATED stand-in data] mnist is not available here (offline mode): using 'glyph_digits'" in out
+    meta = json.loads((tmp_path / "run" / "history.json").read_text())["meta"]
+    assert meta["generated_data"] is True and meta["dataset"] == "glyph_digits" and meta["train_images"] == 64
+
+
+# ---------------------------------------------------------------------------------- one entry point
+def test_make_recipe_applies_overrides_and_names_unknown_fields():
+    r = make_recipe("capsnet", epochs="3", lr_decay=0.9, **{"model.iterations": "1", "model__class_dim": 8})
+    assert (r.epochs, r.lr_decay, r.model.iterations, r.model.class_dim) == (3, 0.9, 1, 8)
+    assert isinstance(r, CapsNetRecipe) and CapsNetRecipe().epochs == 15  # defaults untouched
+    assert make_recipe(r, epochs=4).epochs == 4 and r.epochs == 3  # a copy
+    with pytest.raises(KeyError, match="CapsNetRecipe has no field 'epoch'; fields: epochs"):
+        make_recipe("capsnet", epoch=3)
+    with pytest.raises(KeyError, match="unknown recipe 'capsnett'"):
+        make_recipe("capsnett")
+    assert recipe_config("capsnet", r.config()) == r
+    assert set(RECIPES) == {"capsnet", "baseline_cnn", "efficient", "efficient_multimnist"}
+
+
+@pytest.mark.parametrize("name", sorted(registry()))
+def test_shipped_checkpoints_recipes_train_through_the_one_entry_point(name, tmp_path, monkeypatch):
+    """Each shipped checkpoint's recorded recipe, rebuilt by ``shipped_recipe``, runs a few steps through
+    ``train`` on generated data and records the same recipe and model (only the smoke overrides differ)."""
+    monkeypatch.setenv("CAPSULE_OFFLINE", "1")
+    smoke = {"epochs": 1, "train_subset": 32, "eval_subset": 16, "device": "cpu"}
+    recipe = shipped_recipe(name, **smoke)
+    shipped = load_pretrained_history(name).meta
+    _, trainer = train(recipe, data_root=str(tmp_path), out_dir=tmp_path / "run", progress=False, test=False)
+    meta = trainer.history.meta
+    assert meta["recipe"] == shipped["recipe"]
+    assert meta["config"] == {**shipped["config"], **smoke}
+    assert meta["parameters"] == shipped["parameters"]
+    assert len(trainer.history.records) == 1 and trainer.history.records[0]["train_loss"] > 0
+
+
+def test_the_command_line_trains_a_recipe_with_overrides(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("CAPSULE_OFFLINE", "1")
+    out = tmp_path / "run"
+    main(
+        [
+            "capsnet",
+            "--out",
+            str(out),
+            "--data-root",
+            str(tmp_path),
+            "--set",
+            "epochs=1",
+            "train_subset=32",
+            "eval_subset=16",
+            "device=cpu",
+            "model.conv_channels=8",
+            "model.primary_types=4",
+            "model.class_dim=8",
+            "model.decoder_hidden=[32, 64]",
+        ]
+    )
+    config = json.loads((out / "history.json").read_text())["meta"]["config"]
+    assert config["epochs"] == 1 and config["model"]["conv_channels"] == 8
+    assert config["model"]["decoder_hidden"] == [32, 64]
+    assert '"test"' in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["capsnet", "--out", str(out), "--set", "epoch=1"])
+    assert "has no field 'epoch'" in capsys.readouterr().err
