@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, NamedTuple
 
@@ -27,6 +28,7 @@ from torch import nn
 
 from .data import get_dataset
 from .data.transforms import efficient_mnist_augment, random_shift
+from .distributed import DistInfo
 from .models.baselines import BaselineCNN, BaselineCNNConfig
 from .models.capsnet import CapsNet, CapsNetConfig
 from .models.efficient import EfficientCapsNet, EfficientCapsNetConfig
@@ -69,7 +71,7 @@ class Recipe:
 
     #: the recipe's name in :data:`RECIPES`, in the command line and in the run's history
     name: ClassVar[str] = ""
-    #: when the schedule steps: ``"batch"`` or ``"epoch"``
+    #: ``"batch"`` or ``"epoch"``, when the schedule steps
     scheduler_step: ClassVar[str] = "epoch"
     #: keep the weights of every epoch (``epoch_NNN.pt``) in the run folder
     keep_epochs: ClassVar[bool] = False
@@ -112,10 +114,19 @@ class Recipe:
         return torch.optim.Adam(model.parameters(), lr=self.lr, eps=getattr(self, "adam_eps", 1e-8))
 
     def loaders(
-        self, data_root: str | None, device: torch.device, *, test: bool = True, standin: bool | None = None
+        self,
+        data_root: str | None,
+        device: torch.device,
+        *,
+        test: bool = True,
+        standin: bool | None = None,
+        dist: DistInfo | None = None,
     ) -> Loaders:
         """Training (augmented, shuffled), validation and test loaders; the test loader is ``None`` unless
-        ``test``. ``standin`` is passed to :func:`~capsule_lib.data.get_dataset`."""
+        ``test``. ``standin`` is passed to :func:`~capsule_lib.data.get_dataset`. In a distributed job
+        (``dist``) every loader is this rank's shard and the training batch is this rank's share of the
+        recipe's (global) ``batch_size``."""
+        shard = _shard(self, dist)
         tr = get_dataset(self.dataset, data_root, "train", standin=standin)
         va = get_dataset(self.dataset, data_root, "val", standin=standin)
         te = get_dataset(self.dataset, data_root, "test", standin=standin) if test else None
@@ -126,14 +137,17 @@ class Recipe:
             te = te.subset(self.eval_subset) if te is not None else None
         train = TensorLoader.from_dataset(
             tr,
-            self.batch_size,
+            shard["batch_size"],
             shuffle=True,
             seed=self.seed,
             transform=self.augment_batch if self.has_augmentation() else None,
             device=device,
+            **shard["rank"],
         )
-        val = TensorLoader.from_dataset(va, 256, device=device)
-        test_loader = TensorLoader.from_dataset(te, 256, device=device) if te is not None else None
+        val = TensorLoader.from_dataset(va, 256, device=device, pad_shards=False, **shard["rank"])
+        test_loader = None
+        if te is not None:
+            test_loader = TensorLoader.from_dataset(te, 256, device=device, pad_shards=False, **shard["rank"])
         return Loaders(train, val, test_loader, tr, tr.name, tr.generated)
 
     def check_data(self, model: nn.Module, loaders: Loaders) -> None:
@@ -156,6 +170,18 @@ class Recipe:
     def config(self) -> dict[str, Any]:
         """The recipe's fields as plain JSON values (what the history records as ``config``)."""
         return json.loads(json.dumps(dataclasses.asdict(self), default=str))
+
+
+def _shard(recipe: Recipe, dist: DistInfo | None) -> dict[str, Any]:
+    """This rank's training batch (global ``batch_size`` / world size) and its loader arguments."""
+    world = dist.world_size if dist is not None else 1
+    if recipe.batch_size % world:
+        raise ValueError(
+            f"batch_size {recipe.batch_size} (the global batch) does not split over {world} processes; "
+            f"pick a multiple of {world} (--set batch_size=...)"
+        )
+    rank = {"rank": dist.rank, "world_size": world} if dist is not None and world > 1 else {}
+    return {"batch_size": recipe.batch_size // world, "rank": rank}
 
 
 def _step_decay(r: Any, step: int) -> float:
@@ -303,7 +329,9 @@ class MultiMNISTLoader:
         fresh: bool = True,
         shuffle: bool = True,
         device: torch.device | str = "cpu",
+        **shard: Any,
     ) -> None:
+        self.shard = shard  # rank / world_size / pad_shards for the TensorLoader (distributed jobs)
         self.source, self.n, self.batch_size, self.variant = source, n, batch_size, variant
         self.seed, self.fresh, self.shuffle, self.device = seed, fresh, shuffle, torch.device(device)
         self.epoch = 0
@@ -329,12 +357,15 @@ class MultiMNISTLoader:
                     shuffle=self.shuffle,
                     seed=self.seed,
                     device=self.device,
+                    **self.shard,
                 ),
             )
         return self._cache[1]
 
     def __len__(self) -> int:
-        return -(-self.n // self.batch_size)
+        rank, world = self.shard.get("rank", 0), self.shard.get("world_size", 1)
+        n = math.ceil(self.n / world) if self.shard.get("pad_shards", True) else len(range(rank, self.n, world))
+        return math.ceil(n / self.batch_size)
 
     def __iter__(self):
         loader = self._loader()
@@ -375,21 +406,39 @@ class EfficientMultiMNISTRecipe(Recipe):
         return _epoch_decay(self, step)
 
     def loaders(
-        self, data_root: str | None, device: torch.device, *, test: bool = True, standin: bool | None = None
+        self,
+        data_root: str | None,
+        device: torch.device,
+        *,
+        test: bool = True,
+        standin: bool | None = None,
+        dist: DistInfo | None = None,
     ) -> Loaders:
+        shard = _shard(self, dist)
+        ev = {**shard["rank"], "pad_shards": False} if shard["rank"] else {}
         tr = get_dataset(self.dataset, data_root, "train", standin=standin)
         if self.train_subset:
             tr = tr.subset(self.train_subset)
         va = get_dataset(self.dataset, data_root, "val", standin=standin)
-        train = MultiMNISTLoader(tr, self.pairs_per_epoch, self.batch_size, self.variant, seed=self.seed, device=device)
+        train = MultiMNISTLoader(
+            tr, self.pairs_per_epoch, shard["batch_size"], self.variant, seed=self.seed, device=device, **shard["rank"]
+        )
         val = MultiMNISTLoader(
-            va, self.val_pairs, 256, self.variant, seed=self.seed + 1, fresh=False, shuffle=False, device=device
+            va, self.val_pairs, 256, self.variant, seed=self.seed + 1, fresh=False, shuffle=False, device=device, **ev
         )
         test_loader = None
         if test:
             te = get_dataset(self.dataset, data_root, "test", standin=standin)
             test_loader = MultiMNISTLoader(
-                te, self.test_pairs, 256, self.variant, seed=self.seed + 2, fresh=False, shuffle=False, device=device
+                te,
+                self.test_pairs,
+                256,
+                self.variant,
+                seed=self.seed + 2,
+                fresh=False,
+                shuffle=False,
+                device=device,
+                **ev,
             )
         return Loaders(train, val, test_loader, tr, f"multimnist-{self.variant} from {tr.name}", True)
 

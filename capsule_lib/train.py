@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .distributed import setup as setup_distributed
 from .recipes import RECIPES, Recipe, make_recipe, recipe_config
 from .training import Trainer, select_device
 
@@ -72,11 +73,14 @@ def train(
 
     Returns the model (best validation weights loaded) and the :class:`~capsule_lib.training.Trainer` (its
     ``history`` holds the per-epoch records and, when ``test``, the test accuracy of the selected epoch).
-    ``out_dir=None`` keeps everything in memory (no checkpoints, no resume)."""
+    ``out_dir=None`` keeps everything in memory (no checkpoints, no resume). Under ``torchrun`` the same call
+    trains one process of a distributed job (:mod:`capsule_lib.distributed`): ``batch_size`` stays the global
+    batch, split over the processes; rank 0 writes ``out_dir``."""
     r = make_recipe(recipe, **overrides)
-    device = select_device(r.device)
+    dist = setup_distributed(select_device(r.device))  # a torchrun job, or this process alone
+    device = dist.device
     torch.manual_seed(r.seed)
-    loaders = r.loaders(data_root, device, test=test, standin=standin)
+    loaders = r.loaders(data_root, device, test=test, standin=standin, dist=dist)
     model = r.build_model()
     r.check_data(model, loaders)
     optimizer = r.build_optimizer(model)
@@ -91,6 +95,8 @@ def train(
         "generated_data": loaders.generated_data,
         **r.describe(model),
     }
+    if dist.distributed:  # recorded only for jobs of several processes
+        meta.update(world_size=dist.world_size, batch_size_per_process=r.batch_size // dist.world_size)
     trainer = Trainer(
         model,
         r.build_objective(),
@@ -105,6 +111,7 @@ def train(
         progress=progress,
         meta=meta,
         keep_epochs=r.keep_epochs,
+        dist=dist,
     )
     trainer.fit(loaders.train, loaders.val, r.epochs, resume=resume)
     trainer.finish(loaders.test)  # best validation weights; the test split is read once, now
@@ -146,6 +153,12 @@ def main(argv: list[str] | None = None) -> None:
     except KeyError as e:
         p.error(str(e.args[0]))
     _, trainer = train(recipe, out_dir=a.out, data_root=a.data_root, progress=False, resume=not a.fresh)
+    if trainer.dist.distributed:
+        import torch.distributed as torch_dist
+
+        torch_dist.destroy_process_group()
+    if not trainer.dist.is_main:  # one process reports and exports
+        return
     print(json.dumps({"best": trainer.history.best("val_acc"), "test": trainer.history.meta.get("test")}, default=str))
     if a.export:
         from .pretrained import export_run

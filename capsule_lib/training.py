@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .distributed import DistInfo, all_reduce_sums
 from .losses import margin_loss, reconstruction_loss
 
 __all__ = [
@@ -65,6 +66,14 @@ class TensorLoader:
     ``tensors``: tensors with the same first dimension (``uint8`` images are scaled to ``[0, 1]`` floats on
     the device). ``transform(batch, generator) -> batch`` augments a batch tuple (training only).
     Call :meth:`set_epoch` before iterating (the :class:`Trainer` does).
+
+    Under ``torch.distributed`` pass ``rank`` and ``world_size``: ``batch_size`` is then this rank's share
+    of each global batch. Every rank draws the same permutation, pads it to a multiple of ``world_size``
+    (repeating its first samples) and takes every ``world_size``-th index from ``rank`` on, as
+    ``DistributedSampler`` does, so that step ``k`` of the job covers exactly the samples of batch ``k`` of a
+    single process with batch ``batch_size * world_size``. Augmentation draws from a per-rank generator.
+    ``pad_shards=False`` (evaluation loaders) skips the padding: each sample is counted once, and ranks may
+    differ by one sample (and one batch).
     """
 
     def __init__(
@@ -77,10 +86,16 @@ class TensorLoader:
         transform: Callable[..., tuple] | None = None,
         drop_last: bool = False,
         device: torch.device | str = "cpu",
+        rank: int = 0,
+        world_size: int = 1,
+        pad_shards: bool = True,
     ) -> None:
         n = tensors[0].shape[0]
         if any(t.shape[0] != n for t in tensors):
             raise ValueError(f"all tensors need the same first dimension, got {[tuple(t.shape) for t in tensors]}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+        self.rank, self.world_size, self.pad_shards = rank, world_size, pad_shards
         self.tensors, self.batch_size, self.shuffle, self.seed = list(tensors), batch_size, shuffle, seed
         self.transform, self.drop_last, self.device = transform, drop_last, torch.device(device)
         self.epoch = 0
@@ -96,8 +111,13 @@ class TensorLoader:
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
-    def __len__(self) -> int:
+    def _n_local(self) -> int:
+        """Samples this rank sees per epoch (all of them for one process)."""
         n = self.tensors[0].shape[0]
+        return math.ceil(n / self.world_size) if self.pad_shards else len(range(self.rank, n, self.world_size))
+
+    def __len__(self) -> int:
+        n = self._n_local()
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
     def state(self) -> dict[str, Any]:
@@ -115,6 +135,11 @@ class TensorLoader:
         n = self.tensors[0].shape[0]
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
         order = torch.randperm(n, generator=g) if self.shuffle else torch.arange(n)
+        if self.world_size > 1:  # this rank's interleaved shard; augmentation gets a generator of its own
+            if self.pad_shards:
+                order = torch.cat([order, order[: self._n_local() * self.world_size - n]])
+            order = order[self.rank :: self.world_size]
+            g.manual_seed((self.seed * 1_000_003 + self.epoch) * 1_009 + self.rank)
         start, self._start = self._start, None
         first = 0
         if start is not None and start["epoch"] == self.epoch:
@@ -354,6 +379,13 @@ class Trainer:
     * :meth:`finish` evaluates the test split **once**, after :meth:`load_best`, and records it in
       ``history.meta["test"]``; the recipes pass no test loader to :meth:`fit`, so no per-epoch test curve
       exists to be looked at while a run is steered.
+    * ``dist``: this process's place in a ``torch.distributed`` job (:func:`capsule_lib.distributed.setup`).
+      With more than one process the model trains wrapped in ``DistributedDataParallel``; the loaders must be
+      sharded (``TensorLoader(rank=, world_size=)``); losses, accuracies and counts are summed over ranks
+      before they are recorded; only rank 0 shows progress, runs callbacks and writes ``out_dir`` (checkpoints
+      in the single-process format, loadable without ``torch.distributed``); every rank resumes from
+      ``out_dir/last.pt`` (a shared filesystem), from the last complete epoch (no mid-epoch checkpoints); after
+      :meth:`load_best` every rank holds rank 0's best weights.
     """
 
     def __init__(
@@ -375,13 +407,22 @@ class Trainer:
         meta: dict[str, Any] | None = None,
         keep_epochs: bool = False,
         checkpoint_minutes: float | None = 10.0,
+        dist: DistInfo | None = None,
     ) -> None:
         if scheduler_step not in ("epoch", "batch"):
             raise ValueError("scheduler_step must be 'epoch' or 'batch'")
         if amp not in (None, "bf16", "fp16"):
             raise ValueError("amp must be None, 'bf16' or 'fp16'")
-        self.device = select_device(device)
+        self.dist = dist if dist is not None else DistInfo(0, 1, select_device(device))
+        self.device = self.dist.device if dist is not None else select_device(device)
         self.model = model.to(self.device)
+        self.net: nn.Module = self.model  # what the training step calls: the model, or its DDP wrapper
+        if self.dist.distributed:
+            from torch.nn.parallel import DistributedDataParallel
+
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            self.net = DistributedDataParallel(self.model, device_ids=ids)
+            progress, callbacks = progress and self.dist.is_main, callbacks if self.dist.is_main else ()
         self.objective, self.optimizer, self.scheduler = objective, optimizer, scheduler
         self.scheduler_step, self.amp, self.seed, self.grad_clip = scheduler_step, amp, seed, grad_clip
         self.callbacks, self.progress, self.select_metric = list(callbacks), progress, select_metric
@@ -390,6 +431,7 @@ class Trainer:
         self._last_save = 0.0
         self._epoch_lr, self._t_epoch = 0.0, 0.0
         self.out_dir = Path(out_dir) if out_dir is not None else None
+        self._writes = self.out_dir is not None and self.dist.is_main  # rank 0 writes, every rank reads
         self.scaler = torch.amp.GradScaler("cuda", enabled=(amp == "fp16" and self.device.type == "cuda"))
         self.history = History(meta=dict(meta or {}))
         self._meta = dict(meta or {})
@@ -482,7 +524,9 @@ class Trainer:
             loader.set_epoch(self.epoch)
         sums: dict[str, float] = {}
         loss_sum, correct, n = 0.0, 0.0, 0
-        resumable = self.out_dir is not None and hasattr(loader, "state") and hasattr(loader, "resume_at")
+        resumable = (
+            self._writes and not self.dist.distributed and hasattr(loader, "state") and hasattr(loader, "resume_at")
+        )
         done, self._in_epoch = self._in_epoch, None
         if done is not None and resumable:  # finish an epoch interrupted after a mid-epoch checkpoint
             loader.resume_at(done["loader"])
@@ -493,7 +537,7 @@ class Trainer:
         for batch in bar:
             batch = tuple(b.to(self.device) for b in batch)
             with self._autocast():
-                out = self.objective(self.model, batch, True)
+                out = self.objective(self.net, batch, True)
             self.optimizer.zero_grad(set_to_none=True)
             self.scaler.scale(out.loss).backward()
             if self.grad_clip is not None:
@@ -525,8 +569,14 @@ class Trainer:
                 }
                 _atomic_save(state, self.out_dir / "last.pt")
                 self._last_save = time.time()
-        rec = {"train_loss": loss_sum / max(n, 1), "train_acc": correct / max(n, 1)}
-        rec.update({f"train_{k}": v / max(n, 1) for k, v in sums.items()})
+        return self._record("train", loss_sum, correct, n, sums)
+
+    def _record(self, prefix: str, loss_sum: float, correct: float, n: int, sums: dict[str, float]) -> dict:
+        """Per-sample means of the summed loss, accuracy and loss parts, summed over all ranks first."""
+        keys = sorted(sums)
+        loss_sum, correct, n, *parts = all_reduce_sums([loss_sum, correct, n, *(sums[k] for k in keys)], self.dist)
+        rec = {f"{prefix}_loss": loss_sum / max(n, 1), f"{prefix}_acc": correct / max(n, 1)}
+        rec.update({f"{prefix}_{k}": v / max(n, 1) for k, v in zip(keys, parts)})
         return rec
 
     @torch.no_grad()
@@ -546,9 +596,7 @@ class Trainer:
             n += out.n
             for k, v in out.parts.items():
                 sums[k] = sums.get(k, 0.0) + v * out.n
-        rec = {f"{prefix}_loss": loss_sum / max(n, 1), f"{prefix}_acc": correct / max(n, 1)}
-        rec.update({f"{prefix}_{k}": v / max(n, 1) for k, v in sums.items()})
-        return rec
+        return self._record(prefix, loss_sum, correct, n, sums)
 
     def fit(
         self,
@@ -561,7 +609,8 @@ class Trainer:
     ) -> History:
         """Train until ``epochs`` epochs are complete (counting epochs done before a resume)."""
         if self.out_dir is not None:
-            self.out_dir.mkdir(parents=True, exist_ok=True)
+            if self._writes:
+                self.out_dir.mkdir(parents=True, exist_ok=True)
             if resume and self.resume() and self._meta.get("config") not in (None, self.history.meta.get("config")):
                 # the run continues with a different recipe: record what changed and from which epoch on
                 changes = self.history.meta.setdefault("changes", [])
@@ -580,7 +629,7 @@ class Trainer:
         self.history.meta.setdefault("amp", self.amp)
         while self.epoch < epochs:
             if self._in_epoch is None:  # a resumed mid-epoch checkpoint restored the random states instead
-                seed_everything(self.seed * 1_000_003 + self.epoch)
+                seed_everything(self.seed * 1_000_003 + self.epoch + 7_919 * self.dist.rank)
             t_epoch = time.time() - (self._in_epoch or {}).get("elapsed", 0.0)
             lr = (self._in_epoch or {}).get("lr", self.optimizer.param_groups[0]["lr"])
             self._epoch_lr, self._t_epoch = lr, t_epoch
@@ -601,9 +650,9 @@ class Trainer:
             if improved:
                 self.best_metric = metric
             rec["best"] = improved
-            if improved and self.out_dir is None:  # no folder: keep the best weights in memory for load_best()
+            if improved and not self._writes:  # no folder (or not rank 0): keep the best weights in memory
                 self._best_in_memory = ({k: v.detach().clone() for k, v in self.model.state_dict().items()}, rec)
-            if self.out_dir is not None:
+            if self._writes:
                 snapshot = {"model": self.model.state_dict(), "epoch": self.epoch, "record": rec}
                 if improved:
                     _atomic_save(snapshot, self.out_dir / "best.pt")
@@ -628,14 +677,26 @@ class Trainer:
             **self.evaluate(test_loader, "test"),
         }
         self.history.meta["test"] = rec
-        if self.out_dir is not None:
+        if self._writes:
             self.history.save(self.out_dir / "history.json")
         return rec
 
     def load_best(self) -> dict[str, Any] | None:
         """Load the best-validation weights into the model: from ``out_dir/best.pt``, or, without ``out_dir``,
-        from the copy kept in memory during :meth:`fit`. Returns that epoch's record (``None`` if there is none)."""
-        if self.out_dir is None:
+        from the copy kept in memory during :meth:`fit`. Returns that epoch's record (``None`` if there is none).
+        In a distributed job rank 0 loads them and sends them to every rank."""
+        if not self.dist.distributed:
+            return self._load_best_here()
+        import torch.distributed as torch_dist
+
+        record = [self._load_best_here() if self.dist.is_main else None]
+        for t in self.model.state_dict().values():
+            torch_dist.broadcast(t, 0)
+        torch_dist.broadcast_object_list(record, 0)
+        return record[0]
+
+    def _load_best_here(self) -> dict[str, Any] | None:
+        if not self._writes:
             if self._best_in_memory is None:
                 return None
             state, record = self._best_in_memory

@@ -21,7 +21,7 @@ __all__ = ["RoutingTrace", "CapsuleOutput", "ScoreKind", "SCORE_KINDS", "TRUNC_N
 TRUNC_NORMAL_STD = 0.87962566103423978
 
 ScoreKind = Literal["lengths", "activations", "logits"]
-#: What a model's :attr:`CapsuleOutput.scores` are: capsule lengths in [0, 1) (CapsNet, Efficient-CapsNet),
+#: The kinds of :attr:`CapsuleOutput.scores`; capsule lengths in [0, 1) (CapsNet, Efficient-CapsNet),
 #: activations in (0, 1) (EM), or unnormalised logits (Heinsen, inverted attention, the CNN baseline).
 SCORE_KINDS: tuple[str, ...] = ("lengths", "activations", "logits")
 

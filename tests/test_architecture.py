@@ -33,6 +33,7 @@ LAYERS = [
     "models",
     "data",
     "evaluation",
+    "distributed",
     "training",
     "recipes",
     "pretrained",
@@ -283,3 +284,9 @@ def test_the_command_line_trains_a_recipe_with_overrides(tmp_path, monkeypatch, 
     with pytest.raises(SystemExit):
         main(["capsnet", "--out", str(out), "--set", "epoch=1"])
     assert "has no field 'epoch'" in capsys.readouterr().err
+
+
+def test_every_public_module_is_in_the_library_reference():
+    documented = set(re.findall(r"automodule:: (capsule_lib[\w.]*)", (REPO / "book/appendix/api.md").read_text()))
+    public = {m for path, m, _ in _modules() if path.name != "__init__.py" and not path.name.startswith("_")}
+    assert public - documented == set(), f"missing from book/appendix/api.md: {sorted(public - documented)}"

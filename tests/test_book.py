@@ -526,3 +526,14 @@ def test_metrics_are_labelled_with_the_data_they_were_computed_on(path):
                 f"{nb_id(path)}, code cell {i}: a table header names MNIST literally ({h.strip()[:80]}); "
                 "use the data label"
             )
+
+
+def test_training_at_scale_numbers_come_from_the_benchmark_json():
+    """The 1 vs 2 process line of the appendix quotes benchmarks/results/ddp_cpu.json (no hand-typed numbers)."""
+    result = json.loads((REPO / "benchmarks" / "results" / "ddp_cpu.json").read_text())
+    text = (REPO / "book" / "appendix" / "running.md").read_text()
+    one, two = result["runs"]
+    for run in (one, two):
+        assert f"{run['images_per_s']:.1f} images/s" in text
+        assert ", ".join(f"{v:.4f}" for v in run["train_loss"]) in text
+    assert f"{result['max_train_loss_difference']:.1e}" in text
