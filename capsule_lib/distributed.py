@@ -36,7 +36,7 @@ class DistInfo:
 
     @property
     def is_main(self) -> bool:
-        """Rank 0: the one process that prints, draws and writes."""
+        """Whether this is the process of rank 0, the one that prints, draws and writes."""
         return self.rank == 0
 
     @property

@@ -56,6 +56,47 @@ _PROBE = """() => {
 }"""
 
 
+#: largest page (HTML file, widget state included) allowed to carry page-mode explorers
+PAGE_EXPLORER_MAX_KB = 3000
+
+_SHOWN_FRAME = """(box) => {
+  const imgs = [...box.querySelectorAll('img')].filter(i => i.offsetParent !== null && i.naturalWidth > 0);
+  const img = imgs[imgs.length - 1];  // the first image is the fixed input, the last visible one the frame
+  if (!img) return null;
+  const c = document.createElement('canvas');
+  c.width = img.naturalWidth; c.height = img.naturalHeight;
+  c.getContext('2d').drawImage(img, 0, 0);
+  return c.toDataURL();
+}"""
+
+
+def check_page_explorer(page, box) -> list[str]:
+    """Move the offset slider of one page-mode explorer two steps right and back (keyboard on the slider
+    handle, as a reader would): the shown frame must change, then come back to the first one."""
+    handles = box.locator(".noUi-handle")
+    if handles.count() < 2:
+        return [f"page-mode explorer without its two sliders ({handles.count()} found)"]
+    start = box.evaluate(_SHOWN_FRAME)
+    if start is None:
+        return ["page-mode explorer shows no image on first load"]
+    offset = handles.nth(1)
+    offset.focus()
+    for key in ("ArrowRight", "ArrowRight"):
+        offset.press(key)
+    page.wait_for_timeout(300)
+    moved = box.evaluate(_SHOWN_FRAME)
+    for key in ("ArrowLeft", "ArrowLeft"):
+        offset.press(key)
+    page.wait_for_timeout(300)
+    back = box.evaluate(_SHOWN_FRAME)
+    problems = []
+    if moved == start:
+        problems.append("page-mode explorer: moving the offset slider did not change the image")
+    if back != start:
+        problems.append("page-mode explorer: moving the slider back did not bring the first image back")
+    return problems
+
+
 def default_pages(html: Path) -> list[Path]:
     pages = sorted((html / "book").rglob("*.html"))
     return pages + [p for p in (html / "genindex.html",) if p.exists()]
@@ -120,6 +161,15 @@ def main(argv: list[str] | None = None) -> int:
                 info["screenshot"] = str(shot)
                 report[rel] = info
                 problems = []
+                explorers = page.locator(".capsule-page-explorer")
+                info["page_explorers"] = explorers.count()
+                info["page_kb"] = round(page_path.stat().st_size / 1024)
+                for k in range(info["page_explorers"]):
+                    problems += check_page_explorer(page, explorers.nth(k))
+                if info["page_explorers"] and errors:  # the explorers run in the page's JavaScript
+                    problems.append(f"{len(errors)} JavaScript error(s) on a page with page-mode explorers")
+                if info["page_explorers"] and info["page_kb"] > PAGE_EXPLORER_MAX_KB:
+                    problems.append(f"page weight {info['page_kb']} KB > {PAGE_EXPLORER_MAX_KB} KB")
                 if remote:
                     problems.append(f"network requests: {remote}")
                 if info["raw_math"]:
@@ -146,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(
                     f"{rel}: math {info['typeset']}/{info['math']} typeset, images {info['images']}, widgets "
                     f"{info['widgets_rendered']} rendered of {info['widget_views']} views, "
+                    f"{info['page_explorers']} page-mode explorer(s) moved ({info['page_kb']} KB), "
                     f"{len(errors)} JS error(s) -> {shot} [{status}]"
                 )
                 for e in errors:

@@ -1,0 +1,130 @@
+"""Explorers that work on the rendered page, without a kernel ("page mode").
+
+A slider explorer needs a Python kernel to redraw its figure, so on the static book page it would show
+nothing. A page-mode explorer computes its frames for a small grid of slider values when the page is built,
+embeds them as PNG images in the page's widget state, and links the sliders to which frame is shown with
+``jslink`` (slider ``index`` -> ``Stack.selected_index``): the ipywidgets HTML manager served with the book
+does the switching in the browser. In a live kernel the same widgets work too (the full explorers of
+:mod:`capsule_lib.viz.explorers` are the interactive version).
+
+:func:`page_explorer` builds one from any grid of frames; :func:`perturbation_page_explorer` is the
+capsule-dimension perturbation explorer of the CapsNet and Efficient-CapsNet chapters (one dimension at a time,
+at 11 offsets).
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+
+import ipywidgets as W
+import numpy as np
+import torch
+
+from .capsules import _decode, perturb_poses
+from .data import to_display
+
+__all__ = ["png_bytes", "page_explorer", "perturbation_page_explorer", "PAGE_EXPLORER_CLASS"]
+
+#: the CSS class of every page-mode explorer (the page checks of the book build look for it)
+PAGE_EXPLORER_CLASS = "capsule-page-explorer"
+
+
+def png_bytes(image: torch.Tensor, scale: int = 4) -> bytes:
+    """A small PNG of one image ``[C, H, W]`` or ``[H, W]`` (uint8 or float in [0, 1]), enlarged ``scale``
+    times with nearest-neighbour pixels (a 28x28 digit is about 1 KB)."""
+    from PIL import Image
+
+    arr = np.asarray(to_display(image) * 255.0 + 0.5, dtype=np.uint8)
+    img = Image.fromarray(arr)
+    img = img.resize((img.width * scale, img.height * scale), Image.NEAREST)
+    buf = io.BytesIO()
+    img.save(buf, format="PNG", optimize=True)
+    return buf.getvalue()
+
+
+def _control(name: str, labels: Sequence[str], index: int) -> tuple[W.HBox, W.IntSlider, W.Widget]:
+    """A slider over ``labels`` whose readout is a ``Stack`` of the labels linked to it. (Widget descriptions,
+    ``Label`` and the selection sliders' readouts ask for MathJax 2's ``MathJax.Hub``; the book serves MathJax
+    3, so the controls use plain HTML text instead.)"""
+    slider = W.IntSlider(
+        value=index, min=0, max=len(labels) - 1, readout=False, continuous_update=True, layout=W.Layout(width="260px")
+    )
+    readout = W.Stack([W.HTML(f"<code>{label}</code>") for label in labels], selected_index=index)
+    link = W.jslink((slider, "value"), (readout, "selected_index"))
+    return W.HBox([W.HTML(f"<b>{name}</b>", layout=W.Layout(width="90px")), slider, readout]), slider, link
+
+
+def page_explorer(
+    frames: Sequence[Sequence[bytes]],
+    rows: tuple[str, Sequence[str]],
+    cols: tuple[str, Sequence[str]],
+    initial: tuple[int, int] = (0, 0),
+    fixed: Sequence[tuple[str, bytes]] = (),
+    caption: str = "",
+    frame_title: str = "shown",
+) -> W.VBox:
+    """A two-slider explorer over precomputed PNG ``frames[row][col]`` that needs no kernel.
+
+    ``rows`` / ``cols``: ``(description, labels)`` of the two sliders; ``initial``: the frame shown first;
+    ``fixed``: ``(title, png)`` images shown beside the frames (e.g. the input), ``frame_title`` above the
+    frames. The row slider picks one of ``len(rows[1])`` stacks, the column slider the frame inside every
+    stack, both through ``jslink`` on the slider's ``value``."""
+    (row_name, row_labels), (col_name, col_labels) = rows, cols
+    if len(frames) != len(row_labels) or any(len(r) != len(col_labels) for r in frames):
+        raise ValueError(
+            f"frames must be [{len(row_labels)} rows][{len(col_labels)} columns], got "
+            f"[{len(frames)}][{', '.join(str(len(r)) for r in frames)}]"
+        )
+    row_box, row_slider, row_link = _control(row_name, row_labels, initial[0])
+    col_box, col_slider, col_link = _control(col_name, col_labels, initial[1])
+    inner = [W.Stack([W.Image(value=png, format="png") for png in row], selected_index=initial[1]) for row in frames]
+    outer = W.Stack(inner, selected_index=initial[0])
+    links = [row_link, col_link, W.jslink((row_slider, "value"), (outer, "selected_index"))]
+    links += [W.jslink((col_slider, "value"), (stack, "selected_index")) for stack in inner]
+
+    def titled(title: str, widget: W.Widget) -> W.VBox:
+        return W.VBox([W.HTML(f"<b>{title}</b>"), widget])
+
+    images = [titled(t, W.Image(value=png, format="png")) for t, png in fixed] + [titled(frame_title, outer)]
+    parts = [row_box, col_box, W.HBox(images)]
+    if caption:
+        parts.append(W.HTML(f"<small>{caption}</small>"))
+    box = W.VBox(parts)
+    box.add_class(PAGE_EXPLORER_CLASS)
+    box._links = links  # the links are widgets of their own; keep them alive with the explorer
+    return box
+
+
+def perturbation_page_explorer(
+    model: torch.nn.Module,
+    image: torch.Tensor,
+    poses: torch.Tensor,
+    label: int,
+    value_range: float = 0.25,
+    steps: int = 11,
+    perturb: str = "all",
+    scale: int = 4,
+) -> W.VBox:
+    """The perturbation explorer in page mode: pick a pose dimension of the class capsules ``poses [K, D]``
+    of ``image`` and an offset in ``[-value_range, +value_range]`` (``steps`` values); the reconstruction from
+    the ``label`` capsule is shown. ``D * steps`` reconstructions are decoded in one batch when called."""
+    K, D = poses.shape
+    offsets = torch.linspace(-value_range, value_range, steps)  # [S]
+    bumps = torch.zeros(D, steps, D)
+    bumps[torch.arange(D), :, torch.arange(D)] = offsets  # [D, S, D]: dimension d moved by each offset
+    label_only = None if perturb == "all" else label
+    batch = torch.stack([perturb_poses(poses, bumps[d, s], label_only) for d in range(D) for s in range(steps)])
+    with torch.no_grad():
+        recons = _decode(model, batch, label)  # [D*S, C, H, W]
+    frames = [[png_bytes(recons[d * steps + s], scale) for s in range(steps)] for d in range(D)]
+    return page_explorer(
+        frames,
+        rows=("dimension", [str(d) for d in range(D)]),
+        cols=("offset", [f"{round(float(v), 4) + 0.0:+.2f}" for v in offsets]),  # no "-0.00"
+        initial=(0, steps // 2),
+        fixed=[("input", png_bytes(image, scale))],
+        frame_title="reconstruction",
+        caption=f"{D} x {steps} reconstructions computed when this page was built; the sliders choose one in "
+        "your browser (no kernel needed).",
+    )
