@@ -75,3 +75,31 @@ def test_perturbation_page_explorer_frames_are_the_decoded_perturbations():
         want = _decode(model, perturb_poses(poses, torch.eye(8)[6] * 0.2)[None], 3)[0]
     assert frame == png_bytes(want)
     assert outer.children[0].children[2].value == outer.children[7].children[2].value  # offset 0: same image
+
+
+def test_routing_page_explorers_draw_one_frame_per_image_and_iteration():
+    from capsule_lib.viz import toy as vt
+    from capsule_lib.viz.page import routing_page_explorer, toy_routing_page_explorer
+
+    torch.manual_seed(0)
+    model = CapsNet(TINY).eval()
+    x = torch.rand(3, 1, 28, 28)
+    with torch.no_grad():
+        trace = model(x, return_routing=True).trace
+    box = routing_page_explorer(x, trace, n_images=2, grid=(4, 6, 6))
+    rows, _, cols, _, shown = _parts(box)
+    assert (rows.max, cols.max, rows.value, cols.value) == (1, 2, 0, 0)  # 2 images x 3 iterations, first shown
+    outer = shown.children[1]
+    pngs = [[bytes(im.value) for im in stack.children] for stack in outer.children]
+    assert all(p.startswith(b"\x89PNG") for row in pngs for p in row) and len({p for row in pngs for p in row}) == 6
+
+    from capsule_lib import dynamic_routing
+
+    t = vt.toy_votes(groups=(5, 3), n_outliers=2, seed=0)
+    _, toy_trace = dynamic_routing(t.votes, iterations=4, return_routing=True)
+    one = toy_routing_page_explorer(t, toy_trace)
+    (col_box, images, _) = one.children
+    slider = col_box.children[1]
+    stack = images.children[-1].children[1].children[0]
+    assert (slider.max, slider.value, len(stack.children)) == (3, 0, 4)
+    assert len(_links(one)) == 2  # the slider to its readout and to the one row of frames

@@ -71,15 +71,15 @@ _SHOWN_FRAME = """(box) => {
 
 
 def check_page_explorer(page, box) -> list[str]:
-    """Move the offset slider of one page-mode explorer two steps right and back (keyboard on the slider
+    """Move the last slider of one page-mode explorer two steps right and back (keyboard on the slider
     handle, as a reader would): the shown frame must change, then come back to the first one."""
     handles = box.locator(".noUi-handle")
-    if handles.count() < 2:
-        return [f"page-mode explorer without its two sliders ({handles.count()} found)"]
+    if handles.count() < 1:
+        return ["page-mode explorer without a slider"]
     start = box.evaluate(_SHOWN_FRAME)
     if start is None:
         return ["page-mode explorer shows no image on first load"]
-    offset = handles.nth(1)
+    offset = handles.nth(handles.count() - 1)  # the last slider picks the frame within a row
     offset.focus()
     for key in ("ArrowRight", "ArrowRight"):
         offset.press(key)

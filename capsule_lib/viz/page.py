@@ -21,10 +21,20 @@ import ipywidgets as W
 import numpy as np
 import torch
 
-from .capsules import _decode, perturb_poses
+from ..types import RoutingTrace
+from .capsules import _decode, perturb_poses, plot_routing_step
 from .data import to_display
+from .toy import ToyVotes, plot_routing_state
 
-__all__ = ["png_bytes", "page_explorer", "perturbation_page_explorer", "PAGE_EXPLORER_CLASS"]
+__all__ = [
+    "png_bytes",
+    "figure_png",
+    "page_explorer",
+    "perturbation_page_explorer",
+    "routing_page_explorer",
+    "toy_routing_page_explorer",
+    "PAGE_EXPLORER_CLASS",
+]
 
 #: the CSS class of every page-mode explorer (the page checks of the book build look for it)
 PAGE_EXPLORER_CLASS = "capsule-page-explorer"
@@ -43,6 +53,16 @@ def png_bytes(image: torch.Tensor, scale: int = 4) -> bytes:
     return buf.getvalue()
 
 
+def figure_png(fig, dpi: int = 60) -> bytes:
+    """A matplotlib figure as a small PNG (closed afterwards, so it is not also shown as an output)."""
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()
+
+
 def _control(name: str, labels: Sequence[str], index: int) -> tuple[W.HBox, W.IntSlider, W.Widget]:
     """A slider over ``labels`` whose readout is a ``Stack`` of the labels linked to it. (Widget descriptions,
     ``Label`` and the selection sliders' readouts ask for MathJax 2's ``MathJax.Hub``; the book serves MathJax
@@ -57,7 +77,7 @@ def _control(name: str, labels: Sequence[str], index: int) -> tuple[W.HBox, W.In
 
 def page_explorer(
     frames: Sequence[Sequence[bytes]],
-    rows: tuple[str, Sequence[str]],
+    rows: tuple[str, Sequence[str]] | None,
     cols: tuple[str, Sequence[str]],
     initial: tuple[int, int] = (0, 0),
     fixed: Sequence[tuple[str, bytes]] = (),
@@ -69,8 +89,8 @@ def page_explorer(
     ``rows`` / ``cols``: ``(description, labels)`` of the two sliders; ``initial``: the frame shown first;
     ``fixed``: ``(title, png)`` images shown beside the frames (e.g. the input), ``frame_title`` above the
     frames. The row slider picks one of ``len(rows[1])`` stacks, the column slider the frame inside every
-    stack, both through ``jslink`` on the slider's ``value``."""
-    (row_name, row_labels), (col_name, col_labels) = rows, cols
+    stack, both through ``jslink`` on the slider's ``value``. ``rows=None``: one row of frames, one slider."""
+    (row_name, row_labels), (col_name, col_labels) = rows if rows is not None else ("", [""]), cols
     if len(frames) != len(row_labels) or any(len(r) != len(col_labels) for r in frames):
         raise ValueError(
             f"frames must be [{len(row_labels)} rows][{len(col_labels)} columns], got "
@@ -80,14 +100,16 @@ def page_explorer(
     col_box, col_slider, col_link = _control(col_name, col_labels, initial[1])
     inner = [W.Stack([W.Image(value=png, format="png") for png in row], selected_index=initial[1]) for row in frames]
     outer = W.Stack(inner, selected_index=initial[0])
-    links = [row_link, col_link, W.jslink((row_slider, "value"), (outer, "selected_index"))]
+    links = [col_link]
+    if rows is not None:
+        links += [row_link, W.jslink((row_slider, "value"), (outer, "selected_index"))]
     links += [W.jslink((col_slider, "value"), (stack, "selected_index")) for stack in inner]
 
     def titled(title: str, widget: W.Widget) -> W.VBox:
         return W.VBox([W.HTML(f"<b>{title}</b>"), widget])
 
     images = [titled(t, W.Image(value=png, format="png")) for t, png in fixed] + [titled(frame_title, outer)]
-    parts = [row_box, col_box, W.HBox(images)]
+    parts = [row_box, col_box, W.HBox(images)] if rows is not None else [col_box, W.HBox(images)]
     if caption:
         parts.append(W.HTML(f"<small>{caption}</small>"))
     box = W.VBox(parts)
@@ -127,4 +149,45 @@ def perturbation_page_explorer(
         frame_title="reconstruction",
         caption=f"{D} x {steps} reconstructions computed when this page was built; the sliders choose one in "
         "your browser (no kernel needed).",
+    )
+
+
+def routing_page_explorer(
+    images: torch.Tensor,
+    trace: RoutingTrace,
+    n_images: int = 5,
+    grid: tuple[int, int, int] = (32, 6, 6),
+    classes: Sequence[str] | None = None,
+    dpi: int = 60,
+) -> W.VBox:
+    """The image / routing-iteration picker of the dynamic-routing chapter in page mode: the figure of
+    :func:`~capsule_lib.viz.capsules.plot_routing_step` for the first ``n_images`` of ``images`` at every
+    iteration of ``trace``, chosen by two sliders in the browser."""
+    n, T = min(n_images, images.shape[0]), trace.iterations
+    frames = [
+        [figure_png(plot_routing_step(images[i], trace, i, t, grid=grid, classes=classes), dpi) for t in range(T)]
+        for i in range(n)
+    ]
+    return page_explorer(
+        frames,
+        rows=("image", [str(i) for i in range(n)]),
+        cols=("iteration", [str(t + 1) for t in range(T)]),
+        initial=(0, 0),
+        caption=f"{n} x {T} figures computed when this page was built; the sliders choose one in your browser.",
+        frame_title="routing",
+    )
+
+
+def toy_routing_page_explorer(toy: ToyVotes, trace: RoutingTrace, sample: int = 0, dpi: int = 60) -> W.VBox:
+    """The primer's routing-iteration explorer in page mode: :func:`~capsule_lib.viz.toy.plot_routing_state`
+    at every iteration of ``trace``, chosen by one slider in the browser."""
+    T = trace.iterations
+    frames = [[figure_png(plot_routing_state(toy, trace, t, sample), dpi) for t in range(1, T + 1)]]
+    return page_explorer(
+        frames,
+        rows=None,
+        cols=("iteration", [str(t) for t in range(1, T + 1)]),
+        initial=(0, 0),
+        caption=f"{T} figures computed when this page was built; the slider chooses one in your browser.",
+        frame_title="routing",
     )
