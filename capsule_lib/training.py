@@ -414,7 +414,7 @@ class Trainer:
         if amp not in (None, "bf16", "fp16"):
             raise ValueError("amp must be None, 'bf16' or 'fp16'")
         self.dist = dist if dist is not None else DistInfo(0, 1, select_device(device))
-        self.device = self.dist.device if dist is not None else select_device(device)
+        self.device = self.dist.device
         self.model = model.to(self.device)
         self.net: nn.Module = self.model  # what the training step calls: the model, or its DDP wrapper
         if self.dist.distributed:

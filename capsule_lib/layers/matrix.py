@@ -59,8 +59,7 @@ class ConvCapsules(EMRoutingBase):
         super().__init__(out_types, iterations, inverse_temperature, normalize_over_outputs, normalize_costs, eps)
         self.in_types, self.out_types, self.kernel_size = in_types, out_types, kernel_size
         self.stride, self.padding, self.pose_size = stride, padding, pose_size
-        std = init_std if init_std is not None else pose_size**-0.5
-        self.weight = self.pose_weight((kernel_size, kernel_size, in_types, out_types, pose_size, pose_size), std)
+        self.weight = self.pose_weight((kernel_size, kernel_size, in_types, out_types, pose_size, pose_size), init_std)
 
     def output_size(self, size: int) -> int:
         return (size + 2 * self.padding - self.kernel_size) // self.stride + 1
@@ -148,8 +147,7 @@ class ClassCapsules(EMRoutingBase):
         basis[0, entries[0]] = 1.0  # row coordinate
         basis[1, entries[1]] = 1.0  # column coordinate
         self.register_buffer("coord_basis", basis, persistent=False)  # [2, D]
-        std = init_std if init_std is not None else pose_size**-0.5
-        self.weight = self.pose_weight((in_types, n_classes, pose_size, pose_size), std)
+        self.weight = self.pose_weight((in_types, n_classes, pose_size, pose_size), init_std)
 
     def votes(
         self, poses: torch.Tensor, acts: torch.Tensor, centers: torch.Tensor | None = None

@@ -255,8 +255,10 @@ class EMRoutingBase(nn.Module):
     (:meth:`pose_weight`) and how votes are formed."""
 
     @staticmethod
-    def pose_weight(shape: tuple[int, ...], std: float) -> nn.Parameter:
-        """A transformation-matrix parameter of ``shape`` drawn from ``N(0, std^2)``."""
+    def pose_weight(shape: tuple[int, ...], init_std: float | None) -> nn.Parameter:
+        """A transformation-matrix parameter of ``shape`` (last two axes ``P x P``) drawn from ``N(0, std^2)``;
+        ``init_std=None`` uses ``1/sqrt(P)``, which keeps the vote variance equal to the pose variance."""
+        std = init_std if init_std is not None else shape[-1] ** -0.5
         return nn.Parameter(torch.randn(shape) * std)
 
     def __init__(
@@ -322,8 +324,7 @@ class EMRouting(EMRoutingBase):
     ) -> None:
         super().__init__(n_out, iterations, inverse_temperature, normalize_over_outputs, normalize_costs, eps)
         self.n_inp, self.n_out, self.pose_size = n_inp, n_out, pose_size
-        std = init_std if init_std is not None else pose_size**-0.5
-        self.weight = self.pose_weight((n_inp, n_out, pose_size, pose_size), std)
+        self.weight = self.pose_weight((n_inp, n_out, pose_size, pose_size), init_std)
 
     def votes(self, poses: torch.Tensor) -> torch.Tensor:
         """``[B, n_inp, P*P] -> [B, n_inp, n_out, P*P]``."""
