@@ -9,7 +9,7 @@ from torch import nn
 
 from ._checks import check_image_range, module_device
 
-__all__ = ["predict", "accuracy", "multimnist_accuracy", "confusion_matrix"]
+__all__ = ["predict", "accuracy", "multimnist_accuracy", "confusion_matrix", "viewpoint_accuracies"]
 
 
 @torch.no_grad()
@@ -82,3 +82,14 @@ def confusion_matrix(pred: torch.Tensor, labels: torch.Tensor, n_classes: int) -
     """``[n_classes, n_classes]`` counts, rows = true class, columns = prediction."""
     idx = labels.long() * n_classes + pred.long()
     return torch.bincount(idx, minlength=n_classes * n_classes).view(n_classes, n_classes)
+
+
+def viewpoint_accuracies(model: nn.Module, sets: Any, device: str | torch.device | None = None) -> dict[str, float]:
+    """Test accuracy of ``model`` on the familiar and the novel views of a viewpoint protocol
+    (:class:`~capsule_lib.data.viewpoints.ViewpointSets`): ``{"familiar": ..., "novel": ..., "drop": familiar -
+    novel}``."""
+    acc = {
+        g: accuracy(predict(model, getattr(sets, g).images, device=device)["scores"], getattr(sets, g).labels)
+        for g in ("familiar", "novel")
+    }
+    return {**acc, "drop": acc["familiar"] - acc["novel"]}

@@ -47,10 +47,12 @@ class ChecksumMismatchError(RuntimeError):
 def _builders() -> dict[str, Callable[[dict[str, Any]], nn.Module]]:
     from .models.baselines import BaselineCNN, BaselineCNNConfig
     from .models.capsnet import CapsNet, CapsNetConfig
+    from .models.em_capsnet import EMCapsNet, EMCapsNetConfig
 
     out: dict[str, Callable[[dict[str, Any]], nn.Module]] = {
         "capsnet": lambda c: CapsNet(_from_dict(CapsNetConfig, c)),
         "baseline_cnn": lambda c: BaselineCNN(_from_dict(BaselineCNNConfig, c)),
+        "em_capsnet": lambda c: EMCapsNet(_from_dict(EMCapsNetConfig, c)),
     }
     try:
         from .models.efficient import EfficientCapsNet, EfficientCapsNetConfig
@@ -74,7 +76,9 @@ def _from_dict(cls: type, d: dict[str, Any]) -> Any:
 
 
 def build_model(kind: str, config: dict[str, Any]) -> nn.Module:
-    """Instantiate a model of ``kind`` (``"capsnet"``, ``"baseline_cnn"``, ``"efficient_capsnet"``)."""
+    """Instantiate a model of ``kind`` from its config dict (unknown keys are ignored).
+
+    Kinds: ``"capsnet"``, ``"baseline_cnn"``, ``"efficient_capsnet"``, ``"em_capsnet"``."""
     builders = _builders()
     if kind not in builders:
         raise ValueError(f"unknown model kind {kind!r}; known: {sorted(builders)}")
@@ -211,13 +215,15 @@ def export_run(
     """Export the best-validation weights of a :class:`~capsule_lib.training.Trainer` run directory.
 
     The model is rebuilt from the run's ``history.json`` metadata, its weights are rounded to fp16 (what is
-    shipped), and the **rounded** model is evaluated on the validation and test splits of the run's dataset,
+    shipped), and the **rounded** model is evaluated on the recipe's evaluation sets
+    (:meth:`~capsule_lib.recipes.Recipe.evaluation_sets`: the validation and test splits of the run's dataset,
+    or e.g. the familiar and novel test views of a viewpoint protocol),
     so the registry's metrics are those of the file readers load. ``max_epoch`` limits the budget: the best
     validation epoch among the first ``max_epoch`` is exported (needs the run's ``epoch_NNN.pt`` snapshots
     unless that epoch is the run's ``best.pt``); the history is cut there too.
     """
-    from .data import get_dataset
     from .evaluation import accuracy, predict
+    from .recipes import recipe_config
 
     run = Path(run_dir)
     hist = History.from_dict(json.loads((run / "history.json").read_text()))
@@ -227,6 +233,8 @@ def export_run(
         "efficient": "efficient_capsnet",
         "baseline_cnn": "baseline_cnn",
         "efficient_multimnist": "efficient_capsnet",
+        "em_norb": "em_capsnet",
+        "baseline_cnn_norb": "baseline_cnn",
     }[meta["recipe"]]
     config = dict(meta["config"]["model"])
     if config.get("primary_conv") == "bf16_gemm":  # a training-speed option; readers run the standard conv
@@ -241,8 +249,8 @@ def export_run(
     model.load_state_dict({k: v.half().float() if v.is_floating_point() else v for k, v in best["model"].items()})
     model.to(device).eval()
     metrics: dict[str, Any] = {"selected_epoch": best["epoch"], "selected_by": "val_acc"}
-    for split in ("val", "test"):
-        ds = get_dataset(meta["dataset"], data_root, split)
+    sets = recipe_config(meta["recipe"], meta["config"]).evaluation_sets(data_root)  # e.g. val, test
+    for split, ds in sets.items():
         res = predict(model, ds.images, device=device)
         metrics[f"{split}_acc"] = accuracy(res["scores"], ds.labels)
         metrics[f"{split}_errors"] = int((res["scores"].argmax(1) != ds.labels).sum())

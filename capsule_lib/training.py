@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from .distributed import DistInfo, all_reduce_sums
-from .losses import margin_loss, reconstruction_loss
+from .losses import margin_loss, reconstruction_loss, spread_loss, spread_margin
 
 __all__ = [
     "seed_everything",
@@ -32,6 +32,7 @@ __all__ = [
     "CapsuleObjective",
     "ClassifierObjective",
     "MultiDigitObjective",
+    "SpreadObjective",
     "History",
     "Trainer",
     "RunMismatchError",
@@ -223,6 +224,33 @@ class CapsuleObjective:
             parts["recon"] = recon.item()
         correct = (out.scores.argmax(1) == y).sum().item()
         return StepOutput(loss, parts, correct, y.shape[0])
+
+
+class SpreadObjective:
+    """Spread loss (Hinton, Sabour & Frosst 2018) on the class capsules' activations (``out.kind ==
+    "activations"``, e.g. :class:`~capsule_lib.models.EMCapsNet`); accuracy is the argmax activation.
+
+    The margin grows linearly from ``m_min`` to ``m_max`` over the run, one value per epoch (epoch ``e`` of
+    ``E``: ``m_min + (m_max - m_min) * e / (E - 1)``), so a resumed run uses exactly the margins of an
+    uninterrupted one. The :class:`Trainer` calls :meth:`set_epoch` before every epoch; validation uses the
+    margin of the epoch just trained.
+    """
+
+    def __init__(self, m_min: float = 0.2, m_max: float = 0.9) -> None:
+        self.m_min, self.m_max = m_min, m_max
+        self.margin = m_min
+
+    def set_epoch(self, epoch: int, epochs: int) -> None:
+        self.margin = spread_margin(epoch, max(epochs - 1, 0), self.m_min, self.m_max)
+
+    def __call__(self, model: nn.Module, batch: tuple[torch.Tensor, ...], train: bool) -> StepOutput:
+        x, y = batch[0], batch[1]
+        out = model(x)
+        if out.kind != "activations":
+            raise ValueError(f"SpreadObjective: the spread loss needs class activations, but the scores are {out.kind}")
+        loss = spread_loss(out.scores, y, self.margin)
+        correct = (out.scores.argmax(1) == y).sum().item()
+        return StepOutput(loss, {"spread": loss.item(), "margin": self.margin}, correct, y.shape[0])
 
 
 class MultiDigitObjective:
@@ -538,6 +566,11 @@ class Trainer:
             batch = tuple(b.to(self.device) for b in batch)
             with self._autocast():
                 out = self.objective(self.net, batch, True)
+            if not torch.isfinite(out.loss.detach()).item():
+                raise FloatingPointError(
+                    f"epoch {self.epoch + 1}, batch {self.position_in(loader)}: the training loss is "
+                    f"{out.loss.item()} (not finite); the run stops here (last.pt holds the last complete epoch)"
+                )
             self.optimizer.zero_grad(set_to_none=True)
             self.scaler.scale(out.loss).backward()
             if self.grad_clip is not None:
@@ -570,6 +603,11 @@ class Trainer:
                 _atomic_save(state, self.out_dir / "last.pt")
                 self._last_save = time.time()
         return self._record("train", loss_sum, correct, n, sums)
+
+    @staticmethod
+    def position_in(loader: Any) -> Any:
+        """The loader's batch counter (1-based, the batch just drawn) when it has one, else ``"?"``."""
+        return getattr(loader, "position", "?")
 
     def _record(self, prefix: str, loss_sum: float, correct: float, n: int, sums: dict[str, float]) -> dict:
         """Per-sample means of the summed loss, accuracy and loss parts, summed over all ranks first."""
@@ -634,6 +672,8 @@ class Trainer:
             lr = (self._in_epoch or {}).get("lr", self.optimizer.param_groups[0]["lr"])
             self._epoch_lr, self._t_epoch = lr, t_epoch
             rec: dict[str, Any] = {"epoch": self.epoch + 1, "lr": lr}
+            if hasattr(self.objective, "set_epoch"):  # e.g. the spread loss's margin schedule
+                self.objective.set_epoch(self.epoch, epochs)
             rec.update(self.train_epoch(train_loader))
             if self.scheduler is not None and self.scheduler_step == "epoch":
                 self.scheduler.step()
@@ -667,15 +707,16 @@ class Trainer:
     def finish(self, test_loader: Any = None) -> dict[str, Any] | None:
         """Load the best-validation weights (:meth:`load_best`) and, with ``test_loader``, evaluate the test split
         once, for the record: ``history.meta["test"] = {"epoch": <selected epoch>, "test_acc": ..., ...}`` (also
-        saved to ``out_dir/history.json``). Returns that record (``None`` without a test loader)."""
+        saved to ``out_dir/history.json``). Returns that record (``None`` without a test loader).
+        ``test_loader`` may be a dict ``{prefix: loader}`` for several test sets (e.g. ``test_familiar`` and
+        ``test_novel`` of a viewpoint protocol): each is recorded under its own prefix."""
         best = self.load_best()
         if test_loader is None:
             return None
-        rec = {
-            "epoch": best["epoch"] if best else self.epoch,
-            "selected_by": self.select_metric,
-            **self.evaluate(test_loader, "test"),
-        }
+        loaders = test_loader if isinstance(test_loader, dict) else {"test": test_loader}
+        rec = {"epoch": best["epoch"] if best else self.epoch, "selected_by": self.select_metric}
+        for prefix, loader in loaders.items():
+            rec.update(self.evaluate(loader, prefix))
         self.history.meta["test"] = rec
         if self._writes:
             self.history.save(self.out_dir / "history.json")

@@ -237,7 +237,14 @@ def test_make_recipe_applies_overrides_and_names_unknown_fields():
     with pytest.raises(KeyError, match="unknown recipe 'capsnett'"):
         make_recipe("capsnett")
     assert recipe_config("capsnet", r.config()) == r
-    assert set(RECIPES) == {"capsnet", "baseline_cnn", "efficient", "efficient_multimnist"}
+    assert set(RECIPES) == {
+        "capsnet",
+        "baseline_cnn",
+        "efficient",
+        "efficient_multimnist",
+        "em_norb",
+        "baseline_cnn_norb",
+    }
 
 
 @pytest.mark.parametrize("name", sorted(registry()))

@@ -186,8 +186,8 @@ def test_loader_cross_checks_the_three_files(tmp_path):
 
 def test_missing_smallnorb_names_dataset_script_and_offline_option(tmp_path, monkeypatch):
     monkeypatch.setenv("CAPSULE_OFFLINE", "1")
-    with pytest.raises(DatasetUnavailableError) as e:
-        get_dataset("smallnorb", tmp_path, "train")
+    with pytest.raises(DatasetUnavailableError) as e:  # standin=False: the library's error, not the fallback
+        get_dataset("smallnorb", tmp_path, "train", standin=False)
     msg = str(e.value)
     assert (
         "smallnorb" in msg

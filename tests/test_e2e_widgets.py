@@ -92,6 +92,8 @@ EXPLORERS = [
     ExplorerCase(
         "efficient_capsnet.ipynb", slider="dim 4", steps=4, readout_pattern=r"^capsule lengths: ", reset_button="reset"
     ),
+    # the EM chapter's routing explorer: the class capsules re-routed live with more iterations
+    ExplorerCase("em_routing.ipynb", slider="iterations", steps=2, readout_pattern=r"^predicts \w+; activations "),
 ]
 
 RUN_TIMEOUT_S = 600  # running a whole chapter in smoke mode on a busy 2-core machine

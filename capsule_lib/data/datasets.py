@@ -31,6 +31,7 @@ STANDINS: dict[str, tuple[str, dict[str, Any]]] = {
     "mnist": ("glyph_digits", {}),
     "multimnist": ("multimnist", {"source": "glyph_digits"}),
     "affine_mnist": ("affine_mnist", {"source": "glyph_digits"}),
+    "smallnorb": ("rendered_norb", {}),
 }
 STANDIN_MARK = "[GENERATED stand-in data]"
 _ANNOUNCED: set[tuple[str, str, str]] = set()  # (dataset, data root, split) already announced in this process

@@ -296,20 +296,23 @@ class EfficientNorbTransform:
         return (x.contiguous(), *rest)
 
 
-def hinton_transform(train: bool, resize: int = 48, crop: int = 32, brightness: float = 32 / 255,
+def hinton_transform(train: bool, resize: int | None = 48, crop: int = 32, brightness: float = 32 / 255,
                      contrast: float = 0.5) -> Callable[[tuple, torch.Generator | None], tuple]:
     """smallNORB preprocessing of the public EM-routing code (yl-1993/Matrix-Capsules-EM-PyTorch, following
     Hinton, Sabour & Frosst 2018): resize to 48 (bilinear), then training: random 32x32 crop and
     ``ColorJitter(brightness=32/255, contrast=0.5)`` (factors ``U(1 - b, 1 + b)`` and ``U(0.5, 1.5)``, applied
     in a random order per image, contrast around the image mean, clamped to [0, 1]); test: centre 32x32 crop.
     Works on any number of channels (that code feeds the two stereo images as separate samples: see
-    :func:`stereo_as_samples`)."""
+    :func:`stereo_as_samples`). ``resize=None`` takes images already at their working size (e.g. stored
+    48x48 by :func:`~capsule_lib.data.viewpoints.viewpoint_sets`) and only crops and jitters them."""
 
     def tf(batch: tuple, g: torch.Generator | None = None) -> tuple:
         x, *rest = batch
-        x = F.interpolate(x.float(), size=(resize, resize), mode="bilinear", align_corners=False, antialias=True)
-        B = x.shape[0]
-        m = resize - crop
+        x = x.float()
+        if resize is not None:
+            x = F.interpolate(x, size=(resize, resize), mode="bilinear", align_corners=False, antialias=True)
+        B, size = x.shape[0], x.shape[-1]
+        m = size - crop
         if train:
             off = torch.randint(0, m + 1, (2, B), generator=g)
             rows = off[0].view(B, 1) + torch.arange(crop).view(1, -1)

@@ -9,19 +9,23 @@ import torch
 import torch.nn.functional as F
 
 from .._checks import check_module_input, check_tensor
-from ..routing.em import EMRoutingBase
+from ..routing.em import EMRoutingBase, check_activations, check_poses
 
 __all__ = ["ConvCapsules", "ClassCapsules", "grid_centers"]
 
 
-def _check_grid(poses: torch.Tensor, acts: torch.Tensor, n_types: int, d: int) -> None:
-    check_tensor(poses, "poses", f"[B, n_types={n_types}, H, W, d={d}]", [None, n_types, None, None, d])
+def _check_grid(poses: torch.Tensor, acts: torch.Tensor, n_types: int, pose_size: int) -> None:
+    d = pose_size**2
+    spec = f"[B, n_types={n_types}, H, W, d={d}]"
+    check_poses(poses, pose_size, spec, 5)
+    check_tensor(poses, "poses", spec, [None, n_types, None, None, d])
     B, T, H, W, _ = poses.shape
     check_tensor(acts, "activations", f"[B, n_types={n_types}, H, W]", [None, n_types, None, None])
     if tuple(acts.shape) != (B, T, H, W):
         raise ValueError(
             f"activations: expected shape [B, n_types, H, W] = {(B, T, H, W)} (matching poses), got {tuple(acts.shape)}"
         )
+    check_activations(acts)
 
 
 class ConvCapsules(EMRoutingBase):
@@ -68,7 +72,7 @@ class ConvCapsules(EMRoutingBase):
         """Window votes ``[B, h, w, K*K*T_in, T_out, P*P]`` and children activations ``[B, h, w, K*K*T_in]``
         (child index ``i = (u*K + v)*T_in + t``)."""
         P, K, T, D = self.pose_size, self.kernel_size, self.in_types, self.pose_size**2
-        _check_grid(poses, acts, T, D)
+        _check_grid(poses, acts, T, P)
         B, _, H, W, _ = poses.shape
         h, w = self.output_size(H), self.output_size(W)
         if h < 1 or w < 1:
@@ -98,10 +102,15 @@ class ConvCapsules(EMRoutingBase):
         )
 
 
-def grid_centers(height: int, width: int, device=None, dtype=torch.float32) -> torch.Tensor:
-    """Scaled centres ``((y + 0.5) / height, (x + 0.5) / width)`` of a ``height x width`` grid: ``[H, W, 2]``."""
-    ys = (torch.arange(height, device=device, dtype=dtype) + 0.5) / height  # [H]
-    xs = (torch.arange(width, device=device, dtype=dtype) + 0.5) / width  # [W]
+def grid_centers(height: int, width: int, device=None, dtype=torch.float32, convention: str = "center") -> torch.Tensor:
+    """Scaled coordinates of the cells of a ``height x width`` grid, ``[H, W, 2]`` (row, column):
+    ``convention="center"``: cell centres ``((y + 0.5) / H, (x + 0.5) / W)`` (in (0, 1), symmetric);
+    ``"corner"``: ``(y / H, x / W)`` (in [0, 1), yl-1993's ``arange(H) / H``)."""
+    if convention not in ("center", "corner"):
+        raise ValueError(f"convention must be 'center' or 'corner', got {convention!r}")
+    off = 0.5 if convention == "center" else 0.0
+    ys = (torch.arange(height, device=device, dtype=dtype) + off) / height  # [H]
+    xs = (torch.arange(width, device=device, dtype=dtype) + off) / width  # [W]
     return torch.stack(torch.meshgrid(ys, xs, indexing="ij"), dim=-1)  # [H, W, 2]
 
 
@@ -154,7 +163,7 @@ class ClassCapsules(EMRoutingBase):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Votes ``[B, H*W*T, K, P*P]`` (with coordinate addition) and activations ``[B, H*W*T]``."""
         P, T, D = self.pose_size, self.in_types, self.pose_size**2
-        _check_grid(poses, acts, T, D)
+        _check_grid(poses, acts, T, P)
         B, _, H, W, _ = poses.shape
         M = poses.reshape(B, T, H, W, P, P)  # [B, T, H, W, P, P]
         V = torch.einsum("bthwpq,tjqr->bhwtjpr", M, self.weight)  # [B, H, W, T, K, P, P]

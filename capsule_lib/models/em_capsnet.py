@@ -42,10 +42,11 @@ from torch import nn
 
 from .._checks import check_module_input, check_tensor
 from ..layers import ClassCapsules, ConvCapsules, MatrixPrimaryCapsules
-from ..routing.em import inverse_temperature_schedule
+from ..layers.matrix import grid_centers
+from ..routing.em import em_routing, inverse_temperature_schedule
 from ..types import CapsuleOutput
 
-__all__ = ["EMCapsNetConfig", "EMCapsNet"]
+__all__ = ["EMCapsNetConfig", "EMCapsNet", "receptive_field_centers", "class_centers"]
 
 
 @dataclass
@@ -78,6 +79,10 @@ class EMCapsNetConfig:
     normalize_costs: bool = True
     normalize_over_outputs: bool = False  # yl-1993 quirk (cancels a_in), for comparison only
     coord_add: bool = True
+    # where coordinate addition puts each ConvCaps2 position: "receptive_field" (the centre of its receptive
+    # field in the image, (pixel + 0.5) / image_size), "grid" (its cell centre on the 4x4 grid, (y + 0.5) / h)
+    # or "grid_corner" ((y / h), yl-1993's convention)
+    coord_centers: str = "receptive_field"
     eps: float = 1e-8
     init_std: float | None = None  # capsule transformation std; None = 1/sqrt(pose_size) (variance-preserving)
 
@@ -135,6 +140,17 @@ def receptive_field_centers(cfg: EMCapsNetConfig) -> torch.Tensor:
     return torch.stack(torch.meshgrid(c, c, indexing="ij"), dim=-1)  # [h, w, 2]
 
 
+def class_centers(cfg: EMCapsNetConfig) -> torch.Tensor:
+    """The coordinates coordinate addition adds for each ConvCaps2 position, ``[h, w, 2]`` (row, column), by
+    ``cfg.coord_centers`` (see :class:`EMCapsNetConfig`)."""
+    if cfg.coord_centers == "receptive_field":
+        return receptive_field_centers(cfg)
+    if cfg.coord_centers in ("grid", "grid_corner"):
+        convention = "center" if cfg.coord_centers == "grid" else "corner"
+        return grid_centers(cfg.caps2_grid, cfg.caps2_grid, convention=convention)
+    raise ValueError(f"coord_centers must be 'receptive_field', 'grid' or 'grid_corner', got {cfg.coord_centers!r}")
+
+
 class EMCapsNet(nn.Module):
     """Conv1 -> PrimaryCaps -> ConvCaps1 -> ConvCaps2 -> ClassCaps (EM routing, coordinate addition).
 
@@ -169,7 +185,7 @@ class EMCapsNet(nn.Module):
         self.conv_caps1 = ConvCapsules(cfg.primary_types, cfg.caps1_types, K, cfg.caps1_stride, 0, P, **routing)
         self.conv_caps2 = ConvCapsules(cfg.caps1_types, cfg.caps2_types, K, cfg.caps2_stride, 0, P, **routing)
         self.class_caps = ClassCapsules(cfg.caps2_types, cfg.n_classes, P, coord_add=cfg.coord_add, **routing)
-        self.register_buffer("centers", receptive_field_centers(cfg), persistent=False)  # [h, w, 2]
+        self.register_buffer("centers", class_centers(cfg), persistent=False)  # [h, w, 2]
 
     def parameter_breakdown(self) -> dict[str, int]:
         """Trainable parameters per top-level layer, plus ``"total"``."""
@@ -181,7 +197,50 @@ class EMCapsNet(nn.Module):
         counts["total"] = sum(counts.values())
         return counts
 
-    def forward(self, x: torch.Tensor, return_routing: bool = False) -> CapsuleOutput:
+    def stem(self, x: torch.Tensor) -> torch.Tensor:
+        """Conv1 (+ BatchNorm) + ReLU: ``[B, C, H, W] -> [B, A, h, w]``, the features the primary capsules read."""
+        h = self.conv1(x)  # [B, A, 14, 14]
+        if self.bn1 is not None:
+            h = self.bn1(h)
+        return F.relu(h)
+
+    def class_inputs(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The class layer's children for images ``x``: ConvCaps2 poses ``[B, D, h, w, 16]`` and activations
+        ``[B, D, h, w]`` (everything below the class capsules, run once)."""
+        self._check_input(x)
+        p0, a0 = self.primary_caps(self.stem(x))
+        p1, a1 = self.conv_caps1(p0, a0)
+        return self.conv_caps2(p1, a1)
+
+    def route_classes(
+        self,
+        poses: torch.Tensor,
+        acts: torch.Tensor,
+        iterations: int | None = None,
+        final_lambda: float | None = None,
+    ):
+        """Route the class capsules from given children (:meth:`class_inputs`) with another number of
+        ``iterations`` and/or inverse-temperature scale ``final_lambda`` than the model was built with (same
+        schedule shape, same weights): returns ``((poses [B, K, 16], activations [B, K]), trace)``, the trace of
+        :func:`~capsule_lib.routing.em.em_routing`. With neither argument it equals the model's own class layer."""
+        c, caps = self.config, self.class_caps
+        T = iterations if iterations is not None else caps.iterations
+        lam = final_lambda if final_lambda is not None else c.final_lambda
+        votes, a = caps.votes(poses, acts, self.centers)
+        return em_routing(
+            votes,
+            a,
+            caps.beta_u,
+            caps.beta_a,
+            T,
+            inverse_temperature=inverse_temperature_schedule(T, lam, c.lambda_schedule),
+            normalize_over_outputs=caps.normalize_over_outputs,
+            normalize_costs=caps.normalize_costs,
+            eps=caps.eps,
+            return_routing=True,
+        )
+
+    def _check_input(self, x: torch.Tensor) -> None:
         check_module_input(x, self, type(self).__name__)
         c = self.config
         check_tensor(
@@ -190,11 +249,10 @@ class EMCapsNet(nn.Module):
             f"[B, {c.in_channels}, {c.image_size}, {c.image_size}]",
             [None, c.in_channels, c.image_size, c.image_size],
         )
-        h = self.conv1(x)  # [B, A, 14, 14]
-        if self.bn1 is not None:
-            h = self.bn1(h)
-        h = F.relu(h)
-        p0, a0 = self.primary_caps(h)  # [B, B_, 14, 14, 16], [B, B_, 14, 14]
+
+    def forward(self, x: torch.Tensor, return_routing: bool = False) -> CapsuleOutput:
+        self._check_input(x)
+        p0, a0 = self.primary_caps(self.stem(x))  # [B, B_, 14, 14, 16], [B, B_, 14, 14]
         traces = {}
         if return_routing:
             (p1, a1), traces["conv_caps1"] = self.conv_caps1(p0, a0, return_routing=True)

@@ -13,7 +13,7 @@ module                 algorithm                                   main entry po
 """
 
 from .dynamic import DynamicRouting, capsule_votes, dynamic_routing
-from .em import EMRouting, EMRoutingBase, em_routing, inverse_temperature_schedule, matrix_votes
+from .em import EMRouting, EMRoutingBase, em_routing, em_routing_naive, inverse_temperature_schedule, matrix_votes
 from .heinsen import (
     EfficientVectorRouting,
     GenerativeMatrixRouting,
@@ -35,6 +35,7 @@ __all__ = [
     "DynamicRouting",
     "capsule_votes",
     "em_routing",
+    "em_routing_naive",
     "EMRouting",
     "EMRoutingBase",
     "inverse_temperature_schedule",

@@ -73,7 +73,11 @@ from .._checks import check_module_input, check_tensor
 from ..types import RoutingTrace
 
 __all__ = [
+    "check_activations",
+    "check_poses",
+    "compare_with_naive",
     "em_routing",
+    "em_routing_naive",
     "EMRouting",
     "EMRoutingBase",
     "inverse_temperature_schedule",
@@ -120,8 +124,51 @@ def _lambdas(inverse_temperature: float | Sequence[float] | None, iterations: in
     return lams
 
 
+def check_poses(poses: torch.Tensor, pose_size: int, spec: str, dims: int) -> None:
+    """One-line errors for matrix-capsule poses that a layer with ``pose_size x pose_size`` poses cannot take:
+    ``poses`` must have ``dims`` dimensions (``spec``, e.g. ``"[B, n_inp, 16]"``) ending in the ``P*P`` entries of
+    square, row-major flattened pose matrices, and a non-empty batch."""
+    D = pose_size**2
+    if isinstance(poses, torch.Tensor) and poses.dim() == dims + 1 and poses.shape[-1] != poses.shape[-2]:
+        raise ValueError(
+            f"poses: got non-square {poses.shape[-2]}x{poses.shape[-1]} pose matrices {tuple(poses.shape)}; "
+            f"this layer takes {pose_size}x{pose_size} poses flattened to {D} entries, shape {spec}"
+        )
+    if isinstance(poses, torch.Tensor) and poses.dim() == dims + 1 and poses.shape[-2:] == (pose_size, pose_size):
+        raise ValueError(
+            f"poses: got {pose_size}x{pose_size} matrices {tuple(poses.shape)}; flatten them to {D} entries "
+            f"(poses.flatten(-2)), shape {spec}"
+        )
+    if isinstance(poses, torch.Tensor) and poses.dim() == dims and poses.shape[-1] != D:
+        n = poses.shape[-1]
+        root = math.isqrt(n)
+        what = f"{root}x{root} poses" if root * root == n else "not the entries of a square matrix"
+        raise ValueError(
+            f"poses: last dimension {n} ({what}); this layer has {pose_size}x{pose_size} poses, "
+            f"shape {spec} with {D} entries, got {tuple(poses.shape)}"
+        )
+    check_tensor(poses, "poses", spec, [None] * dims)
+    if poses.shape[0] == 0:
+        raise ValueError(f"poses: empty batch {tuple(poses.shape)}; EM routing needs at least one sample, shape {spec}")
+
+
+def check_activations(a: torch.Tensor, name: str = "activations") -> None:
+    """Activations weight the children in the M-step and must lie in ``[0, 1]``: one line naming the range found.
+    Skipped while ``torch.compile`` traces (a data-dependent check would break the graph)."""
+    if torch.compiler.is_compiling() or a.numel() == 0:
+        return
+    lo, hi = float(a.detach().min()), float(a.detach().max())
+    if lo < 0 or hi > 1 or lo != lo or hi != hi:
+        raise ValueError(
+            f"{name}: capsule activations must be probabilities in [0, 1], got values in [{lo:.3g}, {hi:.3g}] "
+            f"(apply a sigmoid, or pass the activations, not logits)"
+        )
+
+
 def _check_em_inputs(votes: torch.Tensor, a_in: torch.Tensor, beta_u: torch.Tensor, beta_a: torch.Tensor) -> None:
     check_tensor(votes, "votes", "[B, n_inp, n_out, d]", [None, None, None], min_leading=1)
+    if votes.shape[0] == 0:
+        raise ValueError(f"votes: empty batch {tuple(votes.shape)}; EM routing needs at least one sample")
     *lead, I, J, D = votes.shape
     spec = "[" + ", ".join(["B"] + [str(s) for s in lead[1:]] + [f"n_inp={I}"]) + "]"
     check_tensor(a_in, "a_in", spec, [None] * (len(lead) + 1))
@@ -129,6 +176,7 @@ def _check_em_inputs(votes: torch.Tensor, a_in: torch.Tensor, beta_u: torch.Tens
         raise ValueError(f"a_in: expected shape {spec} = {(*lead, I)} (votes.shape[:-2]), got {tuple(a_in.shape)}")
     for name, beta in (("beta_u", beta_u), ("beta_a", beta_a)):
         check_tensor(beta, name, f"[n_out={J}]", [J])
+    check_activations(a_in, "a_in")
 
 
 def em_routing(
@@ -157,7 +205,7 @@ def em_routing(
     votes
         ``V_ij``, flattened pose votes (``d = 16`` for 4x4 poses; any ``d`` works).
     a_in
-        input activations in ``[0, 1]`` (not checked: data-dependent checks break ``torch.compile``).
+        input activations in ``[0, 1]`` (checked, except while ``torch.compile`` traces).
     beta_u, beta_a
         per output type ``[n_out]``: the cost per pose entry of a parent's spread, and the
         activation threshold.
@@ -235,6 +283,95 @@ def em_routing(
         trace.extra["posterior"] = R.transpose(-2, -1)  # [B, I, J]
         return (mu, a_out), trace
     return mu, a_out
+
+
+def em_routing_naive(
+    votes: torch.Tensor,
+    a_in: torch.Tensor,
+    beta_u: torch.Tensor,
+    beta_a: torch.Tensor,
+    iterations: int = 3,
+    *,
+    inverse_temperature: float | Sequence[float] | None = None,
+    normalize_costs: bool = True,
+    eps: float = 1e-8,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """**Reference for teaching, not for use**: Procedure 1 evaluated literally, in probability space and in
+    the votes' own dtype. Same arguments and results as :func:`em_routing` (without the trace and the yl-1993
+    option), same ``eps`` guards in the M-step; only the numerics differ:
+
+    * ``sigma = sqrt(sigma2)`` and ``cost_h = (beta_u + log sigma) * sum_i R'_ij``;
+    * ``a_j = 1 / (1 + exp(-lambda (beta_a - sum_h cost_h)))``;
+    * E-step: ``p_ij = prod_h exp(-(V_ijh - mu_jh)^2 / (2 sigma2_jh)) / sqrt(2 pi sigma2_jh)`` (a product of
+      ``d`` densities) and ``R_ij = a_j p_ij / sum_k a_k p_ik``;
+    * no upcast: fp16/bf16 votes are routed in fp16/bf16, as they would be under autocast.
+
+    With tight clusters, large poses, many iterations or half precision the product of densities
+    under- or overflows, and ``0/0`` or ``inf/inf`` in the E-step gives NaN. The EM chapter puts it next to
+    :func:`em_routing` on the same inputs.
+    """
+    _check_em_inputs(votes, a_in, beta_u, beta_a)
+    lams = _lambdas(inverse_temperature, iterations)
+    *_, I, J, D = votes.shape
+    scale = J / I if normalize_costs else 1.0
+    dt = votes.dtype
+    with torch.autocast(device_type=votes.device.type, enabled=False):
+        V = votes.transpose(-3, -2)  # [B, J, I, D]
+        a = a_in.to(dt).unsqueeze(-2)  # [B, 1, I]
+        bu, ba = beta_u.to(dt).unsqueeze(-1), beta_a.to(dt)  # [J, 1], [J]
+        R = torch.full_like(V[..., 0], 1.0 / J)  # [B, J, I]
+        for t in range(iterations):
+            # ---- M-step ----
+            Rp = R * a  # [B, J, I]
+            mass = Rp.sum(dim=-1)  # [B, J]
+            coeff = Rp / (mass.unsqueeze(-1) + eps)  # [B, J, I]
+            mu = (coeff.unsqueeze(-1) * V).sum(dim=-2)  # [B, J, D]
+            sigma2 = (coeff.unsqueeze(-1) * (V - mu.unsqueeze(-2)) ** 2).sum(dim=-2) + eps  # [B, J, D]
+            sigma = torch.sqrt(sigma2)  # [B, J, D]
+            cost = ((bu + torch.log(sigma)) * (mass * scale).unsqueeze(-1)).sum(dim=-1)  # [B, J]
+            a_out = 1.0 / (1.0 + torch.exp(-lams[t] * (ba - cost)))  # [B, J]
+            if t == iterations - 1:
+                break
+            # ---- E-step (probability space) ----
+            dens = torch.exp(-((V - mu.unsqueeze(-2)) ** 2) / (2 * sigma2.unsqueeze(-2)))  # [B, J, I, D]
+            dens = dens / torch.sqrt(2 * math.pi * sigma2.unsqueeze(-2))  # [B, J, I, D]
+            p = dens.prod(dim=-1)  # [B, J, I]
+            ap = a_out.unsqueeze(-1) * p  # [B, J, I]
+            R = ap / ap.sum(dim=-2, keepdim=True)  # [B, J, I]  sums to 1 over j (or is NaN)
+    return mu, a_out
+
+
+def compare_with_naive(
+    votes: torch.Tensor,
+    a_in: torch.Tensor,
+    beta_u: torch.Tensor,
+    beta_a: torch.Tensor,
+    iterations: int = 3,
+    **routing,
+) -> dict[str, float]:
+    """Route the same inputs with :func:`em_routing` (log space) and :func:`em_routing_naive` (probability space)
+    and report, per sample of the batch: the share of samples whose poses or activations are not all finite for
+    each (``"naive_nonfinite"``, ``"log_space_nonfinite"``), and the largest absolute difference of the
+    activations over the samples where both are finite (``"max_activation_diff"``, NaN if there are none).
+    ``routing``: ``inverse_temperature``, ``normalize_costs``, ``eps``."""
+
+    def bad(mu: torch.Tensor, a: torch.Tensor) -> torch.Tensor:  # [B]: any non-finite output in the sample
+        lead = a.shape[:1]
+        return ~(
+            torch.isfinite(mu.float()).reshape(*lead, -1).all(-1) & torch.isfinite(a.float()).reshape(*lead, -1).all(-1)
+        )
+
+    with torch.no_grad():
+        mu, a = em_routing(votes, a_in, beta_u, beta_a, iterations, **routing)
+        mu_n, a_n = em_routing_naive(votes, a_in, beta_u, beta_a, iterations, **routing)
+    b_ours, b_naive = bad(mu, a), bad(mu_n, a_n)
+    both = ~(b_ours | b_naive)
+    diff = (a.float() - a_n.float()).abs().reshape(a.shape[0], -1)[both]
+    return {
+        "naive_nonfinite": float(b_naive.float().mean()),
+        "log_space_nonfinite": float(b_ours.float().mean()),
+        "max_activation_diff": float(diff.max()) if diff.numel() else float("nan"),
+    }
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -329,7 +466,9 @@ class EMRouting(EMRoutingBase):
     def votes(self, poses: torch.Tensor) -> torch.Tensor:
         """``[B, n_inp, P*P] -> [B, n_inp, n_out, P*P]``."""
         d = self.pose_size**2
-        check_tensor(poses, "poses", f"[B, n_inp={self.n_inp}, d={d}]", [None, self.n_inp, d])
+        spec = f"[B, n_inp={self.n_inp}, d={d}]"
+        check_poses(poses, self.pose_size, spec, 3)
+        check_tensor(poses, "poses", spec, [None, self.n_inp, d])
         return matrix_votes(poses, self.weight)
 
     def forward(self, poses: torch.Tensor, a_in: torch.Tensor, return_routing: bool = False):

@@ -13,9 +13,19 @@ import torch
 from ..functional import capsule_lengths
 from ..types import RoutingTrace
 from .capsules import perturb_poses, plot_perturbation, plot_routing_step
+from .em import em_readout, plot_em_state
 from .widgets import Explorer, explorer
 
-__all__ = ["capsule_routing_explorer", "perturbation_explorer", "lengths_readout"]
+__all__ = [
+    "capsule_routing_explorer",
+    "perturbation_explorer",
+    "lengths_readout",
+    "em_routing_explorer",
+    "EM_LAMBDA_SCALES",
+]
+
+#: the inverse-temperature multipliers offered by the EM explorers (x the model's ``final_lambda``)
+EM_LAMBDA_SCALES = (0.01, 0.1, 1.0, 10.0, 100.0)
 
 
 def lengths_readout(lengths: Sequence[float], label: int | None = None) -> str:
@@ -98,3 +108,52 @@ def perturbation_explorer(
         ex.set_values(**{f"d{k}": 0.0 for k in range(D)})
 
     return explorer(controls, draw, readout, buttons={"reset": reset})
+
+
+def em_routing_explorer(
+    model: torch.nn.Module,
+    images: torch.Tensor,
+    labels: torch.Tensor | None = None,
+    classes: Sequence[str] | None = None,
+    max_iterations: int = 6,
+) -> Explorer:
+    """EM routing of the class capsules of an :class:`~capsule_lib.models.EMCapsNet`, re-run live: sliders for the
+    image (``"image"``), the number of EM ``"iterations"`` (1 ... ``max_iterations``) and the inverse
+    temperature (``"lambda x"``, a multiple of the model's ``final_lambda``, from :data:`EM_LAMBDA_SCALES`).
+    Everything below the class layer is computed once (:meth:`~capsule_lib.models.EMCapsNet.class_inputs`).
+
+    Static twin: :func:`~capsule_lib.viz.em.plot_em_state` (readout :func:`~capsule_lib.viz.em.em_readout`)."""
+    with torch.no_grad():
+        poses, acts = model.class_inputs(images)
+    base = model.config.final_lambda
+    T0 = model.config.iterations
+    controls = {
+        "image": W.IntSlider(value=0, min=0, max=images.shape[0] - 1, description="image", continuous_update=False),
+        "iterations": W.IntSlider(
+            value=T0, min=1, max=max_iterations, description="iterations", continuous_update=False
+        ),
+        "scale": W.SelectionSlider(
+            options=[(f"{s:g}", s) for s in EM_LAMBDA_SCALES],
+            value=1.0,
+            description="lambda x",
+            continuous_update=False,
+        ),
+    }
+
+    def route(image: int, iterations: int, scale: float):
+        with torch.no_grad():
+            (_, _), trace = model.route_classes(
+                poses[image : image + 1], acts[image : image + 1], iterations, base * scale
+            )
+            child = model.class_caps.votes(poses[image : image + 1], acts[image : image + 1], model.centers)[1][0]
+        return trace, child
+
+    def draw(image: int, iterations: int, scale: float):
+        trace, child = route(image, iterations, scale)
+        label = int(labels[image]) if labels is not None else None
+        return plot_em_state(images[image], trace, 0, child, classes, label, title=f"lambda = {scale:g} x {base:g}")
+
+    def readout(image: int, iterations: int, scale: float) -> str:
+        return em_readout(route(image, iterations, scale)[0], 0, classes)
+
+    return explorer(controls, draw, readout)

@@ -24,6 +24,7 @@ import torch
 from ..types import RoutingTrace
 from .capsules import _decode, perturb_poses, plot_routing_step
 from .data import to_display
+from .em import plot_em_state
 from .toy import ToyVotes, plot_routing_state
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "perturbation_page_explorer",
     "routing_page_explorer",
     "toy_routing_page_explorer",
+    "em_routing_page_explorer",
     "PAGE_EXPLORER_CLASS",
 ]
 
@@ -190,4 +192,45 @@ def toy_routing_page_explorer(toy: ToyVotes, trace: RoutingTrace, sample: int = 
         initial=(0, 0),
         caption=f"{T} figures computed when this page was built; the slider chooses one in your browser.",
         frame_title="routing",
+    )
+
+
+def em_routing_page_explorer(
+    model: torch.nn.Module,
+    image: torch.Tensor,
+    label: int | None = None,
+    classes: Sequence[str] | None = None,
+    iterations: Sequence[int] = (1, 2, 3, 4, 5),
+    scales: Sequence[float] = (0.01, 0.1, 1.0, 10.0, 100.0),
+    dpi: int = 60,
+) -> W.VBox:
+    """The EM chapter's iterations x inverse-temperature explorer in page mode, for one image: the class
+    capsules of an :class:`~capsule_lib.models.EMCapsNet` re-routed with every number of ``iterations`` and
+    every multiple ``scales`` of the model's ``final_lambda`` when the page is built
+    (:func:`~capsule_lib.viz.em.plot_em_state` for each), chosen by two sliders in the browser."""
+    x = image.unsqueeze(0).float()
+    x = x / 255.0 if image.dtype == torch.uint8 else x
+    base = model.config.final_lambda
+    with torch.no_grad():
+        poses, acts = model.class_inputs(x.to(next(model.parameters()).device))
+        child = model.class_caps.votes(poses, acts, model.centers)[1][0].cpu()
+        frames = []
+        for T in iterations:
+            row = []
+            for s in scales:
+                (_, _), trace = model.route_classes(poses, acts, T, base * s)
+                fig = plot_em_state(image, trace.detach(), 0, child, classes, label, title=f"lambda = {s:g} x {base:g}")
+                row.append(figure_png(fig, dpi))
+            frames.append(row)
+    return page_explorer(
+        frames,
+        rows=("iterations", [str(T) for T in iterations]),
+        cols=("lambda x", [f"{s:g}" for s in scales]),
+        initial=(
+            min(len(iterations) - 1, max(0, model.config.iterations - 1)),
+            list(scales).index(1.0) if 1.0 in scales else 0,
+        ),
+        caption=f"{len(iterations)} x {len(scales)} routings computed when this page was built; the sliders choose "
+        "one in your browser (no kernel needed).",
+        frame_title="EM routing of the class capsules",
     )
