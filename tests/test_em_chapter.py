@@ -342,6 +342,6 @@ def test_em_explorers_redraw_their_twin(routed):
     assert PAGE_EXPLORER_CLASS in page._dom_classes
     outer = page.children[2].children[-1].children[1]  # the Stack of rows of frames
     assert len(outer.children) == 2 and all(len(row.children) == 3 for row in outer.children)
-    assert outer.selected_index == 1 and outer.children[0].selected_index == 1  # T = 2 (model's 3 capped), 1x
+    assert outer.selected_index == 0 and outer.children[0].selected_index == 1  # T = 3 is not in the grid: T = 1
     pngs = {img.value for row in outer.children for img in row.children}
     assert len(pngs) == 6  # every setting draws a different state

@@ -21,6 +21,7 @@ import ipywidgets as W
 import numpy as np
 import torch
 
+from .._checks import module_device
 from ..types import RoutingTrace
 from .capsules import _decode, perturb_poses, plot_routing_step
 from .data import to_display
@@ -210,9 +211,9 @@ def em_routing_page_explorer(
     (:func:`~capsule_lib.viz.em.plot_em_state` for each), chosen by two sliders in the browser."""
     x = image.unsqueeze(0).float()
     x = x / 255.0 if image.dtype == torch.uint8 else x
-    base = model.config.final_lambda
+    base, T0 = model.config.final_lambda, model.config.iterations
     with torch.no_grad():
-        poses, acts = model.class_inputs(x.to(next(model.parameters()).device))
+        poses, acts = model.class_inputs(x.to(module_device(model)))
         child = model.class_caps.votes(poses, acts, model.centers)[1][0].cpu()
         frames = []
         for T in iterations:
@@ -226,8 +227,8 @@ def em_routing_page_explorer(
         frames,
         rows=("iterations", [str(T) for T in iterations]),
         cols=("lambda x", [f"{s:g}" for s in scales]),
-        initial=(
-            min(len(iterations) - 1, max(0, model.config.iterations - 1)),
+        initial=(  # the model's own setting when the grid has it
+            list(iterations).index(T0) if T0 in iterations else 0,
             list(scales).index(1.0) if 1.0 in scales else 0,
         ),
         caption=f"{len(iterations)} x {len(scales)} routings computed when this page was built; the sliders choose "
