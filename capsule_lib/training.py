@@ -568,7 +568,7 @@ class Trainer:
                 out = self.objective(self.net, batch, True)
             if not torch.isfinite(out.loss.detach()).item():
                 raise FloatingPointError(
-                    f"epoch {self.epoch + 1}, batch {self.position_in(loader)}: the training loss is "
+                    f"epoch {self.epoch + 1}, batch {getattr(loader, 'position', '?')}: the training loss is "
                     f"{out.loss.item()} (not finite); the run stops here (last.pt holds the last complete epoch)"
                 )
             self.optimizer.zero_grad(set_to_none=True)
@@ -603,11 +603,6 @@ class Trainer:
                 _atomic_save(state, self.out_dir / "last.pt")
                 self._last_save = time.time()
         return self._record("train", loss_sum, correct, n, sums)
-
-    @staticmethod
-    def position_in(loader: Any) -> Any:
-        """The loader's batch counter (1-based, the batch just drawn) when it has one, else ``"?"``."""
-        return getattr(loader, "position", "?")
 
     def _record(self, prefix: str, loss_sum: float, correct: float, n: int, sums: dict[str, float]) -> dict:
         """Per-sample means of the summed loss, accuracy and loss parts, summed over all ranks first."""

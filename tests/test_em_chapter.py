@@ -345,3 +345,14 @@ def test_em_explorers_redraw_their_twin(routed):
     assert outer.selected_index == 0 and outer.children[0].selected_index == 1  # T = 3 is not in the grid: T = 1
     pngs = {img.value for row in outer.children for img in row.children}
     assert len(pngs) == 6  # every setting draws a different state
+
+
+def test_em_figures_order_children_by_the_traces_own_activations(routed):
+    """Without ``child_acts`` the figures read the children's activations from the trace (``extra["a_in"]``)."""
+    from capsule_lib.viz.em import plot_em_state
+
+    model, x, trace, child = routed
+    torch.testing.assert_close(trace.extra["a_in"], child)
+    given = plot_em_state(x[1], trace, 1, child[1], n_show=3).axes[1].images[0].get_array()
+    default = plot_em_state(x[1], trace, 1, n_show=3).axes[1].images[0].get_array()
+    assert (given == default).all()

@@ -129,17 +129,19 @@ def check_poses(poses: torch.Tensor, pose_size: int, spec: str, dims: int) -> No
     ``poses`` must have ``dims`` dimensions (``spec``, e.g. ``"[B, n_inp, 16]"``) ending in the ``P*P`` entries of
     square, row-major flattened pose matrices, and a non-empty batch."""
     D = pose_size**2
-    if isinstance(poses, torch.Tensor) and poses.dim() == dims + 1 and poses.shape[-1] != poses.shape[-2]:
+    if not isinstance(poses, torch.Tensor):
+        check_tensor(poses, "poses", spec, [None] * dims)  # names the wrong type
+    if poses.dim() == dims + 1 and poses.shape[-1] != poses.shape[-2]:
         raise ValueError(
             f"poses: got non-square {poses.shape[-2]}x{poses.shape[-1]} pose matrices {tuple(poses.shape)}; "
             f"this layer takes {pose_size}x{pose_size} poses flattened to {D} entries, shape {spec}"
         )
-    if isinstance(poses, torch.Tensor) and poses.dim() == dims + 1 and poses.shape[-2:] == (pose_size, pose_size):
+    if poses.dim() == dims + 1 and poses.shape[-2:] == (pose_size, pose_size):
         raise ValueError(
             f"poses: got {pose_size}x{pose_size} matrices {tuple(poses.shape)}; flatten them to {D} entries "
             f"(poses.flatten(-2)), shape {spec}"
         )
-    if isinstance(poses, torch.Tensor) and poses.dim() == dims and poses.shape[-1] != D:
+    if poses.dim() == dims and poses.shape[-1] != D:
         n = poses.shape[-1]
         root = math.isqrt(n)
         what = f"{root}x{root} poses" if root * root == n else "not the entries of a square matrix"
@@ -226,7 +228,8 @@ def em_routing(
         ``agreements`` log p_ij ``[B, n_inp, n_out]`` under that iteration's Gaussians, ``outputs`` mu
         ``[B, n_out, d]``, ``activations`` a_out ``[B, n_out]``; ``extra``: ``"sigma2"`` and ``"costs"``
         (``sum_h cost_h``, ``[B, n_out]``) per iteration, ``"inverse_temperatures"``, ``"mass"``
-        (``sum_i R'_ij`` per iteration) and ``"posterior"`` (R after the last E-step).
+        (``sum_i R'_ij`` per iteration), ``"posterior"`` (R after the last E-step) and ``"a_in"`` (the
+        children's activations, as given).
     """
     _check_em_inputs(votes, a_in, beta_u, beta_a)
     if iterations < 1:
@@ -281,6 +284,7 @@ def em_routing(
     if trace is not None:
         trace.extra["inverse_temperatures"] = lams
         trace.extra["posterior"] = R.transpose(-2, -1)  # [B, I, J]
+        trace.extra["a_in"] = a_in  # [B, I]
         return (mu, a_out), trace
     return mu, a_out
 

@@ -6,7 +6,7 @@ A trace of :func:`~capsule_lib.routing.em.em_routing` holds, per iteration ``t``
 that M-step (``coefficients[t]``, uniform for ``t = 0``), the parents' variances (``extra["sigma2"][t]``) and
 activations (``activations[t]``); ``extra["posterior"]`` is ``R`` after the last E-step. The assignment
 *after* iteration ``t`` is therefore ``coefficients[t + 1]`` (or the posterior for the last one):
-:func:`assignments_after`.
+:func:`assignments_after`; ``extra["a_in"]`` holds the children's activations, by which the figures order them.
 """
 
 from __future__ import annotations
@@ -21,7 +21,17 @@ from matplotlib.figure import Figure
 from ..types import RoutingTrace
 from .data import to_display
 
-__all__ = ["assignments_after", "parent_spread", "plot_em_iterations", "plot_em_state", "em_readout"]
+__all__ = [
+    "assignments_after",
+    "parent_spread",
+    "plot_em_iterations",
+    "plot_em_state",
+    "em_readout",
+    "EM_LAMBDA_SCALES",
+]
+
+#: the inverse-temperature multipliers offered by the EM explorers (x the model's ``final_lambda``)
+EM_LAMBDA_SCALES = (0.01, 0.1, 1.0, 10.0, 100.0)
 
 
 def assignments_after(trace: RoutingTrace, sample: int) -> torch.Tensor:
@@ -38,8 +48,10 @@ def parent_spread(trace: RoutingTrace, sample: int) -> torch.Tensor:
     return torch.stack([s[sample].float().mean(-1) for s in trace.extra["sigma2"]])
 
 
-def _order(child_acts: torch.Tensor, n_show: int) -> torch.Tensor:
-    return child_acts.float().argsort(descending=True)[:n_show]
+def _order(trace: RoutingTrace, sample: int, child_acts: torch.Tensor | None, n_show: int) -> torch.Tensor:
+    """The ``n_show`` most active children, most active first (``child_acts [n_inp]``, default the trace's)."""
+    acts = child_acts if child_acts is not None else trace.extra["a_in"][sample]
+    return acts.float().argsort(descending=True)[:n_show]
 
 
 def _names(classes: Sequence[str] | None, k: int) -> list[str]:
@@ -58,18 +70,18 @@ def plot_em_iterations(
     image: torch.Tensor,
     trace: RoutingTrace,
     sample: int,
-    child_acts: torch.Tensor,
+    child_acts: torch.Tensor | None = None,
     classes: Sequence[str] | None = None,
     n_show: int = 64,
 ) -> Figure:
     """EM routing of one image, every iteration: top row, the input and, per iteration, the assignment
     ``R_ij`` of the ``n_show`` most active children (columns, most active first; ``child_acts [n_inp]``) to
     each class capsule (rows); bottom row, each parent's spread (mean ``sigma^2``, log scale) and activation per
-    iteration."""
+    iteration. ``child_acts`` defaults to the trace's ``extra["a_in"]``."""
     R = assignments_after(trace, sample)  # [T, I, K]
     T, _, K = R.shape
     names = _names(classes, K)
-    order = _order(child_acts, n_show)
+    order = _order(trace, sample, child_acts, n_show)
     fig = plt.figure(figsize=(3.0 + 3.2 * T, 5.6))
     gs = fig.add_gridspec(2, T + 1, height_ratios=[1, 1.1], width_ratios=[0.8] + [1.0] * T)
     ax = fig.add_subplot(gs[0, 0])
@@ -106,7 +118,7 @@ def plot_em_state(
     image: torch.Tensor,
     trace: RoutingTrace,
     sample: int,
-    child_acts: torch.Tensor,
+    child_acts: torch.Tensor | None = None,
     classes: Sequence[str] | None = None,
     label: int | None = None,
     n_show: int = 64,
@@ -124,7 +136,13 @@ def plot_em_state(
     axes[0].set_xticks([])
     axes[0].set_yticks([])
     axes[0].set_title("input" + (f" ({names[label]})" if label is not None else ""), fontsize=9)
-    _heatmap(axes[1], R, _order(child_acts, n_show), names, f"assignments R after {trace.iterations} iteration(s)")
+    _heatmap(
+        axes[1],
+        R,
+        _order(trace, sample, child_acts, n_show),
+        names,
+        f"assignments R after {trace.iterations} iteration(s)",
+    )
     axes[2].bar(range(K), acts, color=["tab:orange" if k == pred else "tab:blue" for k in range(K)])
     axes[2].set_xticks(range(K), names, fontsize=8)
     axes[2].set_ylim(0, 1)

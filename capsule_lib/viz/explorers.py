@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import ipywidgets as W
@@ -13,7 +14,7 @@ import torch
 from ..functional import capsule_lengths
 from ..types import RoutingTrace
 from .capsules import perturb_poses, plot_perturbation, plot_routing_step
-from .em import em_readout, plot_em_state
+from .em import EM_LAMBDA_SCALES, em_readout, plot_em_state
 from .widgets import Explorer, explorer
 
 __all__ = [
@@ -21,11 +22,7 @@ __all__ = [
     "perturbation_explorer",
     "lengths_readout",
     "em_routing_explorer",
-    "EM_LAMBDA_SCALES",
 ]
-
-#: the inverse-temperature multipliers offered by the EM explorers (x the model's ``final_lambda``)
-EM_LAMBDA_SCALES = (0.01, 0.1, 1.0, 10.0, 100.0)
 
 
 def lengths_readout(lengths: Sequence[float], label: int | None = None) -> str:
@@ -119,8 +116,9 @@ def em_routing_explorer(
 ) -> Explorer:
     """EM routing of the class capsules of an :class:`~capsule_lib.models.EMCapsNet`, re-run live: sliders for the
     image (``"image"``), the number of EM ``"iterations"`` (1 ... ``max_iterations``) and the inverse
-    temperature (``"lambda x"``, a multiple of the model's ``final_lambda``, from :data:`EM_LAMBDA_SCALES`).
-    Everything below the class layer is computed once (:meth:`~capsule_lib.models.EMCapsNet.class_inputs`).
+    temperature (``"lambda x"``, a multiple of the model's ``final_lambda``, from
+    :data:`~capsule_lib.viz.em.EM_LAMBDA_SCALES`). Everything below the class layer is computed once
+    (:meth:`~capsule_lib.models.EMCapsNet.class_inputs`); the figure and the readout share one routing.
 
     Static twin: :func:`~capsule_lib.viz.em.plot_em_state` (readout :func:`~capsule_lib.viz.em.em_readout`)."""
     with torch.no_grad():
@@ -140,20 +138,20 @@ def em_routing_explorer(
         ),
     }
 
+    @functools.lru_cache(maxsize=4)  # the figure and the readout of one setting share one routing
     def route(image: int, iterations: int, scale: float):
         with torch.no_grad():
             (_, _), trace = model.route_classes(
                 poses[image : image + 1], acts[image : image + 1], iterations, base * scale
             )
-            child = model.class_caps.votes(poses[image : image + 1], acts[image : image + 1], model.centers)[1][0]
-        return trace, child
+        return trace.detach()
 
     def draw(image: int, iterations: int, scale: float):
-        trace, child = route(image, iterations, scale)
         label = int(labels[image]) if labels is not None else None
-        return plot_em_state(images[image], trace, 0, child, classes, label, title=f"lambda = {scale:g} x {base:g}")
+        trace = route(image, iterations, scale)
+        return plot_em_state(images[image], trace, 0, None, classes, label, title=f"lambda = {scale:g} x {base:g}")
 
     def readout(image: int, iterations: int, scale: float) -> str:
-        return em_readout(route(image, iterations, scale)[0], 0, classes)
+        return em_readout(route(image, iterations, scale), 0, classes)
 
     return explorer(controls, draw, readout)

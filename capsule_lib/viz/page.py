@@ -25,7 +25,7 @@ from .._checks import module_device
 from ..types import RoutingTrace
 from .capsules import _decode, perturb_poses, plot_routing_step
 from .data import to_display
-from .em import plot_em_state
+from .em import EM_LAMBDA_SCALES, plot_em_state
 from .toy import ToyVotes, plot_routing_state
 
 __all__ = [
@@ -202,7 +202,7 @@ def em_routing_page_explorer(
     label: int | None = None,
     classes: Sequence[str] | None = None,
     iterations: Sequence[int] = (1, 2, 3, 4, 5),
-    scales: Sequence[float] = (0.01, 0.1, 1.0, 10.0, 100.0),
+    scales: Sequence[float] = EM_LAMBDA_SCALES,
     dpi: int = 60,
 ) -> W.VBox:
     """The EM chapter's iterations x inverse-temperature explorer in page mode, for one image: the class
@@ -214,13 +214,12 @@ def em_routing_page_explorer(
     base, T0 = model.config.final_lambda, model.config.iterations
     with torch.no_grad():
         poses, acts = model.class_inputs(x.to(module_device(model)))
-        child = model.class_caps.votes(poses, acts, model.centers)[1][0].cpu()
         frames = []
         for T in iterations:
             row = []
             for s in scales:
                 (_, _), trace = model.route_classes(poses, acts, T, base * s)
-                fig = plot_em_state(image, trace.detach(), 0, child, classes, label, title=f"lambda = {s:g} x {base:g}")
+                fig = plot_em_state(image, trace.detach(), 0, None, classes, label, title=f"lambda = {s:g} x {base:g}")
                 row.append(figure_png(fig, dpi))
             frames.append(row)
     return page_explorer(
