@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from collections.abc import Callable
 from dataclasses import asdict, fields, is_dataclass
@@ -35,6 +36,8 @@ __all__ = [
     "export_checkpoint",
     "build_model",
     "MODEL_BUILDERS",
+    "load_heinsen_2019",
+    "HEINSEN_2019_FILE",
 ]
 
 CHECKPOINT_DIR = Path(__file__).resolve().parent / "checkpoints"
@@ -48,11 +51,13 @@ def _builders() -> dict[str, Callable[[dict[str, Any]], nn.Module]]:
     from .models.baselines import BaselineCNN, BaselineCNNConfig
     from .models.capsnet import CapsNet, CapsNetConfig
     from .models.em_capsnet import EMCapsNet, EMCapsNetConfig
+    from .models.heinsen import SmallNORBClassifier, SmallNORBConfig
 
     out: dict[str, Callable[[dict[str, Any]], nn.Module]] = {
         "capsnet": lambda c: CapsNet(_from_dict(CapsNetConfig, c)),
         "baseline_cnn": lambda c: BaselineCNN(_from_dict(BaselineCNNConfig, c)),
         "em_capsnet": lambda c: EMCapsNet(_from_dict(EMCapsNetConfig, c)),
+        "heinsen_smallnorb": lambda c: SmallNORBClassifier(_from_dict(SmallNORBConfig, c)),
     }
     try:
         from .models.efficient import EfficientCapsNet, EfficientCapsNetConfig
@@ -78,7 +83,8 @@ def _from_dict(cls: type, d: dict[str, Any]) -> Any:
 def build_model(kind: str, config: dict[str, Any]) -> nn.Module:
     """Instantiate a model of ``kind`` from its config dict (unknown keys are ignored).
 
-    Kinds: ``"capsnet"``, ``"baseline_cnn"``, ``"efficient_capsnet"``, ``"em_capsnet"``."""
+    Kinds: ``"capsnet"``, ``"baseline_cnn"``, ``"efficient_capsnet"``, ``"em_capsnet"``,
+    ``"heinsen_smallnorb"``."""
     builders = _builders()
     if kind not in builders:
         raise ValueError(f"unknown model kind {kind!r}; known: {sorted(builders)}")
@@ -235,6 +241,8 @@ def export_run(
         "efficient_multimnist": "efficient_capsnet",
         "em_norb": "em_capsnet",
         "baseline_cnn_norb": "baseline_cnn",
+        "heinsen_norb": "heinsen_smallnorb",
+        "baseline_cnn_norb48": "baseline_cnn",
     }[meta["recipe"]]
     config = dict(meta["config"]["model"])
     if config.get("primary_conv") == "bf16_gemm":  # a training-speed option; readers run the standard conv
@@ -270,6 +278,102 @@ def export_run(
     return export_checkpoint(
         model, name, kind, config, metrics=metrics, training=training, history=hist, notes=notes, directory=directory
     )
+
+
+# ------------------------------------------------------------------ the author's published Heinsen weights
+#: where ``data_scripts/heinsen_weights.py`` puts the author's smallNORB state_dict, relative to the data root
+HEINSEN_2019_FILE = "heinsen_2019/smallNORB_pretrained_model_state_dict.pt"
+
+
+def _author_config(sd: dict[str, torch.Tensor]) -> tuple[str, dict[str, Any]]:
+    """Which of the author's 2019 models a state_dict is, and its sizes (read off the tensors' shapes)."""
+    if "convolve.1.weight" in sd and "compute_mu.1.weight" in sd and "routings.1.W" in sd:
+        n_parts, d_chns = sd["compute_a.1.weight"].shape[:2]
+        d_pose = math.isqrt(sd["compute_mu.1.weight"].shape[0] // n_parts)
+        n_convs = sum(1 for k in sd if k.startswith("convolve.") and k.endswith(".weight") and sd[k].dim() == 4)
+        return "smallnorb", {
+            "n_objs": sd["routings.1.W"].shape[1],
+            "n_parts": n_parts,
+            "d_chns": d_chns,
+            "in_channels": sd["convolve.1.weight"].shape[1] - 2,  # the model adds the 2 coordinate channels
+            "d_pose": d_pose,
+            "strides": (1, 2) * (n_convs // 2),
+        }
+    if "detect_parts.0.weight" in sd and "routings.1.W" in sd:
+        d_inp, d_emb = sd["detect_parts.0.weight"].shape
+        return "sst", {
+            "d_depth": sd["depth_emb"].shape[0] if "depth_emb" in sd else None,
+            "d_emb": d_emb,
+            "d_inp": d_inp,
+            "d_cap": sd["routings.0.W"].shape[-1],
+            "n_parts": sd["routings.0.W"].shape[1],
+            "n_classes": sd["routings.1.W"].shape[1],
+        }
+    raise ValueError(
+        "not one of Heinsen's (2019) published state_dicts: expected the keys of SmallNORBClassifier "
+        "(convolve.*, compute_a.*, compute_mu.*, routings.*) or SSTClassifier (depth_emb, detect_parts.*, "
+        f"routings.*); got {', '.join(list(sd)[:4])}{', ...' if len(sd) > 4 else ''}"
+    )
+
+
+def load_heinsen_2019(
+    source: str | os.PathLike | dict[str, torch.Tensor],
+    image_size: int | None = 96,
+    map_location: str | torch.device = "cpu",
+) -> nn.Module:
+    """The author's published Heinsen (2019) weights as a ``capsule_lib`` model (eval mode).
+
+    ``source``: the path of a state_dict file saved by the author's code (``data_scripts/heinsen_weights.py``
+    fetches the smallNORB one into ``<data root>/`` :data:`HEINSEN_2019_FILE`), or the state_dict itself.
+    The model is :class:`~capsule_lib.models.SmallNORBClassifier` for the smallNORB file (``image_size``:
+    the input size to check, 96 as published, ``None`` for any) and
+    :class:`~capsule_lib.models.SequenceClassifierHead` for the SST files, with the sizes read off the
+    tensors' shapes. The author's key names and layouts are ours (``convolve.{0,1,3,4,...}`` = BatchNorm and
+    Conv of each block, the Swish modules having no state; ``routings.{0,1}.{W,B,beta_use,beta_ign,
+    CONST_one}``); a ``module.`` prefix (``DataParallel``) is removed. Every tensor must be used and every
+    parameter and buffer filled: a missing, unexpected or mis-shaped key raises a one-line ``ValueError``
+    naming it."""
+    from .models.heinsen import SequenceClassifierConfig, SequenceClassifierHead, SmallNORBClassifier, SmallNORBConfig
+
+    if isinstance(source, (str, os.PathLike)):
+        path = Path(source)
+        if not path.exists():
+            raise FileNotFoundError(
+                f"{path}: no such file; fetch the author's weights with "
+                f"python data_scripts/heinsen_weights.py --root <data root>"
+            )
+        try:
+            sd = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001 - any unpickling failure is a bad file
+            raise ValueError(f"{path}: not a readable PyTorch state_dict ({type(e).__name__}: {e})") from None
+    else:
+        sd = source
+    if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
+        raise ValueError(f"expected a state_dict (a dict of tensors), got {type(sd).__name__}")
+    sd = {k.removeprefix("module."): v for k, v in sd.items()}
+    kind, sizes = _author_config(sd)
+    if kind == "smallnorb":
+        model: nn.Module = SmallNORBClassifier(SmallNORBConfig(image_size=image_size, **sizes))
+    else:
+        model = SequenceClassifierHead(SequenceClassifierConfig(**sizes))
+    ours = model.state_dict()
+    missing = [k for k in ours if k not in sd]
+    unexpected = [k for k in sd if k not in ours]
+    if missing or unexpected:
+        what = f"missing key {missing[0]!r}" if missing else f"unexpected key {unexpected[0]!r}"
+        more = len(missing) + len(unexpected) - 1
+        raise ValueError(
+            f"author's {kind} state_dict: {what}{f' (and {more} more)' if more else ''}; "
+            f"it does not match {type(model).__name__}"
+        )
+    for k, v in ours.items():
+        if sd[k].shape != v.shape:
+            raise ValueError(
+                f"author's {kind} state_dict: {k!r} has shape {tuple(sd[k].shape)}, "
+                f"{type(model).__name__} expects {tuple(v.shape)}"
+            )
+    model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in sd.items()})
+    return model.to(map_location).eval()
 
 
 def _main(argv: list[str] | None = None) -> None:

@@ -33,6 +33,7 @@ LAYERS = [
     "models",
     "data",
     "evaluation",
+    "cost",
     "distributed",
     "training",
     "recipes",
@@ -244,6 +245,9 @@ def test_make_recipe_applies_overrides_and_names_unknown_fields():
         "efficient_multimnist",
         "em_norb",
         "baseline_cnn_norb",
+        "heinsen_norb",
+        "baseline_cnn_norb48",
+        "heinsen_sequences",
     }
 
 

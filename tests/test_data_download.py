@@ -297,7 +297,7 @@ def test_dataset_scripts_use_published_checksums():
 def test_scripts_list_without_network(tmp_path):
     import subprocess
 
-    for name in ("mnist", "fashion_mnist", "cifar10", "cifar100", "smallnorb", "affnist", "sst"):
+    for name in ("mnist", "fashion_mnist", "cifar10", "cifar100", "smallnorb", "affnist", "sst", "heinsen_weights"):
         r = subprocess.run(
             [sys.executable, str(SCRIPTS / f"{name}.py"), "--root", str(tmp_path), "--list"],
             capture_output=True,

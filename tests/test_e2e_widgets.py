@@ -94,6 +94,13 @@ EXPLORERS = [
     ),
     # the EM chapter's routing explorer: the class capsules re-routed live with more iterations
     ExplorerCase("em_routing.ipynb", slider="iterations", steps=2, readout_pattern=r"^predicts \w+; activations "),
+    # the Heinsen chapter's pose explorer: the camera moved around the object, the view re-rendered live
+    ExplorerCase(
+        "heinsen_routing.ipynb",
+        slider="azimuth",
+        steps=3,
+        readout_pattern=r"^azimuth \d+ deg, elevation 50 deg, lighting 0: predicts \w+",
+    ),
 ]
 
 RUN_TIMEOUT_S = 600  # running a whole chapter in smoke mode on a busy 2-core machine
@@ -296,8 +303,13 @@ def _slider(page, label: str):
 
 
 def slider_value(page, label: str) -> float:
-    """The current value shown in the readout of the slider labelled ``label``."""
-    return float(_slider(page, label).locator(".widget-readout").inner_text().strip())
+    """The current value shown in the readout of the slider labelled ``label`` (waiting, within the usual bound,
+    for the readout to be rendered: right after "run all" it can still be empty)."""
+    readout = _slider(page, label).locator(".widget-readout")
+    text = _wait_until_settled(
+        page, lambda: readout.inner_text().strip(), f"readout of {label!r}", 0.0, CHANGE_TIMEOUT_S
+    )
+    return float(text)
 
 
 def move_slider(page, label: str, steps: int) -> None:

@@ -27,7 +27,14 @@ import torch.nn.functional as F
 from .datasets import ImageDataset, get_dataset
 from .render import HINTON_AZIMUTHS_FAMILIAR, HINTON_ELEVATIONS_FAMILIAR
 
-__all__ = ["ViewpointSets", "viewpoint_sets", "downscale_images", "center_crop_images", "familiar_values"]
+__all__ = [
+    "ViewpointSets",
+    "viewpoint_sets",
+    "viewpoint_sweep",
+    "downscale_images",
+    "center_crop_images",
+    "familiar_values",
+]
 
 _AXES = {"azimuth": (18, HINTON_AZIMUTHS_FAMILIAR, "azimuths"), "elevation": (9, HINTON_ELEVATIONS_FAMILIAR, "elevations")}
 
@@ -172,3 +179,37 @@ def viewpoint_sets(
         axis,
         fam,
     )
+
+
+def viewpoint_sweep(
+    dataset: str = "smallnorb",
+    root: str | None = None,
+    *,
+    category: int,
+    instance: int,
+    elevations: Sequence[int] = (4,),
+    azimuths: Sequence[int] = tuple(range(18)),
+    lightings: Sequence[int] = (0,),
+    size: int = 48,
+    standin: bool | None = None,
+    seed: int = 0,
+) -> ImageDataset:
+    """One test object (``category``, ``instance``: a test instance, 0, 1, 2, 3 or 5) seen from every listed
+    elevation x azimuth x lighting index, area-downscaled to ``size``, ordered by (elevation, azimuth,
+    lighting); labels in ``extra`` as usual. From ``smallnorb`` (its test split, filtered) or the rendered
+    stand-in (only those views are rendered)."""
+    filters = {"categories": [category], "instances": [instance], "elevations": list(elevations),
+               "azimuths": list(azimuths), "lightings": list(lightings)}
+    ds = get_dataset(dataset, root, "test", standin=standin, seed=seed, **filters)
+    keep = ds.labels == category
+    for key, values in (("instance", [instance]), ("elevation", elevations), ("azimuth", azimuths),
+                        ("lighting", lightings)):
+        keep &= torch.isin(ds.extra[key], torch.as_tensor(list(values)))
+    idx = keep.nonzero().flatten()
+    order = (ds.extra["elevation"][idx] * 18 + ds.extra["azimuth"][idx]) * 6 + ds.extra["lighting"][idx]
+    idx = idx[order.argsort()]
+    if idx.numel() == 0:
+        raise ValueError(f"{ds.name}: no test images of category {category}, instance {instance} at these views")
+    picked = ImageDataset(ds.name, ds.split, ds.images[idx], ds.labels[idx], ds.classes, ds.generated,
+                          ds.description, {k: v[idx] for k, v in ds.extra.items()}, ds.standin_for)
+    return _resized(picked, size, None)

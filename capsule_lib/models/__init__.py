@@ -4,7 +4,14 @@ from .baselines import BaselineCNN, BaselineCNNConfig
 from .capsnet import CapsNet, CapsNetConfig
 from .efficient import EfficientCapsNet, EfficientCapsNetConfig
 from .em_capsnet import EMCapsNet, EMCapsNetConfig
-from .heinsen import SequenceClassifierConfig, SequenceClassifierHead, SmallNORBClassifier, SmallNORBConfig
+from .heinsen import (
+    SequenceClassifierConfig,
+    SequenceClassifierHead,
+    SmallNORBClassifier,
+    SmallNORBConfig,
+    TokenSequenceClassifier,
+    TokenSequenceConfig,
+)
 from .inverted import CapsLayerSpec, CapsModel, CapsModelConfig
 
 __all__ = [
@@ -18,6 +25,8 @@ __all__ = [
     "SmallNORBConfig",
     "SequenceClassifierHead",
     "SequenceClassifierConfig",
+    "TokenSequenceClassifier",
+    "TokenSequenceConfig",
     "CapsModel",
     "CapsModelConfig",
     "CapsLayerSpec",

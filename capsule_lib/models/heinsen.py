@@ -39,7 +39,33 @@ __all__ = [
     "SmallNORBClassifier",
     "SequenceClassifierConfig",
     "SequenceClassifierHead",
+    "TokenSequenceConfig",
+    "TokenSequenceClassifier",
+    "chain_credits",
+    "bang_per_bit",
 ]
+
+
+def chain_credits(part_trace, class_trace, iteration: int = -1) -> torch.Tensor:
+    """How much of each input of a two-routing model each class capsule uses: ``[..., n_inp, n_classes]``.
+
+    ``credit_ik = sum_j D_use_ij R_jk``: input ``i``'s data used by part ``j`` in the first routing's last
+    iteration (``D_use = sigmoid(a_i) R_ij``) times part ``j``'s share ``R_jk`` of class ``k`` in iteration
+    ``iteration`` of the second routing. Summed over the classes it is ``sigmoid(a_i)`` (all the data that
+    input ``i`` has), so each input's credits say how its data is divided among the classes."""
+    d_use = part_trace.extra["D_use"][-1]  # [..., I, J]
+    r_cls = class_trace.coefficients[iteration]  # [..., J, K]
+    return torch.einsum("...ij,...jk->...ik", d_use, r_cls.to(d_use.dtype))  # [..., I, K]
+
+
+def bang_per_bit(routing: GenerativeMatrixRouting, trace, iteration: int = -1) -> torch.Tensor:
+    """``phi_ij = beta_use_ij D_use_ij - beta_ign_ij D_ign_ij`` ``[..., n_inp, n_out]`` of one routing call at
+    ``iteration``: input ``i``'s contribution to output ``j``'s logit (``a_out_j = sum_i phi_ij``), the quantity
+    Heinsen (2022) chains across routings for end-to-end credit assignment."""
+    d_use, d_ign = trace.extra["D_use"][iteration], trace.extra["D_ign"][iteration]  # [..., I, J]
+    I, J = d_use.shape[-2:]
+    _, _, b_use, b_ign = routing.expanded_parameters(J, I)
+    return b_use.to(d_use.dtype) * d_use - b_ign.to(d_use.dtype) * d_ign  # [..., I, J]
 
 
 # -------------------------------------------------------------------------------------------- smallNORB
@@ -131,6 +157,26 @@ class SmallNORBClassifier(nn.Module):
             extra["traces"] = traces
         return CapsuleOutput(a, "logits", mu.flatten(-2), None, traces[-1] if traces else None, extra)
 
+    def part_grid(self, images: torch.Tensor) -> tuple[int, int]:
+        """``(h, w)``: the grid of part-capsule positions the six convolutions leave for these images."""
+        h, w = images.shape[-2:]
+        for s in self.config.strides:
+            h, w = (h - 3) // s + 1, (w - 3) // s + 1
+        return h, w
+
+    def class_credits(self, images: torch.Tensor, iteration: int = -1) -> tuple[CapsuleOutput, torch.Tensor]:
+        """Which part capsules each class capsule explains, as maps over the grid of positions.
+
+        Returns ``(out, credits [B, n_objs, n_parts, h, w])`` with ``out`` the forward pass (traces included)
+        and ``credits`` = :func:`chain_credits` of the two routings at the class routing's ``iteration``,
+        per part type and position (summed over part types it is a map ``[B, n_objs, h, w]``)."""
+        out = self(images, return_routing=True)
+        c = self.config
+        h, w = self.part_grid(images)
+        credits = chain_credits(*out.extra["traces"], iteration)  # [B, n_parts * h * w, n_objs]
+        credits = credits.reshape(images.shape[0], c.n_parts, h, w, c.n_objs).permute(0, 4, 1, 2, 3)
+        return out, credits  # [B, n_objs, n_parts, h, w]
+
 
 # --------------------------------------------------------------------------- sequence classification
 @dataclass
@@ -158,6 +204,10 @@ class SequenceClassifierHead(nn.Module):
     * ``padding_mask``: bool ``[B, n]``, **True = padding** (ignored). Or ``token_weights``: float ``[B, n]`` in
       [0, 1] with 1 = token, as in the original code (mixup mixes these); the score is ``a = logit(w)``, which
       is ``+-inf`` for exact 0/1. Without either, every position is a token.
+
+    An empty sequence axis (``n = 0``) raises ``ValueError``. A sequence of padding only is defined: no input
+    has any data (``sigmoid(-inf) = 0``), so the parts are empty (``mu = 0``, scores ``0``) and the class
+    scores are what the trained head gives to "no evidence", finite and independent of the padded embeddings.
 
     Pipeline: ``embs + depth_emb`` -> Linear(d_emb -> d_inp, Kaiming) -> Swish -> LayerNorm(d_inp) gives
     ``n * d_depth`` input capsules ``[B, n * d_depth, 1, d_inp]`` with scores ``a`` repeated over depth ->
@@ -233,6 +283,11 @@ class SequenceClassifierHead(nn.Module):
             check_tensor(embs, "embs", f"[B, n, d_emb={c.d_emb}]", [None, None, c.d_emb])
             embs = embs.unsqueeze(-2)  # [B, n, 1, d_emb]
         Bsz, n, depth = embs.shape[:3]
+        if n == 0:
+            raise ValueError(
+                f"embs: the sequences are empty ({tuple(embs.shape)}, n = 0); pass at least one position "
+                "(a sequence of padding only is allowed: mask it with padding_mask)"
+            )
         a = self.input_scores(embs, padding_mask, token_weights)  # [B, n]
         a = a.unsqueeze(-1).expand(Bsz, n, depth).reshape(Bsz, n * depth)  # [B, n * depth]
         x = embs + self.depth_emb if self.depth_emb is not None else embs  # [B, n, depth, d_emb]
@@ -248,3 +303,75 @@ class SequenceClassifierHead(nn.Module):
         if return_routing:
             extra["traces"] = traces
         return CapsuleOutput(a, "logits", mu.flatten(-2), None, traces[-1] if traces else None, extra)
+
+
+# ------------------------------------------------------------------ token sequences (generated task)
+@dataclass
+class TokenSequenceConfig:
+    """A token-embedding table in front of :class:`SequenceClassifierHead` (one embedding per token, no depth
+    embedding): the Heinsen chapter's model for :func:`~capsule_lib.data.sequences.marker_sequences`."""
+
+    vocab: int = 32
+    d_emb: int = 32
+    d_inp: int = 16
+    d_cap: int = 2
+    n_parts: int = 16
+    n_classes: int = 4
+    iterations: int = 3
+
+
+class TokenSequenceClassifier(nn.Module):
+    """``tokens [B, n]`` (int64, ``0`` = padding) -> :class:`CapsuleOutput` of class logits: an
+    ``nn.Embedding`` then Heinsen's routing head over the ``n`` token capsules, which routes from any ``n``
+    (padding masked out)."""
+
+    def __init__(self, config: TokenSequenceConfig | None = None, **overrides) -> None:
+        super().__init__()
+        cfg = config or TokenSequenceConfig()
+        if overrides:
+            cfg = TokenSequenceConfig(**{**cfg.__dict__, **overrides})
+        self.config = cfg
+        self.embed = nn.Embedding(cfg.vocab, cfg.d_emb, padding_idx=0)
+        self.head = SequenceClassifierHead(
+            SequenceClassifierConfig(
+                d_depth=None,
+                d_emb=cfg.d_emb,
+                d_inp=cfg.d_inp,
+                d_cap=cfg.d_cap,
+                n_parts=cfg.n_parts,
+                n_classes=cfg.n_classes,
+                iterations=cfg.iterations,
+            )
+        )
+
+    def forward(self, tokens: torch.Tensor, return_routing: bool = False) -> CapsuleOutput:
+        if not isinstance(tokens, torch.Tensor) or tokens.dtype != torch.long or tokens.dim() != 2:
+            got = f"{tokens.dtype} {tuple(tokens.shape)}" if isinstance(tokens, torch.Tensor) else type(tokens).__name__
+            raise ValueError(f"tokens: expected an int64 tensor [B, n] of token ids (0 = padding), got {got}")
+        if tokens.numel() and (tokens.min() < 0 or tokens.max() >= self.config.vocab):
+            raise ValueError(
+                f"tokens: ids must be in [0, {self.config.vocab}), got {int(tokens.min())}..{int(tokens.max())}"
+            )
+        return self.head(self.embed(tokens), tokens == 0, return_routing=return_routing)
+
+    def token_credits(self, tokens: torch.Tensor) -> tuple[CapsuleOutput, torch.Tensor]:
+        """``(out, credits [B, n, n_classes])``: each token's credit for each class logit, Heinsen's (2022)
+        chained "bang per bit" ``credit_ik = sum_j phi1_ij phi2_jk`` (:func:`bang_per_bit` of the two routings'
+        last iterations; positive = the token speaks for class ``k``, negative = against it, 0 for padding)."""
+        out = self(tokens, return_routing=True)
+        t1, t2 = out.extra["traces"]
+        phi1 = bang_per_bit(self.head.routings[0], t1)  # [B, n, J]
+        phi2 = bang_per_bit(self.head.routings[1], t2)  # [B, J, K]
+        return out, torch.einsum("bij,bjk->bik", phi1, phi2)  # [B, n, K]
+
+    @torch.no_grad()
+    def token_occlusion(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(scores [B, K], effect [B, n, K])``: how much each class logit drops when token ``t`` alone is masked
+        out (turned into padding, which the routing ignores exactly): ``effect[b, t] = scores[b] -
+        scores(tokens[b] without t)``; 0 at padding. Positive = the token spoke for the class."""
+        Bsz, n = tokens.shape
+        scores = self(tokens).scores  # [B, K]
+        masked = tokens[:, None, :].repeat(1, n, 1)  # [B, n (masked position), n]
+        masked[:, torch.arange(n), torch.arange(n)] = 0
+        drop = scores[:, None, :] - self(masked.reshape(Bsz * n, n)).scores.reshape(Bsz, n, -1)  # [B, n, K]
+        return scores, drop.masked_fill((tokens == 0)[..., None], 0.0)

@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import ipywidgets as W
 import torch
@@ -15,6 +15,7 @@ from ..functional import capsule_lengths
 from ..types import RoutingTrace
 from .capsules import perturb_poses, plot_perturbation, plot_routing_step
 from .em import EM_LAMBDA_SCALES, em_readout, plot_em_state
+from .heinsen import class_poses, credit_maps, credit_readout, plot_class_credits, plot_viewpoint_state, pose_projection
 from .widgets import Explorer, explorer
 
 __all__ = [
@@ -22,6 +23,8 @@ __all__ = [
     "perturbation_explorer",
     "lengths_readout",
     "em_routing_explorer",
+    "pose_trajectory_explorer",
+    "class_credit_explorer",
 ]
 
 
@@ -153,5 +156,103 @@ def em_routing_explorer(
 
     def readout(image: int, iterations: int, scale: float) -> str:
         return em_readout(route(image, iterations, scale), 0, classes)
+
+    return explorer(controls, draw, readout)
+
+
+def pose_trajectory_explorer(
+    model: torch.nn.Module,
+    sweep: Callable[[int, int], torch.Tensor],
+    category: int,
+    classes: Sequence[str],
+    reference: tuple[int, int] = (4, 0),
+    azimuths_deg: Sequence[int] = tuple(range(0, 360, 20)),
+) -> Explorer:
+    """Move the camera around one object and watch its class capsule's pose: sliders ``"azimuth"`` (index
+    0-17), ``"elevation"`` (0-8) and ``"lighting"`` (0-5). ``sweep(elevation, lighting)`` returns the object's
+    images at every azimuth (``[18, 2, H, W]``; each sweep is fetched or rendered once and cached). The
+    figure shows the view, the class probabilities of a
+    :class:`~capsule_lib.models.SmallNORBClassifier` and the pose of class capsule ``category`` along the
+    current azimuth sweep in the 2-D PCA of the ``reference`` (elevation, lighting) sweep, drawn in grey.
+
+    Static twin: :func:`~capsule_lib.viz.heinsen.plot_viewpoint_state` (the full trajectories:
+    :func:`~capsule_lib.viz.heinsen.plot_pose_trajectories`)."""
+
+    @functools.lru_cache(maxsize=16)
+    def run(elevation: int, lighting: int):
+        images = sweep(elevation, lighting)
+        probs, poses = class_poses(model, images)
+        return images, probs, poses[:, category]
+
+    proj = pose_projection(run(*reference)[2])
+    ref_track = proj.apply(run(*reference)[2])
+    controls = {
+        "azimuth": W.IntSlider(
+            value=0, min=0, max=len(azimuths_deg) - 1, description="azimuth", continuous_update=False
+        ),
+        "elevation": W.IntSlider(value=reference[0], min=0, max=8, description="elevation", continuous_update=False),
+        "lighting": W.IntSlider(value=reference[1], min=0, max=5, description="lighting", continuous_update=False),
+    }
+
+    def draw(azimuth: int, elevation: int, lighting: int):
+        images, probs, poses = run(elevation, lighting)
+        return plot_viewpoint_state(
+            images[azimuth],
+            probs[azimuth],
+            proj.apply(poses),
+            azimuth,
+            classes,
+            category,
+            ref_track,
+            title=f"azimuth {azimuths_deg[azimuth]} deg, elevation {30 + 5 * elevation} deg, lighting {lighting}",
+        )
+
+    def readout(azimuth: int, elevation: int, lighting: int) -> str:
+        _, probs, _ = run(elevation, lighting)
+        pred = int(probs[azimuth].argmax())
+        return (
+            f"azimuth {azimuths_deg[azimuth]} deg, elevation {30 + 5 * elevation} deg, lighting {lighting}: "
+            f"predicts {classes[pred]} (p={float(probs[azimuth, pred]):.2f})"
+        )
+
+    return explorer(controls, draw, readout)
+
+
+def class_credit_explorer(
+    model: torch.nn.Module,
+    images: torch.Tensor,
+    labels: torch.Tensor | None,
+    classes: Sequence[str],
+) -> Explorer:
+    """Which part capsules each class capsule of a :class:`~capsule_lib.models.SmallNORBClassifier` explains:
+    sliders ``"image"`` and ``"iteration"`` (of the class routing). Static twin:
+    :func:`~capsule_lib.viz.heinsen.plot_class_credits` (readout :func:`~capsule_lib.viz.heinsen.credit_readout`)."""
+    T = model.config.iterations
+    device = next(model.parameters()).device
+
+    @functools.lru_cache(maxsize=8)
+    def run(image: int):
+        x = images[image : image + 1].to(device)
+        x = x.float() / 255 if x.dtype == torch.uint8 else x.float()
+        with torch.no_grad():
+            maps = []
+            for t in range(T):
+                out, credits = model.class_credits(x, t)
+                maps.append(credit_maps(credits[0]).cpu())
+        return torch.stack(maps), out.scores[0].float().softmax(-1).cpu()  # [T, K, h, w], [K]
+
+    controls = {
+        "image": W.IntSlider(value=0, min=0, max=images.shape[0] - 1, description="image", continuous_update=False),
+        "iteration": W.IntSlider(value=T, min=1, max=T, description="iteration", continuous_update=False),
+    }
+
+    def draw(image: int, iteration: int):
+        maps, _ = run(image)
+        label = int(labels[image]) if labels is not None else None
+        return plot_class_credits(images[image], maps[iteration - 1 : iteration], classes, label, [iteration])
+
+    def readout(image: int, iteration: int) -> str:
+        maps, probs = run(image)
+        return credit_readout(maps[iteration - 1], probs, classes)
 
     return explorer(controls, draw, readout)

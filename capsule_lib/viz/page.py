@@ -26,6 +26,7 @@ from ..types import RoutingTrace
 from .capsules import _decode, perturb_poses, plot_routing_step
 from .data import to_display
 from .em import EM_LAMBDA_SCALES, plot_em_state
+from .heinsen import class_poses, plot_viewpoint_state, pose_projection
 from .toy import ToyVotes, plot_routing_state
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "toy_routing_page_explorer",
     "em_routing_page_explorer",
     "PAGE_EXPLORER_CLASS",
+    "pose_page_explorer",
 ]
 
 #: the CSS class of every page-mode explorer (the page checks of the book build look for it)
@@ -233,4 +235,53 @@ def em_routing_page_explorer(
         caption=f"{len(iterations)} x {len(scales)} routings computed when this page was built; the sliders choose "
         "one in your browser (no kernel needed).",
         frame_title="EM routing of the class capsules",
+    )
+
+
+def pose_page_explorer(
+    model: torch.nn.Module,
+    sweep,
+    category: int,
+    classes: Sequence[str],
+    elevations: Sequence[int] = (0, 4, 8),
+    azimuth_step: int = 2,
+    reference: tuple[int, int] = (4, 0),
+    dpi: int = 60,
+) -> W.VBox:
+    """The Heinsen chapter's camera explorer in page mode: ``sweep(elevation, lighting)`` gives one object's
+    images at the 18 azimuths; for every listed elevation (lighting 0) and every ``azimuth_step``-th azimuth,
+    :func:`~capsule_lib.viz.heinsen.plot_viewpoint_state` (view, class probabilities, the pose of class capsule
+    ``category`` on its azimuth path in the PCA of the ``reference`` sweep) is drawn when the page is built;
+    two sliders choose one in the browser."""
+    _, ref_poses = class_poses(model, sweep(*reference))
+    proj = pose_projection(ref_poses[:, category])
+    ref_track = proj.apply(ref_poses[:, category])
+    cols = list(range(0, 18, azimuth_step))
+    frames = []
+    for e in elevations:
+        images = sweep(e, 0)
+        probs, poses = class_poses(model, images)
+        track = proj.apply(poses[:, category])
+        row = []
+        for a in cols:
+            fig = plot_viewpoint_state(
+                images[a],
+                probs[a],
+                track,
+                a,
+                classes,
+                category,
+                ref_track,
+                title=f"azimuth {20 * a} deg, elevation {30 + 5 * e} deg",
+            )
+            row.append(figure_png(fig, dpi))
+        frames.append(row)
+    return page_explorer(
+        frames,
+        rows=("elevation", [f"{30 + 5 * e}°" for e in elevations]),
+        cols=("azimuth", [f"{20 * a}°" for a in cols]),
+        initial=(list(elevations).index(reference[0]) if reference[0] in elevations else 0, 0),
+        caption=f"{len(elevations)} x {len(cols)} views rendered and classified when this page was built; the "
+        "sliders choose one in your browser (no kernel needed).",
+        frame_title="the view, the class probabilities and the pose on its path",
     )
