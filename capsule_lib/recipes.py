@@ -33,7 +33,7 @@ from torch import nn
 
 from .data import get_dataset
 from .data.sequences import marker_sequences
-from .data.smallnorb import hinton_transform, shift_edge
+from .data.smallnorb import heinsen_transform, hinton_transform
 from .data.transforms import efficient_mnist_augment, random_shift
 from .data.viewpoints import ViewpointSets, viewpoint_sets
 from .distributed import DistInfo
@@ -644,9 +644,7 @@ class ShiftViewpointRecipe(ViewpointRecipe):
     epochs: int = 10
 
     def augment_batch(self, batch: tuple, g: torch.Generator) -> tuple:
-        x, *rest = batch
-        d = torch.randint(-self.max_shift, self.max_shift + 1, (2, x.shape[0]), generator=g)
-        return (shift_edge(x.float(), d[0], d[1]), *rest)
+        return heinsen_transform(True, self.max_shift, coords=False)(batch, g)
 
     def has_augmentation(self) -> bool:
         return bool(self.max_shift)

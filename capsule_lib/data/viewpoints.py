@@ -210,6 +210,4 @@ def viewpoint_sweep(
     idx = idx[order.argsort()]
     if idx.numel() == 0:
         raise ValueError(f"{ds.name}: no test images of category {category}, instance {instance} at these views")
-    picked = ImageDataset(ds.name, ds.split, ds.images[idx], ds.labels[idx], ds.classes, ds.generated,
-                          ds.description, {k: v[idx] for k, v in ds.extra.items()}, ds.standin_for)
-    return _resized(picked, size, None)
+    return _resized(ds.subset(idx), size, None)
