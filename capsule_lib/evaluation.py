@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -9,7 +10,14 @@ from torch import nn
 
 from ._checks import check_image_range, module_device
 
-__all__ = ["predict", "accuracy", "multimnist_accuracy", "confusion_matrix", "viewpoint_accuracies"]
+__all__ = [
+    "predict",
+    "accuracy",
+    "multimnist_accuracy",
+    "confusion_matrix",
+    "viewpoint_accuracies",
+    "iteration_sweep",
+]
 
 
 @torch.no_grad()
@@ -93,3 +101,43 @@ def viewpoint_accuracies(model: nn.Module, sets: Any, device: str | torch.device
         for g in ("familiar", "novel")
     }
     return {**acc, "drop": acc["familiar"] - acc["novel"]}
+
+
+@torch.no_grad()
+def iteration_sweep(
+    model: nn.Module,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    iterations: Sequence[int] = (1, 2, 3, 4),
+    settings: dict[str, dict[str, Any]] | None = None,
+    batch_size: int = 250,
+) -> list[dict[str, Any]]:
+    """Accuracy and forward time of a routing model at test time for every number of ``iterations`` and every
+    named setting (extra keyword arguments of the model's ``forward``, e.g. ``{"concurrent": {"sequential":
+    False}, "sequential": {"sequential": True}}``; default: one setting, ``"model"``, with none).
+    ``model(x, iterations=T, **kwargs)`` must accept ``iterations``.
+
+    Returns one dict per (setting, T): ``setting``, ``iterations``, ``accuracy``, ``ms_per_image`` (wall clock of
+    the whole pass over ``images`` divided by their number, measured after one warm-up batch) and ``n``."""
+    import time
+
+    settings = settings or {"model": {}}
+    device = module_device(model)
+    model.eval()
+    rows = []
+    for name, kwargs in settings.items():
+        for T in iterations:
+            x0 = images[:batch_size].to(device)
+            model(x0.float() / 255 if x0.dtype == torch.uint8 else x0, iterations=T, **kwargs)  # warm-up
+            correct, t0 = 0, time.perf_counter()
+            for lo in range(0, images.shape[0], batch_size):
+                x = images[lo : lo + batch_size].to(device)
+                x = x.float() / 255 if x.dtype == torch.uint8 else x
+                pred = model(x, iterations=T, **kwargs).scores.argmax(-1).cpu()
+                correct += int((pred == labels[lo : lo + batch_size]).sum())
+            dt = time.perf_counter() - t0
+            n = images.shape[0]
+            rows.append(
+                {"setting": name, "iterations": T, "accuracy": correct / n, "ms_per_image": 1000 * dt / n, "n": n}
+            )
+    return rows

@@ -52,12 +52,15 @@ def _builders() -> dict[str, Callable[[dict[str, Any]], nn.Module]]:
     from .models.capsnet import CapsNet, CapsNetConfig
     from .models.em_capsnet import EMCapsNet, EMCapsNetConfig
     from .models.heinsen import SmallNORBClassifier, SmallNORBConfig
+    from .models.inverted import BackboneClassifier, CapsModel, CapsModelConfig
 
     out: dict[str, Callable[[dict[str, Any]], nn.Module]] = {
         "capsnet": lambda c: CapsNet(_from_dict(CapsNetConfig, c)),
         "baseline_cnn": lambda c: BaselineCNN(_from_dict(BaselineCNNConfig, c)),
         "em_capsnet": lambda c: EMCapsNet(_from_dict(EMCapsNetConfig, c)),
         "heinsen_smallnorb": lambda c: SmallNORBClassifier(_from_dict(SmallNORBConfig, c)),
+        "caps_model": lambda c: CapsModel(_from_dict(CapsModelConfig, c)),
+        "backbone_classifier": lambda c: BackboneClassifier(_from_dict(CapsModelConfig, c)),
     }
     try:
         from .models.efficient import EfficientCapsNet, EfficientCapsNetConfig
@@ -84,7 +87,8 @@ def build_model(kind: str, config: dict[str, Any]) -> nn.Module:
     """Instantiate a model of ``kind`` from its config dict (unknown keys are ignored).
 
     Kinds: ``"capsnet"``, ``"baseline_cnn"``, ``"efficient_capsnet"``, ``"em_capsnet"``,
-    ``"heinsen_smallnorb"``."""
+    ``"heinsen_smallnorb"``, ``"caps_model"`` (Tsai et al.), ``"backbone_classifier"`` (its backbone + linear
+    head)."""
     builders = _builders()
     if kind not in builders:
         raise ValueError(f"unknown model kind {kind!r}; known: {sorted(builders)}")
@@ -243,6 +247,9 @@ def export_run(
         "baseline_cnn_norb": "baseline_cnn",
         "heinsen_norb": "heinsen_smallnorb",
         "baseline_cnn_norb48": "baseline_cnn",
+        "tsai_cifar10": "caps_model",
+        "tsai_cifar10_cpu": "caps_model",
+        "baseline_backbone_cifar10_cpu": "backbone_classifier",
     }[meta["recipe"]]
     config = dict(meta["config"]["model"])
     if config.get("primary_conv") == "bf16_gemm":  # a training-speed option; readers run the standard conv

@@ -248,6 +248,9 @@ def test_make_recipe_applies_overrides_and_names_unknown_fields():
         "heinsen_norb",
         "baseline_cnn_norb48",
         "heinsen_sequences",
+        "tsai_cifar10",
+        "tsai_cifar10_cpu",
+        "baseline_backbone_cifar10_cpu",
     }
 
 

@@ -101,6 +101,13 @@ EXPLORERS = [
         steps=3,
         readout_pattern=r"^azimuth \d+ deg, elevation 50 deg, lighting 0: predicts \w+",
     ),
+    # the Tsai chapter's attention explorer: the class layer re-routed with more updates than it was trained with
+    ExplorerCase(
+        "tsai_inverted.ipynb",
+        slider="iteration",
+        steps=2,
+        readout_pattern=r"^update {value}: -> [\w-]+: p=\d\.\d\d; routing to it: max ",
+    ),
 ]
 
 RUN_TIMEOUT_S = 600  # running a whole chapter in smoke mode on a busy 2-core machine

@@ -164,7 +164,7 @@ def test_chapter_dataset_without_standin(tmp_path, monkeypatch):
     monkeypatch.setenv("CAPSULE_OFFLINE", "1")
     cfg = settings(SMOKE=True, DATA_ROOT=str(tmp_path), quiet=True)
     with pytest.raises(DatasetUnavailableError, match="no generated stand-in"):
-        chapter_dataset("cifar10", "test", cfg)
+        chapter_dataset("cifar100", "test", cfg)  # cifar10 has one (colour_shapes)
 
 
 def test_chapter_device_falls_back_to_cpu_with_one_line(capsys):

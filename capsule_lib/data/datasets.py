@@ -32,6 +32,7 @@ STANDINS: dict[str, tuple[str, dict[str, Any]]] = {
     "multimnist": ("multimnist", {"source": "glyph_digits"}),
     "affine_mnist": ("affine_mnist", {"source": "glyph_digits"}),
     "smallnorb": ("rendered_norb", {}),
+    "cifar10": ("colour_shapes", {}),
 }
 STANDIN_MARK = "[GENERATED stand-in data]"
 _ANNOUNCED: set[tuple[str, str, str]] = set()  # (dataset, data root, split) already announced in this process

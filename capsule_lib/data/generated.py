@@ -15,7 +15,7 @@ import torch
 
 from .datasets import ImageDataset, _check_split, register_dataset
 
-__all__ = ["glyph_digits", "digit_skeletons", "rasterize_polylines"]
+__all__ = ["glyph_digits", "digit_skeletons", "rasterize_polylines", "colour_shapes", "COLOUR_SHAPE_CLASSES"]
 
 
 def _arc(cx: float, cy: float, rx: float, ry: float, a0: float, a1: float, n: int = 10) -> list[tuple[float, float]]:
@@ -126,3 +126,74 @@ def _load_glyph_digits(root: Path, split: str, download: bool, n: int | None = N
     return ImageDataset("glyph_digits", split, x, y, [str(i) for i in range(10)], generated=True,
                         description="synthetic digits rendered from stroke skeletons with random affine "
                                     "transforms (an offline stand-in for MNIST, not MNIST).")
+
+
+# ------------------------------------------------------------------------------ colour shapes (CIFAR stand-in)
+#: the ten shape classes of :func:`colour_shapes`
+COLOUR_SHAPE_CLASSES = ["disc", "square", "triangle", "ring", "cross", "bar", "corner", "ellipse", "pair", "half-disc"]
+
+
+def colour_shapes(n: int = 10000, seed: int = 0, size: int = 32, chunk: int = 2000) -> tuple[torch.Tensor, torch.Tensor]:
+    """``n`` RGB images ``uint8 [n, 3, size, size]`` of one of ten filled shapes (classes
+    :data:`COLOUR_SHAPE_CLASSES`, balanced, in random order) with random colour, size (radius 5-11 px at 32 px),
+    rotation and position (+-5 px), on a random two-colour gradient background with pixel noise; a seeded,
+    deterministic offline stand-in for CIFAR-10 (same tensor format, not natural images)."""
+    g = torch.Generator().manual_seed(seed)
+    labels = torch.arange(n) % 10
+    labels = labels[torch.randperm(n, generator=g)]
+    images = torch.empty(n, 3, size, size, dtype=torch.uint8)
+    s = size / 32.0
+    yy, xx = torch.meshgrid(torch.arange(size, dtype=torch.float32), torch.arange(size, dtype=torch.float32), indexing="ij")
+    for lo in range(0, n, chunk):
+        y = labels[lo : lo + chunk]
+        m = y.shape[0]
+        u = torch.rand(m, 12, generator=g)
+        R = (5 + 6 * u[:, 0]) * s  # [m]
+        cx = size / 2 - 0.5 + (u[:, 1] * 2 - 1) * 5 * s
+        cy = size / 2 - 0.5 + (u[:, 2] * 2 - 1) * 5 * s
+        th = u[:, 3] * 2 * math.pi
+        dx, dy = xx[None] - cx[:, None, None], yy[None] - cy[:, None, None]  # [m, H, W]
+        c, si = torch.cos(th)[:, None, None], torch.sin(th)[:, None, None]
+        a, b = (c * dx + si * dy) / R[:, None, None], (-si * dx + c * dy) / R[:, None, None]  # shape coordinates
+        r2 = a * a + b * b
+        masks = torch.stack([
+            r2 < 1,  # disc
+            torch.maximum(a.abs(), b.abs()) < 0.8,  # square
+            (b <= 0.5) & (a.abs() <= (b + 1) / math.sqrt(3)),  # triangle
+            (r2 < 1) & (r2 > 0.55**2),  # ring
+            ((a.abs() < 0.3) & (b.abs() < 1)) | ((b.abs() < 0.3) & (a.abs() < 1)),  # cross
+            (a.abs() < 1) & (b.abs() < 0.3),  # bar
+            ((a.abs() < 1) & (b > 0.45) & (b < 1)) | ((a > -1) & (a < -0.45) & (b.abs() < 1)),  # corner (L)
+            a * a + (b / 0.5) ** 2 < 1,  # ellipse
+            ((a - 0.55) ** 2 + b * b < 0.4**2) | ((a + 0.55) ** 2 + b * b < 0.4**2),  # pair of discs
+            (r2 < 1) & (b > 0),  # half-disc
+        ], 1)  # [m, 10, H, W]
+        mask = masks[torch.arange(m), y].float()[:, None]  # [m, 1, H, W]
+        fg = torch.rand(m, 3, generator=g)
+        bg0, bg1 = torch.rand(m, 3, generator=g), torch.rand(m, 3, generator=g)
+        close = (fg - 0.5 * (bg0 + bg1)).abs().mean(1) < 0.25  # keep the shape visible: push its colour away
+        fg[close] = 1 - fg[close]
+        ramp = ((torch.cos(u[:, 4] * 2 * math.pi)[:, None, None] * xx + torch.sin(u[:, 4] * 2 * math.pi)[:, None, None] * yy) / size + 1) / 2
+        bg = bg0[:, :, None, None] * (1 - ramp[:, None]) + bg1[:, :, None, None] * ramp[:, None]  # [m, 3, H, W]
+        img = bg * (1 - mask) + fg[:, :, None, None] * mask + 0.04 * torch.randn(m, 3, size, size, generator=g)
+        images[lo : lo + chunk] = (img.clamp(0, 1) * 255).round().to(torch.uint8)
+    return images, labels
+
+
+_SHAPE_SIZES = {"train": 10000, "val": 2000, "test": 2000}
+_SHAPE_SEEDS = {"train": 0, "val": 1, "test": 2}
+
+
+@register_dataset("colour_shapes")
+def _load_colour_shapes(root: Path, split: str, download: bool, n: int | None = None, seed: int = 0,
+                        **_: Any) -> ImageDataset:
+    _check_split(split)
+    if split == "train_full":
+        a, b = (_load_colour_shapes(root, s, download, None if n is None else n // 2, seed) for s in ("train", "val"))
+        return ImageDataset("colour_shapes", split, torch.cat([a.images, b.images]), torch.cat([a.labels, b.labels]),
+                            a.classes, True, a.description)
+    count = n if n is not None else _SHAPE_SIZES[split]
+    x, y = colour_shapes(count, seed=1000 * seed + _SHAPE_SEEDS[split])
+    return ImageDataset("colour_shapes", split, x, y, list(COLOUR_SHAPE_CLASSES), generated=True,
+                        description="synthetic RGB shapes (10 classes) with random colours, sizes, rotations and "
+                                    "backgrounds (an offline stand-in for CIFAR-10, not natural images).")

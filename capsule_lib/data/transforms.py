@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["random_shift", "shift_images", "random_affine", "affine_images"]
+__all__ = ["random_shift", "shift_images", "random_affine", "affine_images", "random_crop_flip"]
 
 
 def shift_images(x: torch.Tensor, dx: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
@@ -31,6 +31,17 @@ def random_shift(x: torch.Tensor, max_shift: int = 2, generator: torch.Generator
     B = x.shape[0]
     d = torch.randint(-max_shift, max_shift + 1, (2, B), generator=generator)
     return shift_images(x, d[0].to(x.device), d[1].to(x.device))
+
+
+def random_crop_flip(x: torch.Tensor, padding: int = 4, generator: torch.Generator | None = None) -> torch.Tensor:
+    """The CIFAR training augmentation, batched: ``RandomCrop(H, padding)`` (zero padding, i.e. a random shift
+    of ``-padding..padding`` pixels per axis, uniform) then ``RandomHorizontalFlip(0.5)``, independently per
+    image: ``[B, C, H, W] -> same``."""
+    B = x.shape[0]
+    d = torch.randint(-padding, padding + 1, (2, B), generator=generator)
+    flip = torch.rand(B, generator=generator) < 0.5
+    x = shift_images(x, d[0].to(x.device), d[1].to(x.device))
+    return torch.where(flip.to(x.device).view(B, 1, 1, 1), x.flip(-1), x)
 
 
 def affine_images(x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,7 @@ from .heinsen import (
     TokenSequenceClassifier,
     TokenSequenceConfig,
 )
-from .inverted import CapsLayerSpec, CapsModel, CapsModelConfig
+from .inverted import BackboneClassifier, CapsLayerSpec, CapsModel, CapsModelConfig
 
 __all__ = [
     "CapsNet",
@@ -30,6 +30,7 @@ __all__ = [
     "CapsModel",
     "CapsModelConfig",
     "CapsLayerSpec",
+    "BackboneClassifier",
     "BaselineCNN",
     "BaselineCNNConfig",
 ]

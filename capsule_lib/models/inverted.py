@@ -52,7 +52,14 @@ __all__ = [
     "BasicBlock",
     "ResNetBackbone",
     "SimpleBackbone",
+    "BackboneClassifier",
+    "CIFAR10_MEAN",
+    "CIFAR10_STD",
 ]
+
+#: the official CIFAR normalisation (``main_capsule.py``: ``transforms.Normalize`` after the augmentation)
+CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
+CIFAR10_STD = (0.2023, 0.1994, 0.2010)
 
 _BACKBONES = ("resnet", "simple")
 
@@ -127,6 +134,22 @@ class SimpleBackbone(nn.Module):
         return self.pre_caps(x)
 
 
+def _register_input_norm(module: nn.Module, cfg) -> None:
+    """Buffers ``input_mean`` / ``input_std`` ``[1, C, 1, 1]`` (or ``None``) and ``input_range = (0, 1)``."""
+    if cfg.input_mean is None:
+        module.input_mean = module.input_std = None
+        return
+    module.register_buffer("input_mean", torch.tensor(cfg.input_mean).view(1, -1, 1, 1), persistent=False)
+    module.register_buffer("input_std", torch.tensor(cfg.input_std).view(1, -1, 1, 1), persistent=False)
+    module.input_range = (0.0, 1.0)  # predict() refuses already-normalised or 0-255 float input
+
+
+def _normalise(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    if module.input_mean is None:
+        return x
+    return (x - module.input_mean.to(x.dtype)) / module.input_std.to(x.dtype)
+
+
 # ---------------------------------------------------------------------------------------------- config
 @dataclass(frozen=True)
 class CapsLayerSpec:
@@ -165,6 +188,23 @@ class CapsModelConfig:
     dropout: float = 0.0  # --dp, on the vote sum before each LayerNorm
     expansion: str = "unfold"  # "official_bug": the official CONV window expansion (apple PR #1)
     norm_eps: float = 1e-5
+    # per-channel input normalisation inside the model (images in [0, 1] in, ``(x - mean) / std`` to the
+    # backbone); None = none. The CIFAR recipes set the official statistics (CIFAR10_MEAN / CIFAR10_STD).
+    input_mean: tuple[float, ...] | None = None
+    input_std: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:  # configs read back from JSON (histories, the registry) hold lists/dicts
+        self.capsules = tuple(c if isinstance(c, CapsLayerSpec) else CapsLayerSpec(**c) for c in self.capsules)
+        self.resnet_blocks = tuple(self.resnet_blocks)
+        for name in ("input_mean", "input_std"):
+            v = getattr(self, name)
+            if v is not None:
+                v = tuple(float(t) for t in v)
+                if len(v) != self.in_channels:
+                    raise ValueError(f"{name} needs one value per input channel ({self.in_channels}), got {v}")
+                setattr(self, name, v)
+        if (self.input_mean is None) != (self.input_std is None):
+            raise ValueError("input_mean and input_std go together: set both or neither")
 
     @classmethod
     def cifar10(cls, backbone: str = "resnet", **overrides) -> CapsModelConfig:
@@ -188,6 +228,28 @@ class CapsModelConfig:
                 "backbone": backbone,
                 "pose_dim": 36,
                 "capsules": (CapsLayerSpec("conv", 32, 3, 2), CapsLayerSpec("conv", 32, 3, 1), CapsLayerSpec("fc", 20)),
+                **overrides,
+            }
+        )
+
+    @classmethod
+    def cifar10_cpu(cls, **overrides) -> CapsModelConfig:
+        """The chapter's **CPU-sized** CIFAR-10 variant of the same architecture (every change is a size):
+        resnet backbone with a 32-channel stem, one BasicBlock per stage and 64 output channels (instead of 64,
+        3 + 4 blocks, 128); 8 capsule types in the primary and both CONV capsule layers (instead of 32), same
+        kernels, strides, 4x4 poses, class capsules, T = 2, concurrent schedule; CIFAR normalisation inside.
+        135,985 parameters; its first CONV capsule layer forms 16x fewer vote values per image than the paper's
+        (0.45 M instead of 7.2 M)."""
+        return cls.cifar10(
+            **{
+                "backbone": "resnet",
+                "resnet_stem": 32,
+                "resnet_blocks": (1, 1),
+                "backbone_channels": 64,
+                "primary_types": 8,
+                "capsules": (CapsLayerSpec("conv", 8, 3, 2), CapsLayerSpec("conv", 8, 3, 1)),
+                "input_mean": CIFAR10_MEAN,
+                "input_std": CIFAR10_STD,
                 **overrides,
             }
         )
@@ -221,9 +283,7 @@ class CapsModel(nn.Module):
 
     def __init__(self, config: CapsModelConfig | None = None, **overrides) -> None:
         super().__init__()
-        cfg = config or CapsModelConfig()
-        if overrides:
-            cfg = replace(cfg, **overrides)
+        cfg = replace(config or CapsModelConfig(), **overrides)  # re-validated (configs set field by field too)
         if cfg.backbone not in _BACKBONES:
             raise ValueError(f"backbone must be one of {_BACKBONES}, got {cfg.backbone!r}")
         if cfg.iterations < 1:
@@ -276,6 +336,7 @@ class CapsModel(nn.Module):
         layers.append(InvertedFCCapsules(n_inp, cfg.n_classes, d, dropout=cfg.dropout, eps=cfg.norm_eps))
         self.capsule_layers = nn.ModuleList(layers)
         self.final_fc = nn.Linear(d, 1)  # shared by all classes
+        _register_input_norm(self, cfg)
 
     @property
     def class_capsules(self) -> InvertedFCCapsules:
@@ -290,12 +351,20 @@ class CapsModel(nn.Module):
             f"[B, {c.in_channels}, {c.image_size}, {c.image_size}]",
             [None, c.in_channels, c.image_size, c.image_size],
         )
-        return self.primary(self.backbone(x))
+        return self.primary(self.backbone(_normalise(self, x)))
 
-    def route(self, p0: torch.Tensor, return_routing: bool = False):
+    def route(
+        self,
+        p0: torch.Tensor,
+        return_routing: bool = False,
+        iterations: int | None = None,
+        sequential: bool | None = None,
+    ):
         """Run the routing schedule from the primary poses ``p0``; returns the final poses of every level
         ``[P_0, P_1, ..., P_L]`` (``P_L`` = class capsules ``[B, K, d]``) and, with ``return_routing``, one
-        :class:`RoutingTrace` per capsule layer (one entry per update of that layer).
+        :class:`RoutingTrace` per capsule layer (one entry per update of that layer). ``iterations`` and
+        ``sequential`` override the config's ``iterations`` and ``sequential_routing`` for this call (e.g. to
+        evaluate a trained model with another T or schedule).
 
         With ``L_l(P_in, P_prev)`` one update of capsule layer ``l`` and ``T = iterations``:
 
@@ -307,7 +376,11 @@ class CapsModel(nn.Module):
 
         Both schedules coincide for ``T = 1``.
         """
-        layers, T = self.capsule_layers, self.config.iterations
+        layers = self.capsule_layers
+        T = self.config.iterations if iterations is None else int(iterations)
+        if T < 1:
+            raise ValueError(f"iterations must be >= 1, got {T}")
+        seq = self.config.sequential_routing if sequential is None else bool(sequential)
         traces = [RoutingTrace("inverted") for _ in layers] if return_routing else None
 
         def update(idx: int, p_in: torch.Tensor, p_prev: torch.Tensor | None) -> torch.Tensor:
@@ -319,7 +392,7 @@ class CapsModel(nn.Module):
             traces[idx].outputs += tr.outputs
             return out
 
-        if not self.config.sequential_routing:
+        if not seq:
             values = [p0]
             for idx in range(len(layers)):  # iteration 1: uniform feed-forward pass
                 values.append(update(idx, values[idx], None))
@@ -336,13 +409,22 @@ class CapsModel(nn.Module):
             return values, traces
         return values
 
-    def forward(self, x: torch.Tensor, return_routing: bool = False) -> CapsuleOutput:
+    def forward(
+        self,
+        x: torch.Tensor,
+        return_routing: bool = False,
+        iterations: int | None = None,
+        sequential: bool | None = None,
+    ) -> CapsuleOutput:
+        """``x [B, C, H, W]`` in [0, 1] (normalised inside when the config says so) -> :class:`CapsuleOutput`;
+        ``iterations`` / ``sequential`` override the config for this call (see :meth:`route`)."""
         check_module_input(x, self, type(self).__name__)
         p0 = self.primary_capsules(x)  # [B, 32, 16, 16, d]
+        seq = self.config.sequential_routing if sequential is None else bool(sequential)
         if return_routing:
-            values, traces = self.route(p0, return_routing=True)
+            values, traces = self.route(p0, True, iterations, seq)
         else:
-            values, traces = self.route(p0), None
+            values, traces = self.route(p0, False, iterations, seq), None
         poses = values[-1]  # [B, K, d]
         logits = self.final_fc(poses).squeeze(-1)  # [B, K] (also for B = 1)
         trace = None
@@ -351,9 +433,20 @@ class CapsModel(nn.Module):
             trace.extra.update(
                 layers=traces[:-1],
                 poses=values,
-                schedule="sequential" if self.config.sequential_routing else "concurrent",
+                schedule="sequential" if seq else "concurrent",
             )
         return CapsuleOutput(scores=logits, kind="logits", poses=poses, reconstruction=None, trace=trace)
+
+    def set_expansion(self, expansion: str) -> CapsModel:
+        """Switch how every CONV capsule layer gathers its windows (``"unfold"``, or ``"official_bug"`` to
+        reproduce the official ``input_expansion``); returns ``self``. The weights are unchanged."""
+        if expansion not in EXPANSIONS:
+            raise ValueError(f"expansion must be one of {EXPANSIONS}, got {expansion!r}")
+        for layer in self.capsule_layers:
+            if isinstance(layer, InvertedConvCapsules):
+                layer.expansion = expansion
+        self.config = replace(self.config, expansion=expansion)
+        return self
 
     def extra_repr(self) -> str:
         c = self.config
@@ -362,3 +455,40 @@ class CapsModel(nn.Module):
             f"iterations={c.iterations}, sequential_routing={c.sequential_routing}, "
             f"expansion={c.expansion!r}"
         )
+
+
+# ------------------------------------------------------------------------------------------- baseline
+class BackboneClassifier(nn.Module):
+    """The capsule model's backbone with a linear head instead of the capsule layers: backbone ->
+    global average pooling -> ``Linear(backbone_channels, n_classes)``. Built from the same
+    :class:`CapsModelConfig` (only the backbone fields and the input normalisation are used), so the
+    comparison isolates what the capsule layers add. ``forward(x) -> CapsuleOutput`` with ``kind="logits"``."""
+
+    def __init__(self, config: CapsModelConfig | None = None, **overrides) -> None:
+        super().__init__()
+        cfg = replace(config or CapsModelConfig(), **overrides)  # re-validated (configs set field by field too)
+        if cfg.backbone not in _BACKBONES:
+            raise ValueError(f"backbone must be one of {_BACKBONES}, got {cfg.backbone!r}")
+        self.config = cfg
+        if cfg.backbone == "resnet":
+            self.backbone = ResNetBackbone(
+                cfg.in_channels, cfg.backbone_channels, cfg.backbone_stride, cfg.resnet_stem, cfg.resnet_blocks
+            )
+        else:
+            self.backbone = SimpleBackbone(
+                cfg.in_channels, cfg.backbone_channels, cfg.backbone_kernel, cfg.backbone_stride, cfg.backbone_padding
+            )
+        self.head = nn.Linear(cfg.backbone_channels, cfg.n_classes)
+        _register_input_norm(self, cfg)
+
+    def forward(self, x: torch.Tensor) -> CapsuleOutput:
+        c = self.config
+        check_module_input(x, self, type(self).__name__)
+        check_tensor(
+            x,
+            "x",
+            f"[B, {c.in_channels}, {c.image_size}, {c.image_size}]",
+            [None, c.in_channels, c.image_size, c.image_size],
+        )
+        feats = self.backbone(_normalise(self, x)).mean(dim=(2, 3))  # [B, C]
+        return CapsuleOutput(scores=self.head(feats), kind="logits", poses=None, reconstruction=None, trace=None)

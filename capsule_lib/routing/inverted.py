@@ -149,6 +149,32 @@ def _attend(votes: torch.Tensor, prev_pose: torch.Tensor):
     return s.flatten(-2), r, a  # [B, ..., J, d]
 
 
+def _attend_matrix(P: torch.Tensor, W: torch.Tensor, Q: torch.Tensor):
+    """Votes, agreement and weighted vote sum in one parent-major pass, for matrix poses.
+
+    ``P [I, p, s, s]`` the children's poses (``p`` = batch x positions, rows ``a``, columns ``x``),
+    ``W [I, s, M, s]`` one ``s x s`` matrix per (child, parent) (rows ``x``, columns ``e``),
+    ``Q [p, M, d]`` the parents' previous poses; returns ``(s [p, M, d], r [p, M, I], a [p, M, I])``.
+
+    The votes ``V[p, m, i] = P[i, p] . W[i, :, m]`` are formed by one batched product over the children and
+    copied once to parent-major ``[p*M, I, d]``, so that the agreement ``<V, Q>`` and the weighted sum
+    ``sum_i r V`` are plain batched matrix products over contiguous memory (no per-einsum re-layout of the
+    largest tensor of the layer, in the forward or the backward).
+    """
+    I, p, s, _ = P.shape
+    M = W.shape[2]
+    d = s * s
+    V = torch.bmm(P.reshape(I, p * s, s), W.reshape(I, s, M * s).to(P.dtype))  # [I, p*a, M*e]
+    V = V.view(I, p, s, M, s).permute(1, 3, 0, 2, 4).reshape(p * M, I, d)  # [p*M, I, d]  parent-major
+    q = Q.to(V.dtype).reshape(p * M, d, 1)  # [p*M, d, 1]
+    a = torch.bmm(V, q).view(p, M, I)  # [p, M, I]  <V_im, P_m^prev>
+    a = a.to(_acc_dtype(V)) * (1.0 / math.sqrt(d))  # / sqrt(d); fp32 (fp64 for fp64 votes)
+    r = torch.softmax(a, dim=1)  # [p, M, I], over the parents m
+    r = r / (r.sum(dim=1, keepdim=True) + _RENORM_EPS)  # official renormalisation (a no-op up to rounding)
+    s_sum = torch.bmm(r.to(V.dtype).reshape(p * M, 1, I), V).view(p, M, d)  # [p, M, d]
+    return s_sum, r, a
+
+
 def _pose_norm(
     s: torch.Tensor, norm_weight, norm_bias, eps: float, dropout: float, training: bool, dtype: torch.dtype
 ) -> torch.Tensor:
@@ -240,7 +266,9 @@ def inverted_fc_update(
         a = torch.zeros_like(r)
     else:
         check_tensor(prev_pose, "prev_pose", f"[B={B}, n_out={J}, d={D}]", [B, J, D])
-        s_sum, r, a = _attend(_fc_votes(poses, weight), prev_pose)  # [B, J, d], [B, I, J] x2
+        P = poses.reshape(B, I, s, s).transpose(0, 1)  # [I, B, s, s]  (a, x)
+        s_sum, r, a = _attend_matrix(P, weight.transpose(2, 3), prev_pose)  # [B, J, d], [B, J, I] x2
+        r, a = r.transpose(1, 2), a.transpose(1, 2)  # [B, I, J] views
     out = _pose_norm(s_sum, norm_weight, norm_bias, eps, dropout, training, poses.dtype)  # [B, J, d]
     if return_routing:
         return out, _one_step_trace(r, a, out)
@@ -281,8 +309,13 @@ def inverted_conv_update(
         a = torch.zeros_like(r)
     else:
         check_tensor(prev_pose, "prev_pose", f"[B={B}, M={M}, h_out={h}, w_out={w}, d={D}]", [B, M, h, w, D])
-        votes = _conv_votes(windows, weight)  # [B, h, w, I, M, s, s]
-        s_sum, r, a = _attend(votes, prev_pose.permute(0, 2, 3, 1, 4))  # [B, h, w, M, d], [B, h, w, I, M] x2
+        P = windows.permute(1, 2, 3, 0, 4, 5, 6).reshape(N * K * K, B * h * w, s, s)  # [I, p, s, s], i = (n, k, l)
+        Wm = weight.permute(2, 0, 1, 3, 5, 4).reshape(N * K * K, s, M, s)  # [I, x, M, e]
+        Q = prev_pose.permute(0, 2, 3, 1, 4).reshape(B * h * w, M, D)  # [p, M, d]
+        s_sum, r, a = _attend_matrix(P, Wm, Q)  # [p, M, d], [p, M, I] x2
+        s_sum = s_sum.view(B, h, w, M, D)  # [B, h, w, M, d]
+        r = r.view(B, h, w, M, N * K * K).transpose(-1, -2)  # [B, h, w, I, M] (view)
+        a = a.view(B, h, w, M, N * K * K).transpose(-1, -2)
     out = _pose_norm(s_sum, norm_weight, norm_bias, eps, dropout, training, poses.dtype)  # [B, h, w, M, d]
     out = out.permute(0, 3, 1, 2, 4).contiguous()  # [B, M, h, w, d]
     if return_routing:

@@ -16,6 +16,7 @@ from ..types import RoutingTrace
 from .capsules import perturb_poses, plot_perturbation, plot_routing_step
 from .em import EM_LAMBDA_SCALES, em_readout, plot_em_state
 from .heinsen import class_poses, credit_maps, credit_readout, plot_class_credits, plot_viewpoint_state, pose_projection
+from .inverted import attention_readout, class_attention_maps, grid_geometry, plot_attention_maps
 from .widgets import Explorer, explorer
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "em_routing_explorer",
     "pose_trajectory_explorer",
     "class_credit_explorer",
+    "attention_explorer",
 ]
 
 
@@ -254,5 +256,54 @@ def class_credit_explorer(
     def readout(image: int, iteration: int) -> str:
         maps, probs = run(image)
         return credit_readout(maps[iteration - 1], probs, classes)
+
+    return explorer(controls, draw, readout)
+
+
+def attention_explorer(
+    model: torch.nn.Module,
+    images: torch.Tensor,
+    labels: torch.Tensor | None,
+    classes: Sequence[str],
+    max_iterations: int = 4,
+) -> Explorer:
+    """Where the class capsules of a :class:`~capsule_lib.models.CapsModel` take their votes from: controls
+    ``"image"`` (slider), ``"class"`` (dropdown: the class predicted after the shown update, or any class) and
+    ``"iteration"`` (which update of the class layer; the model is routed with ``max_iterations`` updates, so
+    iterations after the model's own T show what more routing would do; the probabilities are those after the
+    shown update). Static twin: :func:`~capsule_lib.viz.inverted.plot_attention_maps` (readout
+    :func:`~capsule_lib.viz.inverted.attention_readout`)."""
+    geometry = grid_geometry(model)[-1]
+
+    @functools.lru_cache(maxsize=16)
+    def run(image: int):
+        maps, probs = class_attention_maps(model, images[image : image + 1], iterations=max_iterations)
+        return maps[0], probs[0]  # [T, K, h, w], [T, K]
+
+    options = [("predicted", -1)] + [(c, k) for k, c in enumerate(classes)]
+    controls = {
+        "image": W.IntSlider(value=0, min=0, max=images.shape[0] - 1, description="image", continuous_update=False),
+        "class": W.Dropdown(options=options, value=-1, description="class"),
+        "iteration": W.IntSlider(
+            value=model.config.iterations, min=1, max=max_iterations, description="iteration", continuous_update=False
+        ),
+    }
+
+    def target(image: int, iteration: int, klass: int) -> int:  # "predicted": after this update
+        return int(run(image)[1][iteration - 1].argmax()) if klass < 0 else klass
+
+    def draw(image: int, iteration: int, **kw):
+        maps, probs = run(image)
+        k = target(image, iteration, kw["class"])
+        label = [int(labels[image])] if labels is not None else None
+        t = slice(iteration - 1, iteration)
+        return plot_attention_maps(
+            images[image : image + 1], maps[None, t], classes, geometry, [k], label, probs[None, t], [iteration]
+        )
+
+    def readout(image: int, iteration: int, **kw) -> str:
+        maps, probs = run(image)
+        k = target(image, iteration, kw["class"])
+        return f"update {iteration}: " + attention_readout(maps[iteration - 1], probs[iteration - 1], classes, k)
 
     return explorer(controls, draw, readout)

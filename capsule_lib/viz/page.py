@@ -27,6 +27,7 @@ from .capsules import _decode, perturb_poses, plot_routing_step
 from .data import to_display
 from .em import EM_LAMBDA_SCALES, plot_em_state
 from .heinsen import class_poses, plot_viewpoint_state, pose_projection
+from .inverted import class_attention_maps, grid_geometry, plot_attention_maps
 from .toy import ToyVotes, plot_routing_state
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "em_routing_page_explorer",
     "PAGE_EXPLORER_CLASS",
     "pose_page_explorer",
+    "attention_page_explorer",
 ]
 
 #: the CSS class of every page-mode explorer (the page checks of the book build look for it)
@@ -284,4 +286,48 @@ def pose_page_explorer(
         caption=f"{len(elevations)} x {len(cols)} views rendered and classified when this page was built; the "
         "sliders choose one in your browser (no kernel needed).",
         frame_title="the view, the class probabilities and the pose on its path",
+    )
+
+
+def attention_page_explorer(
+    model: torch.nn.Module,
+    images: torch.Tensor,
+    labels: torch.Tensor | None,
+    classes: Sequence[str],
+    iterations: Sequence[int] = (1, 2, 3, 4),
+    dpi: int = 60,
+) -> W.VBox:
+    """The Tsai chapter's attention explorer in page mode: for every image and every number of routing
+    ``iterations`` T, the model is routed with T updates and the map of the class layer's last update into
+    the predicted class is drawn (:func:`~capsule_lib.viz.inverted.plot_attention_maps`) when the page is
+    built; sliders ``"image"`` and ``"iterations"`` choose one in the browser."""
+    geometry = grid_geometry(model)[-1]
+    frames = []
+    for n in range(images.shape[0]):
+        row = []
+        for T in iterations:
+            maps, probs = class_attention_maps(model, images[n : n + 1], iterations=T)
+            k = int(probs[0, -1].argmax())
+            fig = plot_attention_maps(
+                images[n : n + 1],
+                maps[:, -1:],
+                classes,
+                geometry,
+                [k],
+                [int(labels[n])] if labels is not None else None,
+                probs[:, -1:],
+                [T],
+                title=f"T = {T}: predicted {classes[k]}",
+            )
+            row.append(figure_png(fig, dpi))
+        frames.append(row)
+    T0 = model.config.iterations
+    return page_explorer(
+        frames,
+        rows=("image", [str(n) for n in range(images.shape[0])]),
+        cols=("iterations", [str(T) for T in iterations]),
+        initial=(0, list(iterations).index(T0) if T0 in iterations else 0),
+        caption=f"{images.shape[0]} images x {len(iterations)} routings computed when this page was built; the "
+        "sliders choose one in your browser (no kernel needed).",
+        frame_title="routing into the predicted class (last update)",
     )
