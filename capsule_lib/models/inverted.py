@@ -134,6 +134,20 @@ class SimpleBackbone(nn.Module):
         return self.pre_caps(x)
 
 
+def build_backbone(cfg) -> nn.Module:
+    """The backbone a :class:`CapsModelConfig` names (``"resnet"`` or ``"simple"``), shared by
+    :class:`CapsModel` and :class:`BackboneClassifier`."""
+    if cfg.backbone == "resnet":
+        return ResNetBackbone(
+            cfg.in_channels, cfg.backbone_channels, cfg.backbone_stride, cfg.resnet_stem, cfg.resnet_blocks
+        )
+    if cfg.backbone == "simple":
+        return SimpleBackbone(
+            cfg.in_channels, cfg.backbone_channels, cfg.backbone_kernel, cfg.backbone_stride, cfg.backbone_padding
+        )
+    raise ValueError(f"backbone must be one of {_BACKBONES}, got {cfg.backbone!r}")
+
+
 def _register_input_norm(module: nn.Module, cfg) -> None:
     """Buffers ``input_mean`` / ``input_std`` ``[1, C, 1, 1]`` (or ``None``) and ``input_range = (0, 1)``."""
     if cfg.input_mean is None:
@@ -284,8 +298,6 @@ class CapsModel(nn.Module):
     def __init__(self, config: CapsModelConfig | None = None, **overrides) -> None:
         super().__init__()
         cfg = replace(config or CapsModelConfig(), **overrides)  # re-validated (configs set field by field too)
-        if cfg.backbone not in _BACKBONES:
-            raise ValueError(f"backbone must be one of {_BACKBONES}, got {cfg.backbone!r}")
         if cfg.iterations < 1:
             raise ValueError(f"iterations must be >= 1, got {cfg.iterations}")
         if cfg.expansion not in EXPANSIONS:
@@ -294,14 +306,7 @@ class CapsModel(nn.Module):
         if s * s != cfg.pose_dim:
             raise ValueError(f"pose_dim must be a square (matrix poses), got {cfg.pose_dim}")
         self.config = cfg
-        if cfg.backbone == "resnet":
-            self.backbone = ResNetBackbone(
-                cfg.in_channels, cfg.backbone_channels, cfg.backbone_stride, cfg.resnet_stem, cfg.resnet_blocks
-            )
-        else:
-            self.backbone = SimpleBackbone(
-                cfg.in_channels, cfg.backbone_channels, cfg.backbone_kernel, cfg.backbone_stride, cfg.backbone_padding
-            )
+        self.backbone = build_backbone(cfg)
         self.primary = InvertedPrimaryCapsules(cfg.backbone_channels, cfg.primary_types, cfg.pose_dim, cfg.norm_eps)
 
         d = cfg.pose_dim
@@ -467,17 +472,8 @@ class BackboneClassifier(nn.Module):
     def __init__(self, config: CapsModelConfig | None = None, **overrides) -> None:
         super().__init__()
         cfg = replace(config or CapsModelConfig(), **overrides)  # re-validated (configs set field by field too)
-        if cfg.backbone not in _BACKBONES:
-            raise ValueError(f"backbone must be one of {_BACKBONES}, got {cfg.backbone!r}")
         self.config = cfg
-        if cfg.backbone == "resnet":
-            self.backbone = ResNetBackbone(
-                cfg.in_channels, cfg.backbone_channels, cfg.backbone_stride, cfg.resnet_stem, cfg.resnet_blocks
-            )
-        else:
-            self.backbone = SimpleBackbone(
-                cfg.in_channels, cfg.backbone_channels, cfg.backbone_kernel, cfg.backbone_stride, cfg.backbone_padding
-            )
+        self.backbone = build_backbone(cfg)
         self.head = nn.Linear(cfg.backbone_channels, cfg.n_classes)
         _register_input_norm(self, cfg)
 
