@@ -63,6 +63,7 @@ sys.path.insert(0, str(HERE.parent))
 
 import originals as orig  # noqa: E402  (benchmarks/originals.py)
 
+from capsule_lib.cost import peak_memory  # noqa: E402
 from capsule_lib.layers import ConvCapsules  # noqa: E402
 from capsule_lib.losses import margin_loss, reconstruction_loss, soft_target_cross_entropy, spread_loss  # noqa: E402
 from capsule_lib.models import (  # noqa: E402
@@ -1063,30 +1064,6 @@ def time_once(step: Callable[[], None], dev: torch.device) -> float:
     t0 = time.perf_counter()
     step()
     return time.perf_counter() - t0
-
-
-def peak_memory(step: Callable[[], None], dev: torch.device) -> int | None:
-    """Peak tensor bytes allocated during one step, above the level at its start (see module docstring)."""
-    gc.collect()
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-        torch.cuda.reset_peak_memory_stats(dev)
-        base = torch.cuda.memory_allocated(dev)
-        step()
-        torch.cuda.synchronize(dev)
-        return int(torch.cuda.max_memory_allocated(dev) - base)
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        step()
-    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
-    events.sort(key=lambda e: e.start_ns())
-    live = peak = 0
-    for e in events:
-        if e.device_type() == torch.autograd.DeviceType.CPU:
-            live += e.nbytes()
-            peak = max(peak, live)
-    return int(peak)
 
 
 def run_case(

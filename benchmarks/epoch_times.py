@@ -3,7 +3,7 @@ MNIST epoch (55,000 training images), for choosing a recipe's ``amp`` setting.
 
     .venv/bin/python benchmarks/epoch_times.py --threads 2 --out benchmarks/results/epoch_times_cpu.json
 
-One training step = forward, loss, backward, Adam step (:func:`capsule_lib.training.time_training_step`, median
+One training step = forward, loss, backward, Adam step (:func:`capsule_lib.cost.time_training_step`, median
 of ``--repeat`` after a warm-up step), on a batch of real-size MNIST-shaped inputs (random pixels: the time
 does not depend on the values). bf16 runs the step under ``torch.autocast(<device>, dtype=torch.bfloat16)``
 with fp32 master weights, as ``Trainer(amp="bf16")`` does. The JSON records the CPU model, whether it has
@@ -21,8 +21,9 @@ from pathlib import Path
 
 import torch
 
+from capsule_lib.cost import time_training_step
 from capsule_lib.models import BaselineCNN, CapsNet, EfficientCapsNet, EfficientCapsNetConfig
-from capsule_lib.training import CapsuleObjective, ClassifierObjective, select_device, time_training_step
+from capsule_lib.training import CapsuleObjective, ClassifierObjective, select_device
 
 MODELS = {  # name -> (builder, objective, batch size of the shipped run)
     "capsnet_mnist": (lambda: CapsNet(), lambda: CapsuleObjective(0.0005), 128),

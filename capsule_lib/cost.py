@@ -1,32 +1,47 @@
-"""What a routing layer costs: activation memory kept for the backward pass and time of a forward+backward,
-measured the same way for every algorithm (the Heinsen chapter's scaling plot and the comparison chapter).
+"""What a routing layer (or a model) costs: activation memory kept for the backward pass, peak memory and time
+of a forward+backward, measured the same way for every algorithm (the Heinsen chapter's scaling plot and the
+comparison chapter).
 
 Memory is counted as the bytes of the distinct tensors autograd **saves for backward** during the forward
-pass (``torch.autograd.graph.saved_tensors_hooks``; parameters excluded, each storage counted once). It is
-what grows with the number of input and output capsules, it is exact and the same on every device, unlike a
-CPU process's peak memory. Time is the median over ``repeats`` calls (after one warm-up) of forward +
-backward on the current device and thread count: a property of this machine, not of the algorithm alone.
+pass (``torch.autograd.graph.saved_tensors_hooks``; the parameters' own storages excluded, each storage counted
+once; copies of the parameters that a layer or autocast makes, e.g. the bfloat16 weights under bf16 autocast,
+are new storages and count). It is what grows with the number of input and output capsules, it is exact and the
+same on every device, unlike a CPU process's peak memory; :func:`peak_memory` adds the temporaries. Time is the
+median over ``repeats`` calls (after one warm-up) of forward + backward on the current device and thread count:
+a property of this machine, not of the algorithm alone. :func:`model_costs` measures whole models the same way
+for every model of the comparison; :func:`machine_info` labels result files.
 """
 
 from __future__ import annotations
 
+import copy
+import datetime
+import gc
 import math
+import os
+import platform
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-__all__ = ["saved_bytes", "time_forward_backward", "ROUTING_KINDS", "routing_layer", "routing_scaling", "loglog_slope"]
+from .routing.kinds import DEFAULT_ITERATIONS, ROUTING_KINDS
 
-#: the routing layers :func:`routing_layer` builds, with their per-pair weights
-ROUTING_KINDS = {
-    "dynamic": "dynamic routing (Sabour et al. 2017), one d x d matrix per pair",
-    "heinsen_2019": "Heinsen (2019) generative matrix routing, d_cov = 1, one 1 x d -> 1 x d matrix per pair",
-    "heinsen_2022": "Heinsen (2022) efficient vector routing (memory_efficient=True)",
-}
+__all__ = [
+    "saved_bytes",
+    "time_forward_backward",
+    "peak_memory",
+    "machine_info",
+    "routing_layer",
+    "routing_scaling",
+    "time_training_step",
+    "model_costs",
+    "loglog_slope",
+]
 
 
 def saved_bytes(fn: Callable[[], Any], exclude: Sequence[torch.Tensor] = ()) -> tuple[Any, int]:
@@ -57,26 +72,113 @@ def time_forward_backward(fn: Callable[[], torch.Tensor], repeats: int = 3) -> f
     return statistics.median(times)
 
 
-def routing_layer(kind: str, n_inp: int, n_out: int, d: int, batch: int = 4, seed: int = 0):
-    """``(module, make_loss)`` for one routing layer of ``kind`` (a key of :data:`ROUTING_KINDS`) from
-    ``n_inp`` to ``n_out`` capsules of size ``d``: ``make_loss()`` runs the forward pass on fixed random
-    inputs (``batch`` examples) and returns a scalar to backpropagate."""
-    from .routing.dynamic import DynamicRouting
-    from .routing.heinsen import EfficientVectorRouting, GenerativeMatrixRouting
+def peak_memory(step: Callable[[], Any], device: str | torch.device = "cpu") -> int:
+    """Peak tensor bytes allocated while ``step()`` runs, above the level at its start (tensors that existed
+    before are not counted). CUDA: ``torch.cuda.max_memory_allocated`` above the starting level. CPU: the peak
+    of the bytes allocated and not yet freed, reconstructed from ``torch.profiler``'s memory events
+    (``tracemalloc`` does not see torch's allocations, and a process's max RSS cannot be attributed to one step).
+    Tensor memory only: no allocator caches, fragmentation or library workspaces."""
+    dev = torch.device(device)
+    gc.collect()
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+        base = torch.cuda.memory_allocated(dev)
+        step()
+        torch.cuda.synchronize(dev)
+        return int(torch.cuda.max_memory_allocated(dev) - base)
+    from torch.profiler import ProfilerActivity, profile
 
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    events = sorted(
+        (e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"), key=lambda e: e.start_ns()
+    )
+    live = peak = 0
+    for e in events:
+        if e.device_type() == torch.autograd.DeviceType.CPU:
+            live += e.nbytes()
+            peak = max(peak, live)
+    return int(peak)
+
+
+def machine_info(device: str | torch.device = "cpu") -> dict[str, Any]:
+    """What a measurement ran on, for the JSON files of ``benchmarks/`` and the chapters' labels: the device's
+    name (the CPU model from ``/proc/cpuinfo`` where there is one), core and thread counts, torch, Python and
+    platform versions, and the date."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        name = torch.cuda.get_device_name(dev)
+    else:
+        name = platform.processor() or platform.machine()
+        try:
+            for line in Path("/proc/cpuinfo").read_text().splitlines():
+                if line.startswith("model name"):
+                    name = line.split(":", 1)[1].strip()
+                    break
+        except OSError:
+            pass
+    return {
+        "device": str(dev),
+        "device_name": name,
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+    }
+
+
+def routing_layer(
+    kind: str, n_inp: int, n_out: int, d: int, batch: int = 4, seed: int = 0, iterations: int | None = None
+):
+    """``(module, make_loss)`` for one routing layer of ``kind`` (a key of
+    :data:`~capsule_lib.routing.kinds.ROUTING_KINDS`) from ``n_inp`` to ``n_out`` capsules of size ``d`` (a square
+    for ``em`` and ``inverted``), routing with ``iterations`` (default:
+    :data:`~capsule_lib.routing.kinds.DEFAULT_ITERATIONS`; ``self_attention`` has none and refuses a number):
+    ``make_loss()`` runs the forward pass, votes included, on fixed random inputs (``batch`` examples) and returns
+    a scalar to backpropagate (the sum of squares of every output)."""
+    from .routing.dynamic import DynamicRouting
+    from .routing.em import EMRouting
+    from .routing.heinsen import EfficientVectorRouting, GenerativeMatrixRouting
+    from .routing.inverted import InvertedFCCapsules
+    from .routing.self_attention import SelfAttentionRouting
+
+    if kind not in ROUTING_KINDS:
+        raise ValueError(f"unknown routing kind {kind!r}; kinds: {', '.join(ROUTING_KINDS)}")
+    if kind == "self_attention" and iterations is not None:
+        raise ValueError("self_attention routing has no iterations (pass iterations=None)")
+    T = DEFAULT_ITERATIONS[kind] if iterations is None else iterations
+    if kind in ("em", "inverted") and math.isqrt(d) ** 2 != d:
+        raise ValueError(f"{kind} routes matrix capsules: d must be a square (4 x 4 = 16), got {d}")
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(batch, n_inp, d, generator=g).requires_grad_()
+    x = torch.randn(batch, n_inp, d, generator=g).requires_grad_()  # [B, n_inp, d]
+    a = torch.randn(batch, n_inp, generator=g)  # [B, n_inp] input activations (logits) where the kind takes them
     if kind == "dynamic":
-        m: nn.Module = DynamicRouting(n_inp, n_out, d, d)
+        m: nn.Module = DynamicRouting(n_inp, n_out, d, d, T)
         return m, lambda: m(x).square().sum()
+    if kind == "em":
+        m = EMRouting(n_inp, n_out, math.isqrt(d), T)
+        return m, lambda: sum(t.float().square().sum() for t in m(x, torch.sigmoid(a)))
     if kind == "heinsen_2019":
-        m = GenerativeMatrixRouting(d_cov=1, d_inp=d, d_out=d, n_inp=n_inp, n_out=n_out)
-        a = torch.randn(batch, n_inp, generator=g)
-        return m, lambda: sum(t.square().sum() for t in m(a, x.unsqueeze(-2)))
+        m = GenerativeMatrixRouting(d_cov=1, d_inp=d, d_out=d, n_inp=n_inp, n_out=n_out, iterations=T)
+        return m, lambda: sum(t.float().square().sum() for t in m(a, x.unsqueeze(-2)))
     if kind == "heinsen_2022":
-        m = EfficientVectorRouting(n_inp, n_out, d, d)
+        m = EfficientVectorRouting(n_inp, n_out, d, d, T)
         return m, lambda: m(x).square().sum()
-    raise ValueError(f"unknown routing kind {kind!r}; kinds: {', '.join(ROUTING_KINDS)}")
+    if kind == "inverted":
+        m = InvertedFCCapsules(n_inp, n_out, d)
+
+        def loss() -> torch.Tensor:
+            P = None
+            for _ in range(T):  # T updates of the layer, each from its previous output (the routing)
+                P = m(x, P)
+            return P.float().square().sum()
+
+        return m, loss
+    m = SelfAttentionRouting(n_inp, n_out, d, d)
+    return m, lambda: m(x).square().sum()
 
 
 def routing_scaling(
@@ -86,16 +188,33 @@ def routing_scaling(
     batch: int = 4,
     repeats: int = 3,
     time_it: bool = True,
+    iterations: int | None = None,
+    amp: str | None = None,
+    peak: bool = False,
 ) -> list[dict[str, Any]]:
     """One row per (kind, (n_inp, n_out)) of ``sizes``: ``saved_mib`` (activation memory, see the module
-    docstring), ``ms`` (forward + backward, median; ``None`` without ``time_it``), ``params``."""
+    docstring), ``ms`` (forward + backward, median; ``None`` without ``time_it``), ``params``, ``iterations``
+    (``iterations`` for every kind that iterates, else each kind's default) and ``amp`` (``"bf16"``: the forward
+    pass under CPU bfloat16 autocast, as training with ``amp="bf16"`` runs it); with ``peak``, also ``peak_mib``
+    (:func:`peak_memory` of one forward + backward: saved tensors plus temporaries)."""
+    if amp not in (None, "bf16"):
+        raise ValueError(f"amp must be None or 'bf16', got {amp!r}")
     rows = []
     for kind in kinds:
+        T = None if kind == "self_attention" else iterations
         for n_inp, n_out in sizes:
-            m, loss = routing_layer(kind, n_inp, n_out, d, batch)
+            m, loss = routing_layer(kind, n_inp, n_out, d, batch, iterations=T)
+            if amp == "bf16":
+                plain = loss
+
+                def loss(plain=plain) -> torch.Tensor:
+                    with torch.autocast("cpu", dtype=torch.bfloat16):
+                        return plain()
+
             params = list(m.parameters())
             _, nbytes = saved_bytes(loss, exclude=params)
             ms = 1e3 * time_forward_backward(loss, repeats) if time_it else None
+            peak_mib = peak_memory(lambda f=loss: f().backward()) / 2**20 if peak else None
             rows.append(
                 {
                     "kind": kind,
@@ -103,12 +222,108 @@ def routing_scaling(
                     "n_out": n_out,
                     "d": d,
                     "batch": batch,
+                    "iterations": DEFAULT_ITERATIONS[kind] if T is None else T,
+                    "amp": amp,
                     "saved_mib": nbytes / 2**20,
                     "ms": ms,
+                    "peak_mib": peak_mib,
                     "params": sum(p.numel() for p in params),
                 }
             )
     return rows
+
+
+def time_training_step(
+    model: nn.Module,
+    objective: Callable[..., Any],
+    batch: tuple[torch.Tensor, ...],
+    optimizer: torch.optim.Optimizer | None = None,
+    repeats: int = 3,
+    warmup: int = 1,
+) -> float:
+    """Median wall time (seconds) of one training step (forward, loss, backward, optimizer step) on ``batch``.
+
+    Works on a copy of the model's state and restores it afterwards, so the model is unchanged."""
+    state = copy.deepcopy(model.state_dict())
+    opt = optimizer or torch.optim.Adam(model.parameters(), 1e-4)
+    opt_state = copy.deepcopy(opt.state_dict())
+    device = next(model.parameters()).device
+    model.train()
+    times = []
+    for k in range(warmup + repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        out = objective(model, batch, True)
+        opt.zero_grad(set_to_none=True)
+        out.loss.backward()
+        opt.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if k >= warmup:
+            times.append(time.perf_counter() - t0)
+    model.load_state_dict(state)
+    opt.load_state_dict(opt_state)
+    model.eval()
+    return float(statistics.median(times))
+
+
+def model_costs(
+    model: nn.Module,
+    objective: Callable[..., Any],
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    train_batch: int = 128,
+    latency_batches: Sequence[int] = (1, 256),
+    repeats: int = 3,
+    peak: bool = True,
+) -> dict[str, Any]:
+    """What one model costs on this machine, the same way for every model of the comparison: ``params``;
+    ``train_img_per_s`` (median training step -- forward, ``objective``'s loss, backward, Adam step -- on a batch
+    of ``train_batch`` of ``images``); ``latency_ms_b{n}`` (median no-grad forward of a batch of ``n``, eval mode)
+    for each of ``latency_batches``; ``peak_train_mib`` (:func:`peak_memory` of one training step, optimizer state
+    excluded). ``images`` ``uint8`` (scaled to [0, 1]) or float ``[N, C, H, W]``, on the model's device; the
+    model's weights are left unchanged (the training steps run on a copy)."""
+
+    def batch(n: int) -> torch.Tensor:
+        if n > len(images):
+            raise ValueError(f"model_costs: a batch of {n} needs {n} images, got {len(images)}")
+        x = images[:n]
+        return x.float() / 255.0 if x.dtype == torch.uint8 else x
+
+    work = copy.deepcopy(model)
+    out: dict[str, Any] = {"params": sum(p.numel() for p in model.parameters())}
+    xb, yb = batch(train_batch), labels[:train_batch]
+    step_s = time_training_step(work, objective, (xb, yb), repeats=repeats)
+    out["train_img_per_s"] = train_batch / step_s
+    if peak:
+        opt = torch.optim.Adam(work.parameters(), 1e-4)
+        work.train()
+
+        def one_step() -> None:
+            res = objective(work, (xb, yb), True)
+            opt.zero_grad(set_to_none=True)
+            res.loss.backward()
+            opt.step()
+
+        one_step()  # the optimizer state exists before the measured step
+        out["peak_train_mib"] = peak_memory(one_step, xb.device) / 2**20
+    work.eval()
+    with torch.no_grad():
+        for n in latency_batches:
+            x = batch(n)
+            times = []
+            for k in range(repeats + 1):
+                if x.device.type == "cuda":
+                    torch.cuda.synchronize(x.device)
+                t0 = time.perf_counter()
+                work(x)
+                if x.device.type == "cuda":
+                    torch.cuda.synchronize(x.device)
+                if k:
+                    times.append(time.perf_counter() - t0)
+            out[f"latency_ms_b{n}"] = 1e3 * statistics.median(times)
+    return out
 
 
 def loglog_slope(x: Sequence[float], y: Sequence[float]) -> float:

@@ -15,6 +15,8 @@ __all__ = [
     "safe_norm",
     "squash_hinton",
     "squash_efficient",
+    "squash_hinton_no_eps",
+    "squash_hinton_eps_norm",
     "squash",
     "capsule_lengths",
     "SafeNorm",
@@ -62,11 +64,40 @@ def squash_efficient(s: torch.Tensor, dim: int = -1, eps: float = 1e-8) -> torch
     return v.to(s.dtype)
 
 
-_SQUASH = {"hinton": squash_hinton, "sabour": squash_hinton, "efficient": squash_efficient}
+def squash_hinton_no_eps(s: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """squash_H as gram-ai/capsule-networks, acburigo/CapsNet and the official TensorFlow code write it,
+    ``|s|^2 / (1 + |s|^2) * s / |s|`` with no epsilon: **NaN at** ``s = 0`` (value and gradient). Only for
+    reproducing those implementations (:class:`~capsule_lib.routing.dynamic.DynamicRouting` presets); use
+    :func:`squash_hinton`. ``[..., d] -> [..., d]``."""
+    sf = _up(s)
+    n2 = sf.pow(2).sum(dim=dim, keepdim=True)  # |s|^2
+    return (n2 / (1 + n2) * sf / torch.sqrt(n2)).to(s.dtype)
+
+
+def squash_hinton_eps_norm(s: torch.Tensor, dim: int = -1, eps: float = 1e-8) -> torch.Tensor:
+    """squash_H as XifengGuo/CapsNet-Pytorch writes it: ``|s|^2 / (1 + |s|^2) / (|s| + eps) * s``, epsilon
+    added to the norm outside the root (finite at ``s = 0``, where PyTorch's norm has the subgradient 0; for
+    ``|s|`` far below ``eps`` its scale ``|s|^2 / (1 + |s|^2) / (|s| + eps)`` is about ``|s|^2 / eps`` instead of
+    the formula's ``|s|``). Only for reproducing that implementation; use
+    :func:`squash_hinton`. ``[..., d] -> [..., d]``."""
+    sf = _up(s)
+    n = torch.linalg.vector_norm(sf, dim=dim, keepdim=True)  # |s|
+    return (n.pow(2) / (1 + n.pow(2)) / (n + eps) * sf).to(s.dtype)
+
+
+_SQUASH = {
+    "hinton": squash_hinton,
+    "sabour": squash_hinton,
+    "efficient": squash_efficient,
+    "hinton_no_eps": lambda s, dim=-1, eps=None: squash_hinton_no_eps(s, dim),  # no epsilon to pass
+    "hinton_eps_norm": squash_hinton_eps_norm,
+}
 
 
 def squash(s: torch.Tensor, kind: str = "hinton", dim: int = -1, eps: float = 1e-8) -> torch.Tensor:
-    """Dispatch to a squash variant: ``"hinton"``/``"sabour"`` (squash_H) or ``"efficient"`` (squash_E)."""
+    """Dispatch to a squash variant: ``"hinton"``/``"sabour"`` (squash_H, ours: safe at 0), ``"efficient"``
+    (squash_E), or, to reproduce other implementations, ``"hinton_no_eps"`` (gram-ai, acburigo, official; ``eps``
+    unused) and ``"hinton_eps_norm"`` (XifengGuo)."""
     try:
         fn = _SQUASH[kind]
     except KeyError:
@@ -91,7 +122,7 @@ class SafeNorm(nn.Module):
 
 
 class Squash(nn.Module):
-    """Module form of :func:`squash` (``kind="hinton"`` or ``"efficient"``)."""
+    """Module form of :func:`squash` (any of its kinds: ``"hinton"``, ``"efficient"``, ``"hinton_no_eps"``, ...)."""
 
     def __init__(self, kind: str = "hinton", dim: int = -1, eps: float = 1e-8) -> None:
         super().__init__()

@@ -53,6 +53,7 @@ def _builders() -> dict[str, Callable[[dict[str, Any]], nn.Module]]:
     from .models.em_capsnet import EMCapsNet, EMCapsNetConfig
     from .models.heinsen import SmallNORBClassifier, SmallNORBConfig
     from .models.inverted import BackboneClassifier, CapsModel, CapsModelConfig
+    from .models.routing_classifier import RoutingClassifier, RoutingClassifierConfig
 
     out: dict[str, Callable[[dict[str, Any]], nn.Module]] = {
         "capsnet": lambda c: CapsNet(_from_dict(CapsNetConfig, c)),
@@ -61,6 +62,7 @@ def _builders() -> dict[str, Callable[[dict[str, Any]], nn.Module]]:
         "heinsen_smallnorb": lambda c: SmallNORBClassifier(_from_dict(SmallNORBConfig, c)),
         "caps_model": lambda c: CapsModel(_from_dict(CapsModelConfig, c)),
         "backbone_classifier": lambda c: BackboneClassifier(_from_dict(CapsModelConfig, c)),
+        "routing_classifier": lambda c: RoutingClassifier(_from_dict(RoutingClassifierConfig, c)),
     }
     try:
         from .models.efficient import EfficientCapsNet, EfficientCapsNetConfig
@@ -88,7 +90,7 @@ def build_model(kind: str, config: dict[str, Any]) -> nn.Module:
 
     Kinds: ``"capsnet"``, ``"baseline_cnn"``, ``"efficient_capsnet"``, ``"em_capsnet"``,
     ``"heinsen_smallnorb"``, ``"caps_model"`` (Tsai et al.), ``"backbone_classifier"`` (its backbone + linear
-    head)."""
+    head), ``"routing_classifier"`` (the comparison's shared network with one routing)."""
     builders = _builders()
     if kind not in builders:
         raise ValueError(f"unknown model kind {kind!r}; known: {sorted(builders)}")
@@ -250,6 +252,7 @@ def export_run(
         "tsai_cifar10": "caps_model",
         "tsai_cifar10_cpu": "caps_model",
         "baseline_backbone_cifar10_cpu": "backbone_classifier",
+        "routing_compare_mnist": "routing_classifier",
     }[meta["recipe"]]
     config = dict(meta["config"]["model"])
     if config.get("primary_conv") == "bf16_gemm":  # a training-speed option; readers run the standard conv
@@ -259,6 +262,11 @@ def export_run(
     if max_epoch is not None:
         hist = History([r for r in hist.records if r["epoch"] <= max_epoch], hist.meta)
         want = hist.best("val_acc")["epoch"]
+        if best["epoch"] != want and want != int(want):
+            raise ValueError(
+                f"{run}: the best validation point among the first {max_epoch} epochs is the partial epoch {want}, "
+                f"whose weights were kept only while it was the run's best; export without max_epoch"
+            )
         if best["epoch"] != want:
             best = torch.load(run / f"epoch_{want:03d}.pt", map_location="cpu", weights_only=False)
     model.load_state_dict({k: v.half().float() if v.is_floating_point() else v for k, v in best["model"].items()})
@@ -272,7 +280,7 @@ def export_run(
         metrics[f"{split}_size"] = len(ds)
     recs = hist.records
     training = {
-        "epochs": len(recs),
+        "epochs": recs[-1]["epoch"] if recs else 0,  # a fraction when a budget stopped the run inside an epoch
         "wall_time_s": recs[-1]["wall_time"] if recs else None,
         "hardware": meta.get("hardware"),
         "device": meta.get("device"),
@@ -282,6 +290,9 @@ def export_run(
         "dataset": meta.get("dataset"),
         "recipe": meta["config"],
     }
+    for key in ("budget_minutes", "start_from"):
+        if meta.get(key) is not None:
+            training[key] = meta[key]
     return export_checkpoint(
         model, name, kind, config, metrics=metrics, training=training, history=hist, notes=notes, directory=directory
     )

@@ -5,23 +5,23 @@ that trains any of them is :func:`capsule_lib.train.train` (also the command lin
 ``python -m capsule_lib.train <recipe> --set key=value``). Recipes are looked up by name in :data:`RECIPES`
 and built with overrides by :func:`make_recipe`; ``model.<field>`` overrides reach the model config.
 
-========================  ==========================================================================
-name                      recipe
-========================  ==========================================================================
-``capsnet``               :class:`CapsNetRecipe` (Sabour et al. 2017, MNIST)
-``baseline_cnn``          :class:`BaselineCNNRecipe` (the CNN baseline on CapsNet's budget)
-``efficient``             :class:`EfficientCapsNetRecipe` (Mazzia et al. 2021, MNIST)
-``efficient_multimnist``  :class:`EfficientMultiMNISTRecipe` (Mazzia et al. 2021, MultiMNIST pairs)
-``em_norb``               :class:`EMNorbRecipe` (Hinton et al. 2018, smallNORB novel-viewpoint protocol)
-``baseline_cnn_norb``     :class:`NorbCNNRecipe` (a CNN of EM's size, same protocol, data and budget)
-``heinsen_norb``          :class:`HeinsenNorbRecipe` (Heinsen 2019, same protocol, 48 x 48 full views)
-``baseline_cnn_norb48``   :class:`NorbCNN48Recipe` (a CNN of Heinsen's size, same data and budget)
-``heinsen_sequences``     :class:`HeinsenSequenceRecipe` (Heinsen's head on GENERATED token sequences)
-``tsai_cifar10``          :class:`TsaiCifarRecipe` (Tsai et al. 2020, CIFAR-10, the paper's recipe)
-``tsai_cifar10_cpu``      :class:`TsaiCifarCPURecipe` (its CPU-sized variant, one-cycle schedule)
-``baseline_backbone_cifar10_cpu``
-                          :class:`BackboneCifarCPURecipe` (that variant's backbone + a linear head)
-========================  ==========================================================================
+=================================  ==========================================================================
+name                               recipe
+=================================  ==========================================================================
+``capsnet``                        :class:`CapsNetRecipe` (Sabour et al. 2017, MNIST)
+``baseline_cnn``                   :class:`BaselineCNNRecipe` (the CNN baseline on CapsNet's budget)
+``efficient``                      :class:`EfficientCapsNetRecipe` (Mazzia et al. 2021, MNIST)
+``efficient_multimnist``           :class:`EfficientMultiMNISTRecipe` (Mazzia et al. 2021, MultiMNIST pairs)
+``em_norb``                        :class:`EMNorbRecipe` (Hinton et al. 2018, smallNORB novel-viewpoint protocol)
+``baseline_cnn_norb``              :class:`NorbCNNRecipe` (a CNN of EM's size, same protocol, data and budget)
+``heinsen_norb``                   :class:`HeinsenNorbRecipe` (Heinsen 2019, same protocol, 48 x 48 full views)
+``baseline_cnn_norb48``            :class:`NorbCNN48Recipe` (a CNN of Heinsen's size, same data and budget)
+``heinsen_sequences``              :class:`HeinsenSequenceRecipe` (Heinsen's head on GENERATED token sequences)
+``tsai_cifar10``                   :class:`TsaiCifarRecipe` (Tsai et al. 2020, CIFAR-10, the paper's recipe)
+``tsai_cifar10_cpu``               :class:`TsaiCifarCPURecipe` (its CPU-sized variant, one-cycle schedule)
+``baseline_backbone_cifar10_cpu``  :class:`BackboneCifarCPURecipe` (that variant's backbone + a linear head)
+``routing_compare_mnist``          :class:`RoutingCompareRecipe` (one network, each routing, MNIST, equal time)
+=================================  ==========================================================================
 """
 
 from __future__ import annotations
@@ -47,7 +47,15 @@ from .models.efficient import EfficientCapsNet, EfficientCapsNetConfig
 from .models.em_capsnet import EMCapsNet, EMCapsNetConfig
 from .models.heinsen import SmallNORBClassifier, SmallNORBConfig, TokenSequenceClassifier, TokenSequenceConfig
 from .models.inverted import CIFAR10_MEAN, CIFAR10_STD, BackboneClassifier, CapsModel, CapsModelConfig
-from .training import CapsuleObjective, ClassifierObjective, MultiDigitObjective, SpreadObjective, TensorLoader
+from .models.routing_classifier import RoutingClassifier, RoutingClassifierConfig
+from .training import (
+    CapsuleObjective,
+    ClassifierObjective,
+    MultiDigitObjective,
+    ScoreObjective,
+    SpreadObjective,
+    TensorLoader,
+)
 
 __all__ = [
     "Recipe",
@@ -67,6 +75,7 @@ __all__ = [
     "TsaiCifarRecipe",
     "TsaiCifarCPURecipe",
     "BackboneCifarCPURecipe",
+    "RoutingCompareRecipe",
     "RECIPES",
     "make_recipe",
     "recipe_config",
@@ -888,6 +897,40 @@ class BackboneCifarCPURecipe(TsaiCifarCPURecipe):
         return BackboneClassifier(self.model)
 
 
+@dataclass
+class RoutingCompareRecipe(Recipe):
+    """The comparison chapter's controlled experiment: a :class:`~capsule_lib.models.RoutingClassifier` (shared
+    stem and primary capsules, ``model.routing`` chooses the routing) on MNIST, with the same data, +-2 px
+    shifts, Adam (lr 1e-3, x0.96 every 2000 steps, as CapsNet's recipe), batch 128 and validation-split selection
+    for every routing; each routing's paper loss (:class:`~capsule_lib.training.ScoreObjective`). The runs are
+    made equal in **wall-clock training time** on one machine (``train(..., budget_minutes=)``); ``epochs`` is
+    only the cap (and the spread loss's margin schedule)."""
+
+    name: ClassVar[str] = "routing_compare_mnist"
+    scheduler_step: ClassVar[str] = "batch"
+
+    epochs: int = 30
+    lr_decay: float = 0.96
+    lr_decay_steps: int = 2000
+    max_shift: int = 2
+    model: RoutingClassifierConfig = field(default_factory=RoutingClassifierConfig)
+
+    def build_model(self) -> nn.Module:
+        return RoutingClassifier(self.model)
+
+    def build_objective(self) -> Any:
+        return ScoreObjective()
+
+    def lr_factor(self, step: int) -> float:
+        return _step_decay(self, step)
+
+    def augment_batch(self, batch: tuple, g: torch.Generator) -> tuple:
+        return _shift(self, batch, g)
+
+    def has_augmentation(self) -> bool:
+        return bool(self.max_shift)
+
+
 #: every recipe by name
 RECIPES: dict[str, type[Recipe]] = {
     cls.name: cls
@@ -904,6 +947,7 @@ RECIPES: dict[str, type[Recipe]] = {
         TsaiCifarRecipe,
         TsaiCifarCPURecipe,
         BackboneCifarCPURecipe,
+        RoutingCompareRecipe,
     )
 }
 

@@ -56,6 +56,23 @@ def shipped_recipe(checkpoint: str, **overrides: Any) -> Recipe:
     return make_recipe(recipe_config(meta["recipe"], config), **overrides)
 
 
+def _start_from(model: nn.Module, recipe: Recipe, name: str) -> dict[str, Any]:
+    """Load the shipped checkpoint ``name``'s weights into ``model`` (same model configuration required);
+    returns what the run records about it."""
+    from .pretrained import load_pretrained
+
+    shipped, entry = load_pretrained(name)
+    want = json.loads(json.dumps(recipe.config().get("model"), default=str))
+    if entry.get("config") != want:
+        raise ValueError(
+            f"start_from={name!r}: that checkpoint's model configuration differs from the recipe's "
+            f"({recipe.name}); start from a checkpoint of the same model, or train from scratch"
+        )
+    model.load_state_dict(shipped.state_dict())
+    epochs = (entry.get("training") or {}).get("epochs")
+    return {"checkpoint": name, "sha256": entry["sha256"], "epochs": epochs}
+
+
 def train(
     recipe: str | Recipe,
     *,
@@ -66,6 +83,8 @@ def train(
     test: bool = True,
     standin: bool | None = None,
     resume: bool = True,
+    budget_minutes: float | None = None,
+    start_from: str | None = None,
     **overrides: Any,
 ) -> tuple[nn.Module, Trainer]:
     """Train ``recipe`` (a name in :data:`~capsule_lib.recipes.RECIPES` or a :class:`~capsule_lib.recipes.Recipe`)
@@ -75,13 +94,20 @@ def train(
     ``history`` holds the per-epoch records and, when ``test``, the test accuracy of the selected epoch).
     ``out_dir=None`` keeps everything in memory (no checkpoints, no resume). Under ``torchrun`` the same call
     trains one process of a distributed job (:mod:`capsule_lib.distributed`): ``batch_size`` stays the global
-    batch, split over the processes; rank 0 writes ``out_dir``."""
+    batch, split over the processes; rank 0 writes ``out_dir``.
+
+    ``budget_minutes`` stops training once the run's training wall time reaches it, inside an epoch if need be
+    (the weights reached are validated and recorded as a partial epoch; a later call with a larger budget goes
+    on from there: :class:`~capsule_lib.training.Trainer`). ``start_from`` names a shipped checkpoint whose
+    weights (of the same model configuration) the model starts from instead of its initialisation: the
+    optimiser's state (momentum) and the schedule start afresh; the run records it (``meta["start_from"]``)."""
     r = make_recipe(recipe, **overrides)
     dist = setup_distributed(select_device(r.device))  # a torchrun job, or this process alone
     device = dist.device
     torch.manual_seed(r.seed)
     loaders = r.loaders(data_root, device, test=test, standin=standin, dist=dist)
     model = r.build_model()
+    start = _start_from(model, r, start_from) if start_from is not None else None
     r.check_data(model, loaders)
     optimizer = r.build_optimizer(model)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: r.lr_factor(step))
@@ -95,6 +121,8 @@ def train(
         "generated_data": loaders.generated_data,
         **r.describe(model),
     }
+    if start is not None:
+        meta["start_from"] = start
     if dist.distributed:  # recorded only for jobs of several processes
         meta.update(world_size=dist.world_size, batch_size_per_process=r.batch_size // dist.world_size)
     trainer = Trainer(
@@ -113,7 +141,7 @@ def train(
         keep_epochs=r.keep_epochs,
         dist=dist,
     )
-    trainer.fit(loaders.train, loaders.val, r.epochs, resume=resume)
+    trainer.fit(loaders.train, loaders.val, r.epochs, resume=resume, budget_minutes=budget_minutes)
     trainer.finish(loaders.test)  # best validation weights; the test split is read once, now
     return model, trainer
 
@@ -137,6 +165,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--fresh", action="store_true", help="start afresh instead of resuming the run in --out")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--export", metavar="NAME", help="export the finished run as shipped checkpoint NAME")
+    p.add_argument(
+        "--budget-minutes",
+        type=float,
+        default=None,
+        help="stop when the run's training wall time reaches this (inside an epoch if need be; resumable)",
+    )
+    p.add_argument("--start-from", metavar="CHECKPOINT", help="start from a shipped checkpoint's weights")
     a = p.parse_args(argv)
     if (a.recipe is None) == (a.shipped is None):
         p.error("give a recipe name or --shipped CHECKPOINT (one of them)")
@@ -152,7 +187,15 @@ def main(argv: list[str] | None = None) -> None:
         recipe = shipped_recipe(a.shipped, **overrides) if a.shipped else make_recipe(a.recipe, **overrides)
     except KeyError as e:
         p.error(str(e.args[0]))
-    _, trainer = train(recipe, out_dir=a.out, data_root=a.data_root, progress=False, resume=not a.fresh)
+    _, trainer = train(
+        recipe,
+        out_dir=a.out,
+        data_root=a.data_root,
+        progress=False,
+        resume=not a.fresh,
+        budget_minutes=a.budget_minutes,
+        start_from=a.start_from,
+    )
     if trainer.dist.distributed:
         import torch.distributed as torch_dist
 

@@ -33,11 +33,11 @@ __all__ = [
     "ClassifierObjective",
     "MultiDigitObjective",
     "SpreadObjective",
+    "ScoreObjective",
     "History",
     "Trainer",
     "RunMismatchError",
     "load_history",
-    "time_training_step",
 ]
 
 
@@ -253,6 +253,32 @@ class SpreadObjective:
         return StepOutput(loss, {"spread": loss.item(), "margin": self.margin}, correct, y.shape[0])
 
 
+class ScoreObjective:
+    """Each kind of class score with the loss its paper trains it with: capsule ``"lengths"`` with the margin
+    loss, ``"activations"`` with the spread loss (margin from ``m_min`` to ``m_max`` over the run, as in
+    :class:`SpreadObjective`), ``"logits"`` with cross-entropy. For models whose score kind depends on their
+    configuration (:class:`~capsule_lib.models.RoutingClassifier`); no reconstruction. Accuracy is the argmax."""
+
+    def __init__(self, m_min: float = 0.2, m_max: float = 0.9) -> None:
+        self.spread = SpreadObjective(m_min, m_max)
+
+    def set_epoch(self, epoch: int, epochs: int) -> None:
+        self.spread.set_epoch(epoch, epochs)
+
+    def __call__(self, model: nn.Module, batch: tuple[torch.Tensor, ...], train: bool) -> StepOutput:
+        x, y = batch[0], batch[1]
+        out = model(x)
+        scores = out.scores.float()
+        if out.kind == "lengths":
+            loss, part = margin_loss(scores, y), "margin"
+        elif out.kind == "activations":
+            loss, part = spread_loss(scores, y, self.spread.margin), "spread"
+        else:
+            loss, part = nn.functional.cross_entropy(scores, y), "ce"
+        correct = (scores.argmax(1) == y).sum().item()
+        return StepOutput(loss, {part: loss.item()}, correct, y.shape[0])
+
+
 class MultiDigitObjective:
     """Two-digit images (MultiMNIST): batches ``(x, labels [B, 2], source_a, source_b)``.
 
@@ -283,43 +309,6 @@ class MultiDigitObjective:
         top2 = out.scores.topk(2, dim=1).indices
         both = (top2.sort(1).values == y2.long().sort(1).values).all(1)
         return StepOutput(loss, parts, both.sum().item(), x.shape[0])
-
-
-def time_training_step(
-    model: nn.Module,
-    objective: Callable[..., StepOutput],
-    batch: tuple[torch.Tensor, ...],
-    optimizer: torch.optim.Optimizer | None = None,
-    repeats: int = 3,
-    warmup: int = 1,
-) -> float:
-    """Median wall time (seconds) of one training step (forward, loss, backward, optimizer step) on ``batch``.
-
-    Works on a copy of the model's state and restores it afterwards, so the model is unchanged."""
-    import copy
-
-    state = copy.deepcopy(model.state_dict())
-    opt = optimizer or torch.optim.Adam(model.parameters(), 1e-4)
-    opt_state = copy.deepcopy(opt.state_dict())
-    device = next(model.parameters()).device
-    model.train()
-    times = []
-    for k in range(warmup + repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
-        out = objective(model, batch, True)
-        opt.zero_grad(set_to_none=True)
-        out.loss.backward()
-        opt.step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        if k >= warmup:
-            times.append(time.perf_counter() - t0)
-    model.load_state_dict(state)
-    opt.load_state_dict(opt_state)
-    model.eval()
-    return float(np.median(times))
 
 
 # -------------------------------------------------------------------------------------------- history
@@ -399,6 +388,14 @@ class Trainer:
       with exactly the batches, augmentations and random states of the uninterrupted run.
     * Every epoch reseeds torch from ``(seed, epoch)``, so a resumed run repeats exactly what the
       uninterrupted run would have done.
+    * ``fit(..., budget_minutes=m)`` stops once the run's training wall time (resumed time included, validation
+      too) reaches ``m`` minutes, inside an epoch if the training loader can report its position (``state()`` /
+      ``resume_at()``, as :class:`TensorLoader`; other loaders stop at an epoch's end): the weights reached are
+      evaluated on validation and recorded as a **partial epoch** (``{"epoch": 3.42, "partial": True, ...}``: 3
+      epochs and 42% of the 4th), selected like any epoch (``best.pt``), and ``last.pt`` holds the position, so a
+      later ``fit`` with a larger budget trains on exactly as the uninterrupted run would have (same batches,
+      same weights); the history keeps the partial record before the finished epoch's. Without ``out_dir`` a
+      stopped run cannot go on.
     * Resuming with a different recipe (``meta["config"]``) is allowed and recorded in
       ``history.meta["changes"]`` as ``{"from_epoch": ..., "config": ...}``. Resuming a *different run* is
       not: ``last.pt`` stores the run's identity (:meth:`identity`: recipe, dataset, number of training
@@ -456,6 +453,8 @@ class Trainer:
         self.callbacks, self.progress, self.select_metric = list(callbacks), progress, select_metric
         self.keep_epochs, self.checkpoint_minutes = keep_epochs, checkpoint_minutes
         self._in_epoch: dict[str, Any] | None = None  # progress inside an epoch, from a mid-epoch checkpoint
+        self._budget_end: float | None = None  # time.time() at which fit(budget_minutes=) stops training
+        self._stopped: dict[str, Any] | None = None  # set by train_epoch when the budget ran out inside an epoch
         self._last_save = 0.0
         self._epoch_lr, self._t_epoch = 0.0, 0.0
         self.out_dir = Path(out_dir) if out_dir is not None else None
@@ -476,6 +475,8 @@ class Trainer:
         ident: dict[str, Any] = {k: self._meta.get(k) for k in keys}
         ident["seed"] = self.seed
         ident["model"] = (self._meta.get("config") or {}).get("model")
+        if self._meta.get("start_from") is not None:  # only then: checkpoints written before it existed still match
+            ident["start_from"] = self._meta["start_from"]
         return json.loads(json.dumps(ident, default=str))
 
     def state_dict(self) -> dict[str, Any]:
@@ -499,7 +500,9 @@ class Trainer:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         old, new = state.get("identity"), self.identity()
         if old is not None and old != new:
-            diff = "; ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in new if old.get(k) != new.get(k))
+            diff = "; ".join(
+                f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in {**old, **new} if old.get(k) != new.get(k)
+            )
             where = self.out_dir / "last.pt" if self.out_dir is not None else "the checkpoint"
             raise RunMismatchError(
                 f"{where} belongs to a different run ({diff[:300]}); resuming would mix the two. "
@@ -588,8 +591,16 @@ class Trainer:
                 sums[k] = sums.get(k, 0.0) + v * b
             if self.progress and hasattr(bar, "set_postfix"):
                 bar.set_postfix(loss=f"{loss_sum / n:.4f}", acc=f"{correct / n:.4f}")
+            position = getattr(loader, "position", None)
+            unfinished = position is not None and position < len(loader)
+            if self._budget_end is not None and time.time() >= self._budget_end and unfinished:
+                # the budget ran out inside this epoch: fit() evaluates these weights and saves the position
+                in_epoch = {"loader": loader.state(), "sums": dict(sums), "loss_sum": loss_sum} if resumable else {}
+                in_epoch.update(correct=correct, n=n, lr=self._epoch_lr, elapsed=time.time() - self._t_epoch)
+                self._stopped = {"fraction": position / len(loader), "in_epoch": in_epoch if resumable else None}
+                break
             due = self.checkpoint_minutes is not None and time.time() - self._last_save >= 60 * self.checkpoint_minutes
-            if resumable and due and loader.position < len(loader):
+            if resumable and due and unfinished:
                 state = self.state_dict()
                 state["in_epoch"] = {
                     "loader": loader.state(),
@@ -599,6 +610,7 @@ class Trainer:
                     "n": n,
                     "lr": self._epoch_lr,
                     "elapsed": time.time() - self._t_epoch,
+                    "wall_time": self._wall_before + time.time() - self._t0,
                 }
                 _atomic_save(state, self.out_dir / "last.pt")
                 self._last_save = time.time()
@@ -639,8 +651,15 @@ class Trainer:
         *,
         test_loader: Any = None,
         resume: bool = True,
+        budget_minutes: float | None = None,
     ) -> History:
-        """Train until ``epochs`` epochs are complete (counting epochs done before a resume)."""
+        """Train until ``epochs`` epochs are complete (counting epochs done before a resume), or until the run's
+        training wall time reaches ``budget_minutes`` (then the last record may be a partial epoch: see the class
+        docstring)."""
+        if budget_minutes is not None and budget_minutes <= 0:
+            raise ValueError(f"budget_minutes must be > 0 (or None for no budget), got {budget_minutes}")
+        if budget_minutes is not None and self.dist.distributed:  # each rank would stop at its own batch
+            raise ValueError("budget_minutes applies to single-process runs; under torchrun, limit epochs instead")
         if self.out_dir is not None:
             if self._writes:
                 self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -655,12 +674,25 @@ class Trainer:
                     # back and one forward sets it from the new lambdas and leaves the count as it was
                     self.scheduler.last_epoch -= 1
                     self.scheduler.step()
+        # training time before this call: up to the mid-epoch checkpoint or budget stop resumed from, if any
         self._wall_before = self.history.records[-1]["wall_time"] if self.history.records else 0.0
+        self._wall_before = (self._in_epoch or {}).get("wall_time", self._wall_before)
+        if not self._writes and self.history.records and self.history.records[-1].get("partial"):
+            raise ValueError(
+                "this run stopped inside an epoch (budget_minutes) and, without out_dir, kept no checkpoint of "
+                "where: it cannot go on. Train budgeted runs with out_dir to continue them"
+            )
         self._t0 = time.time()
+        self._stopped = None
+        self._budget_end = None if budget_minutes is None else self._t0 + 60 * budget_minutes - self._wall_before
+        if budget_minutes is not None or "budget_minutes" in self.history.meta:
+            self.history.meta["budget_minutes"] = budget_minutes  # the budget of the latest call (None: none)
         self.history.meta.setdefault("device", str(self.device))
         self.history.meta.setdefault("seed", self.seed)
         self.history.meta.setdefault("amp", self.amp)
         while self.epoch < epochs:
+            if self._budget_end is not None and time.time() >= self._budget_end:
+                break  # the budget ran out at an epoch boundary
             if self._in_epoch is None:  # a resumed mid-epoch checkpoint restored the random states instead
                 seed_everything(self.seed * 1_000_003 + self.epoch + 7_919 * self.dist.rank)
             t_epoch = time.time() - (self._in_epoch or {}).get("elapsed", 0.0)
@@ -670,6 +702,9 @@ class Trainer:
             if hasattr(self.objective, "set_epoch"):  # e.g. the spread loss's margin schedule
                 self.objective.set_epoch(self.epoch, epochs)
             rec.update(self.train_epoch(train_loader))
+            if self._stopped is not None:
+                self._record_partial(rec, val_loader)
+                break
             if self.scheduler is not None and self.scheduler_step == "epoch":
                 self.scheduler.step()
             if val_loader is not None:
@@ -698,6 +733,40 @@ class Trainer:
             for cb in self.callbacks:
                 cb(self, rec)
         return self.history
+
+    def _record_partial(self, rec: dict[str, Any], val_loader: Any) -> None:
+        """The budget ran out inside epoch ``self.epoch + 1``: evaluate the weights reached, record them as a
+        partial epoch (selected like any epoch) and save the position in ``last.pt`` (without the partial record,
+        which the finished epoch replaces when the run goes on)."""
+        stopped, self._stopped = self._stopped, None
+        state = self.state_dict() if self._writes else None  # before evaluation: the exact training state
+        rec["epoch"] = self.epoch + math.floor(stopped["fraction"] * 1e4) / 1e4  # < epoch + 1
+        rec["partial"] = True
+        if val_loader is not None:
+            rec.update(self.evaluate(val_loader, "val"))
+        rec["epoch_time"] = time.time() - self._t_epoch
+        rec["wall_time"] = self._wall_before + time.time() - self._t0
+        self.history.append(rec)
+        metric = rec.get(self.select_metric)
+        improved = metric is not None and metric > self.best_metric
+        if improved:
+            self.best_metric = metric
+        rec["best"] = improved
+        if improved and not self._writes:
+            self._best_in_memory = ({k: v.detach().clone() for k, v in self.model.state_dict().items()}, rec)
+        if self._writes:
+            if improved:
+                _atomic_save(
+                    {"model": self.model.state_dict(), "epoch": rec["epoch"], "record": rec}, self.out_dir / "best.pt"
+                )
+            if state is not None and stopped["in_epoch"] is not None:  # resumable at this position
+                state["in_epoch"] = dict(stopped["in_epoch"], wall_time=rec["wall_time"])
+                state["history"] = json.loads(json.dumps(self.history.to_dict()))  # with the partial record
+                state["best_metric"] = self.best_metric
+                _atomic_save(state, self.out_dir / "last.pt")
+            self.history.save(self.out_dir / "history.json")
+        for cb in self.callbacks:
+            cb(self, rec)
 
     def finish(self, test_loader: Any = None) -> dict[str, Any] | None:
         """Load the best-validation weights (:meth:`load_best`) and, with ``test_loader``, evaluate the test split

@@ -124,6 +124,7 @@ def test_capsule_layers_live_in_layers_and_algorithms_in_routing():
         "heinsen.py",
         "inverted.py",
         "self_attention.py",
+        "kinds.py",  # the algorithms' names (ROUTING_KINDS) and default iterations
     }
 
 
@@ -251,6 +252,7 @@ def test_make_recipe_applies_overrides_and_names_unknown_fields():
         "tsai_cifar10",
         "tsai_cifar10_cpu",
         "baseline_backbone_cifar10_cpu",
+        "routing_compare_mnist",
     }
 
 

@@ -142,3 +142,22 @@ def test_only_selects_cases(bench):
     assert bench._select("routing_self_attention_*") == ["routing_self_attention_b16", "routing_self_attention_b128"]
     with pytest.raises(SystemExit):
         bench._select("no_such_case")
+
+
+def test_routing_scaling_quick_run_covers_every_algorithm(tmp_path):
+    from capsule_lib.routing.kinds import DEFAULT_ITERATIONS, ROUTING_KINDS
+
+    out = tmp_path / "routing_scaling_quick.json"
+    script = REPO / "benchmarks" / "routing_scaling.py"
+    subprocess.run(
+        [sys.executable, str(script), "--quick", "--threads", "1", "--out", str(out)], check=True, timeout=300
+    )
+    res = json.loads(out.read_text())
+    assert res["machine"]["torch"] == torch.__version__ and res["machine"]["torch_threads"] == 1
+    rows = res["rows"]
+    assert {r["kind"] for r in rows if r["sweep"] == "size"} == set(ROUTING_KINDS)
+    assert {r["kind"] for r in rows if r["sweep"] == "iterations"} == {
+        k for k, t in DEFAULT_ITERATIONS.items() if t is not None
+    }
+    for r in rows:
+        assert r["ms"] > 0 and r["peak_mib"] >= r["saved_mib"] > 0, r

@@ -294,7 +294,9 @@ def test_class_credits_of_the_smallnorb_model():
 def test_routing_memory_scaling():
     from capsule_lib.cost import loglog_slope, routing_scaling, saved_bytes
 
-    rows = routing_scaling([(64, 8), (256, 8), (1024, 8)], d=8, batch=2, time_it=False)
+    rows = routing_scaling(
+        [(64, 8), (256, 8), (1024, 8)], ("dynamic", "heinsen_2019", "heinsen_2022"), d=8, batch=2, time_it=False
+    )
     for kind in ("dynamic", "heinsen_2019", "heinsen_2022"):
         pts = [(r["n_inp"], r["saved_mib"]) for r in rows if r["kind"] == kind]
         assert 0.85 < loglog_slope(*zip(*pts)) < 1.15, kind  # linear in n_inp
@@ -307,7 +309,7 @@ def test_routing_memory_scaling():
     _, n = saved_bytes(lambda: (w @ torch.ones(10, 3)).sum(), exclude=[w])
     assert n == 10 * 3 * 4  # the ones are saved for backward, the parameter is excluded
     with pytest.raises(ValueError, match="unknown routing kind"):
-        routing_scaling([(4, 4)], ("em",))
+        routing_scaling([(4, 4)], ("capsnet",))
     assert loglog_slope([1, 2, 4], [3, 12, 48]) == pytest.approx(2.0)
 
 

@@ -310,3 +310,93 @@ def test_layernorm_routings_train_stably_under_bf16_from_near_zero_inputs(name):
         opt.step()
         losses.append(loss.item())
     assert all(np.isfinite(losses)) and losses[-1] < 0.8 * losses[0], (name, losses[0], losses[-1])
+
+
+def test_budget_stops_inside_an_epoch_and_a_larger_budget_goes_on_exactly(tmp_path, glyphs, monkeypatch):
+    """fit(budget_minutes=) stops inside epoch 2 (a fake clock: 10 s per training batch, budget 60 s = 6 of the
+    8 batches), records the weights reached as a validated partial epoch 1.5; the same budget again changes
+    nothing; a later fit without budget trains on exactly as the uninterrupted run (same weights, same epoch
+    records), its history keeping the partial record; best.pt always names a record of the history."""
+    import capsule_lib.training as training
+    from capsule_lib.data.transforms import random_shift
+
+    tr, va = glyphs
+
+    def loaders():
+        aug = lambda b, g: (random_shift(b[0], 2, g), *b[1:])  # noqa: E731
+        return (
+            TensorLoader.from_dataset(tr, 64, shuffle=True, seed=0, transform=aug),
+            TensorLoader.from_dataset(va, 128),
+        )
+
+    straight = _trainer(tmp_path / "a")
+    straight.fit(*loaders(), epochs=2)
+
+    clock = {"t": 1_000_000.0}
+    monkeypatch.setattr(training.time, "time", lambda: clock["t"])
+    base = CapsuleObjective()
+
+    def ten_seconds_a_batch(model, batch, train):
+        if train:
+            clock["t"] += 10.0
+        return base(model, batch, train)
+
+    def budgeted(minutes):
+        t = _trainer(tmp_path / "b")
+        t.objective = ten_seconds_a_batch
+        return t, t.fit(*loaders(), epochs=2, budget_minutes=minutes)
+
+    t, hist = budgeted(1.0)
+    assert [r["epoch"] for r in hist.records] == [1, 1.5]
+    partial = hist.records[-1]
+    assert partial["partial"] is True and "val_acc" in partial and partial["wall_time"] == pytest.approx(60.0)
+    assert t.epoch == 1 and hist.meta["budget_minutes"] == 1.0
+    on_disk = json.loads((tmp_path / "b" / "history.json").read_text())
+    assert [r["epoch"] for r in on_disk["records"]] == [1, 1.5]
+    saved = torch.load(tmp_path / "b" / "last.pt", weights_only=False)
+    assert saved["epoch"] == 1 and saved["in_epoch"]["loader"]["batch"] == 2
+    assert [r["epoch"] for r in saved["history"]["records"]] == [1, 1.5]
+    assert saved["best_metric"] == max(r["val_acc"] for r in hist.records)
+
+    _, again = budgeted(1.0)  # the budget is spent: nothing changes
+    assert [r["epoch"] for r in again.records] == [1, 1.5]
+    assert torch.load(tmp_path / "b" / "last.pt", weights_only=False)["in_epoch"]["loader"]["batch"] == 2
+
+    with pytest.raises(ValueError, match=r"^budget_minutes must be > 0"):
+        _trainer(tmp_path / "c").fit(*loaders(), epochs=1, budget_minutes=0)
+
+    resumed = _trainer(tmp_path / "b")
+    resumed.fit(*loaders(), epochs=2)
+    assert [r["epoch"] for r in resumed.history.records] == [1, 1.5, 2]
+    assert resumed.history.meta["budget_minutes"] is None  # the latest call had no budget
+    for (k, p), q in zip(straight.model.state_dict().items(), resumed.model.state_dict().values()):
+        torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-5, msg=k)
+    full = [r for r in resumed.history.records if not r.get("partial")]
+    for a, b in zip(straight.history.records, full):
+        for key in ("train_loss", "train_acc", "val_acc"):
+            assert a[key] == pytest.approx(b[key], rel=1e-6), key
+    best = torch.load(tmp_path / "b" / "best.pt", weights_only=False)
+    assert best["epoch"] in [r["epoch"] for r in resumed.history.records]
+    assert best["record"]["val_acc"] == max(r["val_acc"] for r in resumed.history.records)
+
+
+def test_a_budget_stop_without_out_dir_cannot_go_on(glyphs, monkeypatch):
+    import capsule_lib.training as training
+
+    tr, va = glyphs
+    clock = {"t": 0.0}
+    monkeypatch.setattr(training.time, "time", lambda: clock["t"])
+    base = CapsuleObjective()
+
+    def ten_seconds_a_batch(model, batch, train):
+        if train:
+            clock["t"] += 10.0
+        return base(model, batch, train)
+
+    t = _trainer(None)
+    t.objective = ten_seconds_a_batch
+    tl, vl = TensorLoader.from_dataset(tr, 64), TensorLoader.from_dataset(va, 128)
+    hist = t.fit(tl, vl, epochs=2, budget_minutes=0.5)  # 3 of the 4 batches of epoch 1
+    assert [r["epoch"] for r in hist.records] == [0.75] and t.load_best()["epoch"] == 0.75
+    with pytest.raises(ValueError, match=r"^this run stopped inside an epoch \(budget_minutes\) and, without out_dir"):
+        t.fit(tl, vl, epochs=2)

@@ -212,7 +212,7 @@ def test_multidigit_objective_and_multimnist_loader():
 
 
 def test_time_training_step_leaves_model_unchanged(glyphs):
-    from capsule_lib.training import time_training_step
+    from capsule_lib.cost import time_training_step
 
     tr, _ = glyphs
     model = CapsNet(TINY)
@@ -282,3 +282,34 @@ def test_resume_applies_a_changed_lambda_schedule_at_once(tmp_path, glyphs):
     again.scheduler = torch.optim.lr_scheduler.LambdaLR(again.optimizer, lambda s: 0.5**s)
     again.fit(tl, vl, epochs=2)
     assert again.history.records[1]["lr"] == pytest.approx(1e-3 * 0.5**4)
+
+
+def test_train_starts_from_a_shipped_checkpoint(tmp_path):
+    """start_from loads a shipped checkpoint's weights (lr 0 keeps them: the trained model is the shipped one) and
+    records which; a checkpoint of another model configuration is refused in one line."""
+    from capsule_lib.pretrained import load_pretrained
+    from capsule_lib.train import shipped_recipe, train
+
+    shipped, entry = load_pretrained("baseline_cnn_mnist")
+    smoke = dict(epochs=1, dataset="glyph_digits", train_subset=32, eval_subset=32, device="cpu", lr=0.0)
+    model, tr = train(
+        shipped_recipe("baseline_cnn_mnist", **smoke),
+        out_dir=tmp_path / "warm",
+        progress=False,
+        test=False,
+        start_from="baseline_cnn_mnist",
+    )
+    assert tr.history.meta["start_from"] == {
+        "checkpoint": "baseline_cnn_mnist",
+        "sha256": entry["sha256"],
+        "epochs": entry["training"]["epochs"],
+    }
+    for (k, p), q in zip(shipped.state_dict().items(), model.state_dict().values()):
+        torch.testing.assert_close(p, q, msg=k)
+    with pytest.raises(ValueError, match=r"^start_from='baseline_cnn_mnist': that checkpoint's model configuration"):
+        train(
+            shipped_recipe("baseline_cnn_mnist", **smoke, **{"model.channels": [4, 4, 4]}),
+            progress=False,
+            test=False,
+            start_from="baseline_cnn_mnist",
+        )

@@ -13,6 +13,7 @@ from .heinsen import (
     TokenSequenceConfig,
 )
 from .inverted import BackboneClassifier, CapsLayerSpec, CapsModel, CapsModelConfig
+from .routing_classifier import RoutingClassifier, RoutingClassifierConfig
 
 __all__ = [
     "CapsNet",
@@ -31,6 +32,8 @@ __all__ = [
     "CapsModelConfig",
     "CapsLayerSpec",
     "BackboneClassifier",
+    "RoutingClassifier",
+    "RoutingClassifierConfig",
     "BaselineCNN",
     "BaselineCNNConfig",
 ]

@@ -1,15 +1,15 @@
 """Routing algorithms, one module each, with the same calling convention and the same trace object.
 
-=====================  ==========================================  ==============================
-module                 algorithm                                   main entry points
-=====================  ==========================================  ==============================
-``dynamic``            Sabour et al. 2017, routing by agreement     ``dynamic_routing``, ``DynamicRouting``
-``em``                 Hinton et al. 2018, EM routing (log space)   ``em_routing``, ``EMRouting``
-``heinsen``            Heinsen 2019 / 2022                          ``generative_matrix_routing``,
-                                                                   ``EfficientVectorRouting``
-``inverted``           Tsai et al. 2020, inverted dot-product attn  ``InvertedFCCapsules``, ``InvertedConvCapsules``
-``self_attention``     Mazzia et al. 2021, self-attention routing   ``self_attention_routing``, ``FCCapsules``
-=====================  ==========================================  ==============================
+=====================  ============================================  ==============================
+module                 algorithm                                     main entry points
+=====================  ============================================  ==============================
+``dynamic``            Sabour et al. 2017, routing by agreement      ``dynamic_routing``, ``DynamicRouting``
+``em``                 Hinton et al. 2018, EM routing (log space)    ``em_routing``, ``EMRouting``
+``heinsen``            Heinsen 2019 / 2022                           ``generative_matrix_routing``,
+                                                                     ``EfficientVectorRouting``
+``inverted``           Tsai et al. 2020, inverted dot-product attn   ``InvertedFCCapsules``, ``InvertedConvCapsules``
+``self_attention``     Mazzia et al. 2021, self-attention routing    ``self_attention_routing``, ``FCCapsules``
+=====================  ============================================  ==============================
 """
 
 from .dynamic import DynamicRouting, capsule_votes, dynamic_routing

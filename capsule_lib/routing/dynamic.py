@@ -14,6 +14,26 @@ Per iteration ``t = 1..T``::
 
 ``coupling="children"`` reproduces the most-copied PyTorch port (gram-ai/capsule-networks, issue #10),
 which takes the softmax over the 1152 *input* capsules instead; it is here only for comparison.
+
+**Presets** (:data:`DYNAMIC_PRESETS`, ``DynamicRouting.preset(name, ...)``) reproduce public implementations'
+numerics (checked in float64 against loop-by-loop re-implementations written from their descriptions):
+
+==============  ==========  ======  ===================  =============  ===========================
+preset          coupling    bias    squash kind          detach         W init std
+==============  ==========  ======  ===================  =============  ===========================
+``ours``        parents     0.1     ``hinton`` (safe)    none           0.01
+``official``    parents     0.1     ``hinton_no_eps``    none           0.1 (truncated normal)
+``gram-ai``     children    none    ``hinton_no_eps``    none           1
+``acburigo``    parents     none    ``hinton_no_eps``    none           sqrt(2 / (n_inp * d_inp))
+``xifengguo``   parents     none    ``hinton_eps_norm``  ``non_final``  0.01
+==============  ==========  ======  ===================  =============  ===========================
+
+Every implementation starts from zero logits and adds ``u_hat . v`` after every iteration but the last (some also
+after the last, where it is unused). acburigo's softmax skips the max-subtraction (the same values while the
+logits are moderate); the official code's truncated-normal initialisation (std 0.1, cut at 2 std) is
+approximated by a normal one.
+``detach="non_final"`` (XifengGuo) routes the non-final iterations on detached votes, so only the last
+iteration's weighted sum carries gradient to the votes (and through them to ``W``).
 """
 
 from __future__ import annotations
@@ -25,9 +45,26 @@ from .._checks import check_module_input, check_tensor
 from ..functional import squash
 from ..types import RoutingTrace
 
-__all__ = ["dynamic_routing", "DynamicRouting", "capsule_votes"]
+__all__ = ["dynamic_routing", "DynamicRouting", "capsule_votes", "DYNAMIC_PRESETS"]
 
 _COUPLING = ("parents", "children")
+_DETACH = ("none", "non_final")
+
+#: keyword arguments of :class:`DynamicRouting` that reproduce each implementation (see the module docstring);
+#: ``init_std`` is a number or ``"sqrt(2 / (n_inp * d_inp))"`` (acburigo's scaling, computed by ``preset``)
+DYNAMIC_PRESETS: dict[str, dict] = {
+    "ours": dict(coupling="parents", bias=True, squash_kind="hinton", detach="none", init_std=0.01),
+    "official": dict(coupling="parents", bias=True, squash_kind="hinton_no_eps", detach="none", init_std=0.1),
+    "gram-ai": dict(coupling="children", bias=False, squash_kind="hinton_no_eps", detach="none", init_std=1.0),
+    "acburigo": dict(
+        coupling="parents",
+        bias=False,
+        squash_kind="hinton_no_eps",
+        detach="none",
+        init_std="sqrt(2 / (n_inp * d_inp))",
+    ),
+    "xifengguo": dict(coupling="parents", bias=False, squash_kind="hinton_eps_norm", detach="non_final", init_std=0.01),
+}
 
 
 def capsule_votes(u: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -54,11 +91,13 @@ def dynamic_routing(
     leaky: bool = False,
     coupling: str = "parents",
     squash_kind: str = "hinton",
+    detach: str = "none",
     return_routing: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, RoutingTrace]:
     """Route ``votes [B, n_inp, n_out, d_out]`` to output capsules ``[B, n_out, d_out]``.
 
-    Nothing is detached: gradients flow through every iteration, as in the official code. Internally the
+    By default nothing is detached: gradients flow through every iteration, as in the official code. The routing
+    logits and agreements are computed in the votes' dtype (float32 for float16/bfloat16 votes). Internally the
     votes are laid out parent-major, ``[B, J, I, E]`` (one copy), so that both per-iteration contractions
     are contiguous batched matrix products; the trace's tensors are ``[B, I, J]`` views of that layout.
 
@@ -74,6 +113,10 @@ def dynamic_routing(
         add an all-zero extra logit before the softmax (official "leaky routing").
     coupling
         ``"parents"`` (correct: sum to 1 over j) or ``"children"`` (gram-ai bug: over i).
+    squash_kind
+        a :func:`~capsule_lib.functional.squash` kind: ``"hinton"`` (ours) or an original's variant.
+    detach
+        ``"none"`` (official) or ``"non_final"`` (XifengGuo: non-final iterations route detached votes).
     return_routing
         also return a :class:`RoutingTrace` with per-iteration coefficients ``[B, I, J]``,
         agreements ``[B, I, J]`` and outputs ``[B, J, E]``; ``extra`` holds the final ``logits`` and the
@@ -84,22 +127,26 @@ def dynamic_routing(
         raise ValueError(f"iterations must be >= 1, got {iterations}")
     if coupling not in _COUPLING:
         raise ValueError(f"coupling must be one of {_COUPLING}, got {coupling!r}")
+    if detach not in _DETACH:
+        raise ValueError(f"detach must be one of {_DETACH}, got {detach!r}")
     B, I, J, E = votes.shape
     if bias is not None:
         check_tensor(bias, "bias", f"[n_out={J}, d_out={E}]", [J, E])
     trace = RoutingTrace("dynamic") if return_routing else None
     vj = votes.transpose(1, 2).contiguous()  # [B, J, I, E]
-    logits = votes.new_zeros(B, J, I, dtype=torch.float32)  # b_ij (parent-major), kept in fp32
+    logit_dtype = torch.float32 if votes.dtype in (torch.float16, torch.bfloat16) else votes.dtype
+    logits = votes.new_zeros(B, J, I, dtype=logit_dtype)  # b_ij (parent-major)
     v = votes.new_zeros(B, J, E)
     for t in range(iterations):
+        last = t == iterations - 1
+        u = vj.detach() if detach == "non_final" and not last else vj  # [B, J, I, E]
         c = _coupling(logits, coupling, leaky)  # [B, J, I]
-        s = torch.matmul(c.to(vj.dtype).unsqueeze(2), vj).squeeze(2)  # [B, J, 1, I] @ [B, J, I, E] -> [B, J, E]
+        s = torch.matmul(c.to(u.dtype).unsqueeze(2), u).squeeze(2)  # [B, J, 1, I] @ [B, J, I, E] -> [B, J, E]
         if bias is not None:
             s = s + bias.to(s.dtype)
         v = squash(s, squash_kind)  # [B, J, E]
-        last = t == iterations - 1
         if not last or trace is not None:
-            agree = torch.matmul(vj, v.unsqueeze(-1)).squeeze(-1).float()  # u_hat_{j|i} . v_j: [B, J, I]
+            agree = torch.matmul(u, v.unsqueeze(-1)).squeeze(-1).to(logit_dtype)  # u_hat_{j|i} . v_j: [B, J, I]
             if not last:
                 logits = logits + agree
         if trace is not None:
@@ -133,16 +180,33 @@ class DynamicRouting(nn.Module):
         leaky: bool = False,
         coupling: str = "parents",
         squash_kind: str = "hinton",
+        detach: str = "none",
         init_std: float = 0.01,
         bias_init: float = 0.1,
     ) -> None:
         super().__init__()
         if coupling not in _COUPLING:
             raise ValueError(f"coupling must be one of {_COUPLING}, got {coupling!r}")
+        if detach not in _DETACH:
+            raise ValueError(f"detach must be one of {_DETACH}, got {detach!r}")
         self.n_inp, self.n_out, self.d_inp, self.d_out = n_inp, n_out, d_inp, d_out
         self.iterations, self.leaky, self.coupling, self.squash_kind = iterations, leaky, coupling, squash_kind
+        self.detach = detach
         self.weight = nn.Parameter(torch.randn(n_inp, n_out, d_inp, d_out) * init_std)
         self.bias = nn.Parameter(torch.full((n_out, d_out), float(bias_init))) if bias else None
+
+    @classmethod
+    def preset(
+        cls, name: str, n_inp: int, n_out: int, d_inp: int, d_out: int, iterations: int = 3, **overrides
+    ) -> DynamicRouting:
+        """The layer configured as implementation ``name`` of :data:`DYNAMIC_PRESETS` (``"ours"``,
+        ``"official"``, ``"gram-ai"``, ``"acburigo"``, ``"xifengguo"``); ``overrides`` replace preset fields."""
+        if name not in DYNAMIC_PRESETS:
+            raise ValueError(f"unknown dynamic-routing preset {name!r}; expected one of {sorted(DYNAMIC_PRESETS)}")
+        kw = {**DYNAMIC_PRESETS[name], **overrides}
+        if kw["init_std"] == "sqrt(2 / (n_inp * d_inp))":
+            kw["init_std"] = (2.0 / (n_inp * d_inp)) ** 0.5
+        return cls(n_inp, n_out, d_inp, d_out, iterations, **kw)
 
     def votes(self, u: torch.Tensor) -> torch.Tensor:
         """``[B, n_inp, d_inp] -> [B, n_inp, n_out, d_out]``."""
@@ -158,11 +222,13 @@ class DynamicRouting(nn.Module):
             leaky=self.leaky,
             coupling=self.coupling,
             squash_kind=self.squash_kind,
+            detach=self.detach,
             return_routing=return_routing,
         )
 
     def extra_repr(self) -> str:
         return (
             f"n_inp={self.n_inp}, n_out={self.n_out}, d_inp={self.d_inp}, d_out={self.d_out}, "
-            f"iterations={self.iterations}, coupling={self.coupling!r}, leaky={self.leaky}"
+            f"iterations={self.iterations}, coupling={self.coupling!r}, leaky={self.leaky}, "
+            f"squash_kind={self.squash_kind!r}, detach={self.detach!r}"
         )

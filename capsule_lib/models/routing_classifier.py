@@ -1,0 +1,188 @@
+"""One network, six routings: the comparison chapter's controlled experiment.
+
+Every :class:`RoutingClassifier` has the same convolutional stem and the same primary capsules; only the layer
+that routes the primary capsules to the class capsules differs (``config.routing``, a key of
+:data:`capsule_lib.routing.kinds.ROUTING_KINDS`), and with it the class signal its paper reads out and trains:
+
+* ``dynamic``: :class:`~capsule_lib.routing.dynamic.DynamicRouting` on the squashed primary capsules; score:
+  the class capsules' lengths, margin loss;
+* ``self_attention``: :class:`~capsule_lib.routing.self_attention.SelfAttentionRouting` on primaries squashed
+  with squash_E; lengths, margin loss;
+* ``em``: :class:`~capsule_lib.routing.em.EMRouting` on 4x4 poses with sigmoid activations; the class
+  activations, spread loss;
+* ``heinsen_2019``: :class:`~capsule_lib.routing.heinsen.GenerativeMatrixRouting` with the activation logits;
+  its output activation logits, cross-entropy;
+* ``heinsen_2022``: :class:`~capsule_lib.routing.heinsen.EfficientVectorRouting`, then one linear readout shared
+  by the classes; logits, cross-entropy;
+* ``inverted``: :class:`~capsule_lib.routing.inverted.InvertedFCCapsules`, T updates, then the shared linear
+  readout; logits, cross-entropy.
+
+(:class:`~capsule_lib.training.ScoreObjective` picks the loss from the score kind.) Shapes, for the default MNIST
+configuration::
+
+    x [B, 1, 28, 28] -> stem (conv 5x5, conv 3x3 stride 2) [B, 128, 12, 12]
+      -> primary conv 3x3 stride 2 [B, T*(d+1), 6, 6] -> poses [B, N = T*6*6, d], activation logits [B, N]
+      -> routing -> class capsules [B, K, d] and scores [B, K]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+from torch import nn
+
+from .._checks import check_module_input
+from ..functional import capsule_lengths, squash_efficient, squash_hinton
+from ..routing.em import inverse_temperature_schedule
+from ..routing.kinds import DEFAULT_ITERATIONS, ROUTING_KINDS
+from ..types import CapsuleOutput
+
+__all__ = ["RoutingClassifierConfig", "RoutingClassifier"]
+
+
+@dataclass
+class RoutingClassifierConfig:
+    """``routing``: a key of :data:`capsule_lib.routing.kinds.ROUTING_KINDS`; ``iterations``: ``None`` for the kind's
+    default (:data:`capsule_lib.routing.kinds.DEFAULT_ITERATIONS`; ``self_attention`` takes none). The stem has
+    ``stem_channels`` convolutions (5x5, then 3x3 stride 2, ReLU); the primary capsules are ``primary_types``
+    types of ``caps_dim`` values (a square: EM and inverted routing use them as matrices) on the grid left by a
+    3x3 stride-2 convolution."""
+
+    routing: str = "dynamic"
+    iterations: int | None = None
+    in_channels: int = 1
+    image_size: int = 28
+    n_classes: int = 10
+    stem_channels: tuple[int, int] = (64, 128)
+    primary_types: int = 16
+    caps_dim: int = 16
+
+    def __post_init__(self) -> None:
+        self.stem_channels = tuple(self.stem_channels)  # a config read back from JSON holds lists
+        if self.routing not in ROUTING_KINDS:
+            raise ValueError(f"routing must be one of {sorted(ROUTING_KINDS)}, got {self.routing!r}")
+        if self.iterations is not None and self.iterations < 1:
+            raise ValueError(f"iterations must be >= 1 (or None for the default), got {self.iterations}")
+        if self.routing == "self_attention" and self.iterations is not None:
+            raise ValueError("self_attention routing has no iterations (leave iterations=None)")
+        if int(self.caps_dim**0.5) ** 2 != self.caps_dim:
+            raise ValueError(f"caps_dim must be a square (EM and inverted routing use matrices), got {self.caps_dim}")
+
+    @property
+    def grid(self) -> int:
+        """Side of the primary capsules' grid: conv 5x5 (valid), then two 3x3 stride-2 convolutions (padding 1)."""
+        s = self.image_size - 4
+        for _ in range(2):
+            s = (s - 1) // 2 + 1
+        return s
+
+    @property
+    def n_primary(self) -> int:
+        return self.primary_types * self.grid**2
+
+    @property
+    def routing_iterations(self) -> int | None:
+        return DEFAULT_ITERATIONS[self.routing] if self.iterations is None else self.iterations
+
+    def with_routing(self, routing: str, **overrides) -> RoutingClassifierConfig:
+        """The same network with another routing (iterations back to that kind's default unless given)."""
+        return replace(self, routing=routing, iterations=overrides.pop("iterations", None), **overrides)
+
+
+class RoutingClassifier(nn.Module):
+    """Shared stem and primary capsules, then one routing layer to the class capsules (see the module docstring).
+
+    ``forward(x, return_routing=False) -> CapsuleOutput`` with ``scores [B, K]`` of ``kind`` ``"lengths"``,
+    ``"activations"`` or ``"logits"``, ``poses [B, K, d]``, and with ``return_routing`` the routing's trace
+    (for ``inverted``, the last update's). ``forward(x, iterations=T)`` overrides the number of iterations at
+    test time (the comparison's iteration sweep).
+    """
+
+    def __init__(self, config: RoutingClassifierConfig | None = None, **overrides) -> None:
+        super().__init__()
+        from ..routing.dynamic import DynamicRouting
+        from ..routing.em import EMRouting
+        from ..routing.heinsen import EfficientVectorRouting, GenerativeMatrixRouting
+        from ..routing.inverted import InvertedFCCapsules
+        from ..routing.self_attention import SelfAttentionRouting
+
+        cfg = replace(config or RoutingClassifierConfig(), **overrides)
+        self.config = cfg
+        c1, c2 = cfg.stem_channels
+        T, d, N, K = cfg.primary_types, cfg.caps_dim, cfg.n_primary, cfg.n_classes
+        self.stem = nn.Sequential(
+            nn.Conv2d(cfg.in_channels, c1, 5),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(c1, c2, 3, stride=2, padding=1),
+            nn.ReLU(inplace=True),
+        )
+        self.primary = nn.Conv2d(c2, T * (d + 1), 3, stride=2, padding=1)  # d pose values + 1 activation per type
+        it = cfg.routing_iterations
+        kind = cfg.routing
+        if kind == "dynamic":
+            self.routing: nn.Module = DynamicRouting(N, K, d, d, it)
+        elif kind == "self_attention":
+            self.routing = SelfAttentionRouting(N, K, d, d)
+        elif kind == "em":
+            self.routing = EMRouting(N, K, int(d**0.5), it)
+        elif kind == "heinsen_2019":
+            self.routing = GenerativeMatrixRouting(d_cov=1, d_inp=d, d_out=d, n_inp=N, n_out=K, iterations=it)
+        elif kind == "heinsen_2022":
+            self.routing = EfficientVectorRouting(N, K, d, d, it)
+        else:
+            self.routing = InvertedFCCapsules(N, K, d)
+        # heinsen_2022 and inverted output poses with no presence signal: one linear readout shared by the classes
+        self.readout = nn.Linear(d, 1) if kind in ("heinsen_2022", "inverted") else None
+
+    def primary_capsules(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x [B, C, H, W] -> (poses [B, N, d], activation logits [B, N])``, capsule ``i = (t*g + y)*g + x``."""
+        cfg = self.config
+        B = x.shape[0]
+        T, d, g = cfg.primary_types, cfg.caps_dim, cfg.grid
+        h = self.primary(self.stem(x)).view(B, T, d + 1, g, g)  # [B, T, d+1, g, g]
+        h = h.permute(0, 1, 3, 4, 2).reshape(B, T * g * g, d + 1)  # [B, N, d+1]
+        return h[..., :d], h[..., d]  # [B, N, d], [B, N]
+
+    def forward(self, x: torch.Tensor, return_routing: bool = False, iterations: int | None = None) -> CapsuleOutput:
+        check_module_input(x, self, type(self).__name__)
+        kind = self.config.routing
+        if iterations is not None and kind == "self_attention":
+            raise ValueError("self_attention routing has no iterations to override")
+        if iterations is not None and iterations < 1:
+            raise ValueError(f"iterations must be >= 1, got {iterations}")
+        poses, logits = self.primary_capsules(x)  # [B, N, d], [B, N]
+        trace = None
+        saved = {k: getattr(self.routing, k) for k in ("iterations", "inverse_temperature") if hasattr(self.routing, k)}
+        if iterations is not None and kind != "inverted":
+            self.routing.iterations = iterations
+            if kind == "em":  # EM's inverse temperatures are one per iteration (the default schedule)
+                self.routing.inverse_temperature = inverse_temperature_schedule(iterations)
+        try:
+            if kind in ("dynamic", "self_attention"):
+                u = squash_hinton(poses) if kind == "dynamic" else squash_efficient(poses)  # [B, N, d]
+                out = self.routing(u, return_routing=return_routing)
+                v, trace = out if return_routing else (out, None)  # [B, K, d]
+                return CapsuleOutput(capsule_lengths(v), "lengths", v, trace=trace)
+            if kind == "em":
+                out = self.routing(poses, torch.sigmoid(logits), return_routing=return_routing)
+                (mu, a_out), trace = out if return_routing else (out, None)  # [B, K, d], [B, K]
+                return CapsuleOutput(a_out, "activations", mu, trace=trace)
+            if kind == "heinsen_2019":
+                out = self.routing(logits, poses.unsqueeze(-2), return_routing=return_routing)
+                (a_out, mu, _), trace = out if return_routing else (out, None)  # [B, K], [B, K, 1, d]
+                return CapsuleOutput(a_out, "logits", mu.squeeze(-2), trace=trace)
+            if kind == "heinsen_2022":
+                out = self.routing(poses, return_routing=return_routing)
+                v, trace = out if return_routing else (out, None)  # [B, K, d]
+            else:  # inverted: T updates, each from the previous output
+                P = None
+                for _ in range(self.config.routing_iterations if iterations is None else iterations):
+                    P = self.routing(poses, P, return_routing=return_routing)
+                    if return_routing:
+                        P, trace = P
+                v = P  # [B, K, d]
+            return CapsuleOutput(self.readout(v).squeeze(-1), "logits", v, trace=trace)  # [B, K]
+        finally:
+            for k, v in saved.items():
+                setattr(self.routing, k, v)

@@ -1,0 +1,63 @@
+"""The library's docstrings are valid reStructuredText (the API appendix renders them with ``-W``: a malformed
+table or list there fails the book build after every notebook has run; here it fails in a second)."""
+
+import importlib
+import inspect
+import io
+import pkgutil
+
+import docutils.core
+import docutils.utils
+import pytest
+from docutils.parsers.rst import roles
+
+import capsule_lib
+
+SPHINX_ROLES = ("class", "func", "meth", "mod", "attr", "data", "obj", "exc", "cite", "doc", "ref", "math")
+for _role in SPHINX_ROLES:
+    roles.register_generic_role(_role, docutils.nodes.literal)
+
+MODULES = sorted(
+    m.name
+    for m in pkgutil.walk_packages(capsule_lib.__path__, "capsule_lib.")
+    if not m.name.split(".")[-1].startswith("_")
+)
+
+
+def _docstrings(module):
+    yield module.__name__, inspect.getdoc(module)
+    for name, obj in vars(module).items():
+        if name.startswith("_") or getattr(obj, "__module__", None) != module.__name__:
+            continue
+        if inspect.isclass(obj) or inspect.isfunction(obj):
+            yield f"{module.__name__}.{name}", inspect.getdoc(obj)
+        if inspect.isclass(obj):
+            for attr, member in vars(obj).items():
+                if not attr.startswith("_") and (inspect.isfunction(member) or isinstance(member, classmethod)):
+                    fn = member.__func__ if isinstance(member, classmethod) else member
+                    yield f"{module.__name__}.{name}.{attr}", inspect.getdoc(fn)
+
+
+def _rst_problems(text: str) -> list[str]:
+    """docutils' warnings and errors (what ``-W`` fails on) for one docstring, one line each."""
+    stream = io.StringIO()
+    settings = {"report_level": 2, "halt_level": 5, "warning_stream": stream}
+    docutils.core.publish_doctree(text, settings_overrides=settings)
+    return [
+        line for line in stream.getvalue().splitlines() if any(f"({k}/" in line for k in ("WARNING", "ERROR", "SEVERE"))
+    ]
+
+
+@pytest.mark.parametrize("module_name", MODULES)
+def test_docstrings_are_valid_rst(module_name):
+    module = importlib.import_module(module_name)
+    bad = []
+    for where, doc in _docstrings(module):
+        if doc:
+            bad += [f"{where}: {p}" for p in _rst_problems(doc)]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_check_catches_a_malformed_table():
+    table = "=====  =====\nname   value\n=====  =====\n``a_long_name``  1\n=====  =====\n"
+    assert any("Malformed table" in p for p in _rst_problems(table))
