@@ -223,6 +223,7 @@ def export_run(
     directory: str | os.PathLike | None = None,
     device: str = "cpu",
     max_epoch: int | None = None,
+    batch_size: int = 256,
 ) -> dict[str, Any]:
     """Export the best-validation weights of a :class:`~capsule_lib.training.Trainer` run directory.
 
@@ -232,7 +233,8 @@ def export_run(
     or e.g. the familiar and novel test views of a viewpoint protocol),
     so the registry's metrics are those of the file readers load. ``max_epoch`` limits the budget: the best
     validation epoch among the first ``max_epoch`` is exported (needs the run's ``epoch_NNN.pt`` snapshots
-    unless that epoch is the run's ``best.pt``); the history is cut there too.
+    unless that epoch is the run's ``best.pt``); the history is cut there too. ``batch_size``: of the evaluation
+    (a smaller one for models whose activations are large, e.g. the paper-size Tsai network).
     """
     from .evaluation import accuracy, predict
     from .recipes import recipe_config
@@ -274,7 +276,7 @@ def export_run(
     metrics: dict[str, Any] = {"selected_epoch": best["epoch"], "selected_by": "val_acc"}
     sets = recipe_config(meta["recipe"], meta["config"]).evaluation_sets(data_root)  # e.g. val, test
     for split, ds in sets.items():
-        res = predict(model, ds.images, device=device)
+        res = predict(model, ds.images, batch_size=batch_size, device=device)
         metrics[f"{split}_acc"] = accuracy(res["scores"], ds.labels)
         metrics[f"{split}_errors"] = int((res["scores"].argmax(1) != ds.labels).sum())
         metrics[f"{split}_size"] = len(ds)

@@ -499,10 +499,9 @@ class Trainer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         old, new = state.get("identity"), self.identity()
-        if old is not None and old != new:
-            diff = "; ".join(
-                f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in {**old, **new} if old.get(k) != new.get(k)
-            )
+        differ = [k for k in {**(old or {}), **new} if old is not None and old.get(k) != new.get(k)]  # absent = None
+        if differ:
+            diff = "; ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in differ)
             where = self.out_dir / "last.pt" if self.out_dir is not None else "the checkpoint"
             raise RunMismatchError(
                 f"{where} belongs to a different run ({diff[:300]}); resuming would mix the two. "

@@ -301,3 +301,24 @@ def test_cifar_recipes_also_evaluate_the_exact_test_images(tmp_path):
     assert len(sets["test"]) == 6 and sets["test_exact"].labels.tolist() == [0, 1, 3]
     np.savez(folder / "test.npz", x=rng.integers(0, 255, (6, 32, 32, 3), dtype=np.uint8), y=np.arange(6))
     assert set(make_recipe("tsai_cifar10").evaluation_sets(str(tmp_path), standin=False)) == {"val", "test"}
+
+
+def test_the_papers_configuration_ships_with_its_honest_budget():
+    """The shipped paper-configuration run: the paper's recipe and model unchanged, stopped by a recorded
+    wall-clock budget after a fraction of its 350 epochs, selected on validation, the count in the registry
+    equal to the history's last (possibly partial) record."""
+    from capsule_lib.pretrained import load_pretrained_history, registry
+
+    entry = registry()["tsai_cifar10_seed0"]
+    hist = load_pretrained_history("tsai_cifar10_seed0")
+    run = entry["training"]
+    assert hist.meta["recipe"] == "tsai_cifar10" and hist.meta["parameters"] == 1_828_817
+    assert hist.meta["config"] == make_recipe("tsai_cifar10").config()  # nothing changed from the paper's recipe
+    assert hist.meta["config"]["epochs"] == 350 and entry["model"] == "caps_model"
+    last = hist.records[-1]
+    assert run["epochs"] == last["epoch"] and 0 < run["epochs"] < 350
+    assert last.get("partial", False) == (run["epochs"] != int(run["epochs"]))
+    assert run["budget_minutes"] > 0 and run["wall_time_s"] <= 60 * run["budget_minutes"] + 15 * 60
+    metrics = entry["metrics"]
+    assert metrics["selected_by"] == "val_acc" and metrics["selected_epoch"] == hist.best("val_acc")["epoch"]
+    assert 0.1 < metrics["val_acc"] < 1 and metrics["test_size"] == 10_000
