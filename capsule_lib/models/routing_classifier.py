@@ -71,7 +71,7 @@ class RoutingClassifierConfig:
 
     @property
     def grid(self) -> int:
-        """Side of the primary capsules' grid: conv 5x5 (valid), then two 3x3 stride-2 convolutions (padding 1)."""
+        """The side of the primary capsules' grid (after a valid 5x5 convolution and two 3x3 stride-2 ones)."""
         s = self.image_size - 4
         for _ in range(2):
             s = (s - 1) // 2 + 1
