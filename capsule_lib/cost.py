@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .routing.kinds import DEFAULT_ITERATIONS, ROUTING_KINDS
+from .routing.kinds import DEFAULT_ITERATIONS, ROUTING_KINDS, build_routing
 
 __all__ = [
     "saved_bytes",
@@ -133,42 +133,20 @@ def machine_info(device: str | torch.device = "cpu") -> dict[str, Any]:
 def routing_layer(
     kind: str, n_inp: int, n_out: int, d: int, batch: int = 4, seed: int = 0, iterations: int | None = None
 ):
-    """``(module, make_loss)`` for one routing layer of ``kind`` (a key of
-    :data:`~capsule_lib.routing.kinds.ROUTING_KINDS`) from ``n_inp`` to ``n_out`` capsules of size ``d`` (a square
-    for ``em`` and ``inverted``), routing with ``iterations`` (default:
-    :data:`~capsule_lib.routing.kinds.DEFAULT_ITERATIONS`; ``self_attention`` has none and refuses a number):
-    ``make_loss()`` runs the forward pass, votes included, on fixed random inputs (``batch`` examples) and returns
-    a scalar to backpropagate (the sum of squares of every output)."""
-    from .routing.dynamic import DynamicRouting
-    from .routing.em import EMRouting
-    from .routing.heinsen import EfficientVectorRouting, GenerativeMatrixRouting
-    from .routing.inverted import InvertedFCCapsules
-    from .routing.self_attention import SelfAttentionRouting
-
-    if kind not in ROUTING_KINDS:
-        raise ValueError(f"unknown routing kind {kind!r}; kinds: {', '.join(ROUTING_KINDS)}")
-    if kind == "self_attention" and iterations is not None:
-        raise ValueError("self_attention routing has no iterations (pass iterations=None)")
+    """``(module, make_loss)`` for one routing layer of ``kind`` (:func:`~capsule_lib.routing.kinds.build_routing`:
+    ``n_inp`` to ``n_out`` capsules of size ``d``, with ``iterations``): ``make_loss()`` runs the forward pass,
+    votes included, on fixed random inputs (``batch`` examples) and returns a scalar to backpropagate (the sum of
+    squares of every output)."""
+    m = build_routing(kind, n_inp, n_out, d, iterations)
     T = DEFAULT_ITERATIONS[kind] if iterations is None else iterations
-    if kind in ("em", "inverted") and math.isqrt(d) ** 2 != d:
-        raise ValueError(f"{kind} routes matrix capsules: d must be a square (4 x 4 = 16), got {d}")
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(batch, n_inp, d, generator=g).requires_grad_()  # [B, n_inp, d]
     a = torch.randn(batch, n_inp, generator=g)  # [B, n_inp] input activations (logits) where the kind takes them
-    if kind == "dynamic":
-        m: nn.Module = DynamicRouting(n_inp, n_out, d, d, T)
-        return m, lambda: m(x).square().sum()
     if kind == "em":
-        m = EMRouting(n_inp, n_out, math.isqrt(d), T)
         return m, lambda: sum(t.float().square().sum() for t in m(x, torch.sigmoid(a)))
     if kind == "heinsen_2019":
-        m = GenerativeMatrixRouting(d_cov=1, d_inp=d, d_out=d, n_inp=n_inp, n_out=n_out, iterations=T)
         return m, lambda: sum(t.float().square().sum() for t in m(a, x.unsqueeze(-2)))
-    if kind == "heinsen_2022":
-        m = EfficientVectorRouting(n_inp, n_out, d, d, T)
-        return m, lambda: m(x).square().sum()
     if kind == "inverted":
-        m = InvertedFCCapsules(n_inp, n_out, d)
 
         def loss() -> torch.Tensor:
             P = None
@@ -177,8 +155,7 @@ def routing_layer(
             return P.float().square().sum()
 
         return m, loss
-    m = SelfAttentionRouting(n_inp, n_out, d, d)
-    return m, lambda: m(x).square().sum()
+    return m, lambda: m(x).square().sum()  # dynamic, heinsen_2022, self_attention
 
 
 def routing_scaling(

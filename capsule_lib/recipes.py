@@ -60,6 +60,7 @@ from .training import (
 __all__ = [
     "Recipe",
     "Loaders",
+    "ShiftDecayRecipe",
     "CapsNetRecipe",
     "BaselineCNNRecipe",
     "EfficientCapsNetRecipe",
@@ -223,29 +224,38 @@ def _shard(recipe: Recipe, dist: DistInfo | None) -> dict[str, Any]:
     return {"batch_size": recipe.batch_size // world, "rank": rank}
 
 
-def _step_decay(r: Any, step: int) -> float:
-    """``lr_decay ** (step / lr_decay_steps)``: continuous exponential decay per batch (the official CapsNet)."""
-    return r.lr_decay ** (step / r.lr_decay_steps)
+@dataclass
+class ShiftDecayRecipe(Recipe):
+    """CapsNet's data pipeline and schedule, shared by the recipes trained on the same budget as it: +-``max_shift``
+    px random shifts of the training images, and the learning rate decayed ``lr_decay ** (step /
+    lr_decay_steps)`` per batch (continuous exponential decay, the official CapsNet's x0.96 every 2000 steps)."""
 
+    scheduler_step: ClassVar[str] = "batch"
 
-def _shift(r: Any, batch: tuple, g: torch.Generator) -> tuple:
-    x, *rest = batch
-    return (random_shift(x, r.max_shift, g), *rest)
+    lr_decay: float = 0.96
+    lr_decay_steps: int = 2000
+    max_shift: int = 2  # random +-2 px shift, training images only
+
+    def lr_factor(self, step: int) -> float:
+        return self.lr_decay ** (step / self.lr_decay_steps)
+
+    def augment_batch(self, batch: tuple, g: torch.Generator) -> tuple:
+        x, *rest = batch
+        return (random_shift(x, self.max_shift, g), *rest)
+
+    def has_augmentation(self) -> bool:
+        return bool(self.max_shift)
 
 
 @dataclass
-class CapsNetRecipe(Recipe):
+class CapsNetRecipe(ShiftDecayRecipe):
     """Sabour et al. (2017) MNIST recipe. Defaults follow the paper/official code except where noted:
     Adam, lr 1e-3 decayed x0.96 every 2000 steps (continuously), +-2 px random shifts of the training images,
     margin loss + 0.0005 x summed squared reconstruction error."""
 
     name: ClassVar[str] = "capsnet"
-    scheduler_step: ClassVar[str] = "batch"
 
     epochs: int = 15
-    lr_decay: float = 0.96  # official: x0.96 every 2000 steps (continuous exponential decay)
-    lr_decay_steps: int = 2000
-    max_shift: int = 2  # random +-2 px shift, training images only
     recon_weight: float = 0.0005  # x sum of squared pixel errors
     margin_reduction: str = "paper"
     model: CapsNetConfig = field(default_factory=CapsNetConfig)
@@ -256,29 +266,16 @@ class CapsNetRecipe(Recipe):
     def build_objective(self) -> Any:
         return CapsuleObjective(self.recon_weight, self.margin_reduction)
 
-    def lr_factor(self, step: int) -> float:
-        return _step_decay(self, step)
-
-    def augment_batch(self, batch: tuple, g: torch.Generator) -> tuple:
-        return _shift(self, batch, g)
-
-    def has_augmentation(self) -> bool:
-        return bool(self.max_shift)
-
 
 @dataclass
-class BaselineCNNRecipe(Recipe):
+class BaselineCNNRecipe(ShiftDecayRecipe):
     """The plain CNN baseline, trained with CapsNet's data pipeline and budget (same epochs, batch, +-2 px
     shift, Adam and schedule) and cross-entropy, for the robustness comparison."""
 
     name: ClassVar[str] = "baseline_cnn"
-    scheduler_step: ClassVar[str] = "batch"
     keep_epochs: ClassVar[bool] = True
 
     epochs: int = 15
-    lr_decay: float = 0.96
-    lr_decay_steps: int = 2000
-    max_shift: int = 2
     model: BaselineCNNConfig = field(default_factory=BaselineCNNConfig)
 
     def build_model(self) -> nn.Module:
@@ -286,15 +283,6 @@ class BaselineCNNRecipe(Recipe):
 
     def build_objective(self) -> Any:
         return ClassifierObjective()
-
-    def lr_factor(self, step: int) -> float:
-        return _step_decay(self, step)
-
-    def augment_batch(self, batch: tuple, g: torch.Generator) -> tuple:
-        return _shift(self, batch, g)
-
-    def has_augmentation(self) -> bool:
-        return bool(self.max_shift)
 
 
 def _epoch_decay(r: Any, epoch: int) -> float:
@@ -898,7 +886,7 @@ class BackboneCifarCPURecipe(TsaiCifarCPURecipe):
 
 
 @dataclass
-class RoutingCompareRecipe(Recipe):
+class RoutingCompareRecipe(ShiftDecayRecipe):
     """The comparison chapter's controlled experiment: a :class:`~capsule_lib.models.RoutingClassifier` (shared
     stem and primary capsules, ``model.routing`` chooses the routing) on MNIST, with the same data, +-2 px
     shifts, Adam (lr 1e-3, x0.96 every 2000 steps, as CapsNet's recipe), batch 128 and validation-split selection
@@ -907,12 +895,8 @@ class RoutingCompareRecipe(Recipe):
     only the cap (and the spread loss's margin schedule)."""
 
     name: ClassVar[str] = "routing_compare_mnist"
-    scheduler_step: ClassVar[str] = "batch"
 
     epochs: int = 30
-    lr_decay: float = 0.96
-    lr_decay_steps: int = 2000
-    max_shift: int = 2
     model: RoutingClassifierConfig = field(default_factory=RoutingClassifierConfig)
 
     def build_model(self) -> nn.Module:
@@ -920,15 +904,6 @@ class RoutingCompareRecipe(Recipe):
 
     def build_objective(self) -> Any:
         return ScoreObjective()
-
-    def lr_factor(self, step: int) -> float:
-        return _step_decay(self, step)
-
-    def augment_batch(self, batch: tuple, g: torch.Generator) -> tuple:
-        return _shift(self, batch, g)
-
-    def has_augmentation(self) -> bool:
-        return bool(self.max_shift)
 
 
 #: every recipe by name

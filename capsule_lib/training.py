@@ -713,19 +713,10 @@ class Trainer:
             rec["epoch_time"] = time.time() - t_epoch
             rec["wall_time"] = self._wall_before + time.time() - self._t0
             self.epoch += 1
-            self.history.append(rec)
-            metric = rec.get(self.select_metric)
-            improved = metric is not None and metric > self.best_metric
-            if improved:
-                self.best_metric = metric
-            rec["best"] = improved
-            if improved and not self._writes:  # no folder (or not rank 0): keep the best weights in memory
-                self._best_in_memory = ({k: v.detach().clone() for k, v in self.model.state_dict().items()}, rec)
+            self._append_and_select(rec)
             if self._writes:
-                snapshot = {"model": self.model.state_dict(), "epoch": self.epoch, "record": rec}
-                if improved:
-                    _atomic_save(snapshot, self.out_dir / "best.pt")
                 if self.keep_epochs:
+                    snapshot = {"model": self.model.state_dict(), "epoch": self.epoch, "record": rec}
                     _atomic_save(snapshot, self.out_dir / f"epoch_{self.epoch:03d}.pt")
                 _atomic_save(self.state_dict(), self.out_dir / "last.pt")
                 self.history.save(self.out_dir / "history.json")
@@ -733,10 +724,26 @@ class Trainer:
                 cb(self, rec)
         return self.history
 
+    def _append_and_select(self, rec: dict[str, Any]) -> None:
+        """Append an evaluated record to the history and, if it improves ``select_metric``, keep its weights as the
+        best (``best.pt``, or in memory without ``out_dir`` or off rank 0)."""
+        self.history.append(rec)
+        metric = rec.get(self.select_metric)
+        rec["best"] = improved = metric is not None and metric > self.best_metric
+        if not improved:
+            return
+        self.best_metric = metric
+        if self._writes:
+            _atomic_save(
+                {"model": self.model.state_dict(), "epoch": rec["epoch"], "record": rec}, self.out_dir / "best.pt"
+            )
+        else:
+            self._best_in_memory = ({k: v.detach().clone() for k, v in self.model.state_dict().items()}, rec)
+
     def _record_partial(self, rec: dict[str, Any], val_loader: Any) -> None:
         """The budget ran out inside epoch ``self.epoch + 1``: evaluate the weights reached, record them as a
-        partial epoch (selected like any epoch) and save the position in ``last.pt`` (without the partial record,
-        which the finished epoch replaces when the run goes on)."""
+        partial epoch (selected like any epoch) and save the position in ``last.pt``, history included, so that a
+        larger budget trains on from there."""
         stopped, self._stopped = self._stopped, None
         state = self.state_dict() if self._writes else None  # before evaluation: the exact training state
         rec["epoch"] = self.epoch + math.floor(stopped["fraction"] * 1e4) / 1e4  # < epoch + 1
@@ -745,19 +752,8 @@ class Trainer:
             rec.update(self.evaluate(val_loader, "val"))
         rec["epoch_time"] = time.time() - self._t_epoch
         rec["wall_time"] = self._wall_before + time.time() - self._t0
-        self.history.append(rec)
-        metric = rec.get(self.select_metric)
-        improved = metric is not None and metric > self.best_metric
-        if improved:
-            self.best_metric = metric
-        rec["best"] = improved
-        if improved and not self._writes:
-            self._best_in_memory = ({k: v.detach().clone() for k, v in self.model.state_dict().items()}, rec)
+        self._append_and_select(rec)
         if self._writes:
-            if improved:
-                _atomic_save(
-                    {"model": self.model.state_dict(), "epoch": rec["epoch"], "record": rec}, self.out_dir / "best.pt"
-                )
             if state is not None and stopped["in_epoch"] is not None:  # resumable at this position
                 state["in_epoch"] = dict(stopped["in_epoch"], wall_time=rec["wall_time"])
                 state["history"] = json.loads(json.dumps(self.history.to_dict()))  # with the partial record

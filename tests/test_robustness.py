@@ -312,12 +312,27 @@ def test_layernorm_routings_train_stably_under_bf16_from_near_zero_inputs(name):
     assert all(np.isfinite(losses)) and losses[-1] < 0.8 * losses[0], (name, losses[0], losses[-1])
 
 
+def _fake_clock_objective(monkeypatch):
+    """The Trainer's clock made to advance 10 s per training batch (and not otherwise): the objective to train with."""
+    import capsule_lib.training as training
+
+    clock = {"t": 1_000_000.0}
+    monkeypatch.setattr(training.time, "time", lambda: clock["t"])
+    base = CapsuleObjective()
+
+    def ten_seconds_a_batch(model, batch, train):
+        if train:
+            clock["t"] += 10.0
+        return base(model, batch, train)
+
+    return ten_seconds_a_batch
+
+
 def test_budget_stops_inside_an_epoch_and_a_larger_budget_goes_on_exactly(tmp_path, glyphs, monkeypatch):
     """fit(budget_minutes=) stops inside epoch 2 (a fake clock: 10 s per training batch, budget 60 s = 6 of the
     8 batches), records the weights reached as a validated partial epoch 1.5; the same budget again changes
     nothing; a later fit without budget trains on exactly as the uninterrupted run (same weights, same epoch
     records), its history keeping the partial record; best.pt always names a record of the history."""
-    import capsule_lib.training as training
     from capsule_lib.data.transforms import random_shift
 
     tr, va = glyphs
@@ -332,14 +347,7 @@ def test_budget_stops_inside_an_epoch_and_a_larger_budget_goes_on_exactly(tmp_pa
     straight = _trainer(tmp_path / "a")
     straight.fit(*loaders(), epochs=2)
 
-    clock = {"t": 1_000_000.0}
-    monkeypatch.setattr(training.time, "time", lambda: clock["t"])
-    base = CapsuleObjective()
-
-    def ten_seconds_a_batch(model, batch, train):
-        if train:
-            clock["t"] += 10.0
-        return base(model, batch, train)
+    ten_seconds_a_batch = _fake_clock_objective(monkeypatch)
 
     def budgeted(minutes):
         t = _trainer(tmp_path / "b")
@@ -381,17 +389,8 @@ def test_budget_stops_inside_an_epoch_and_a_larger_budget_goes_on_exactly(tmp_pa
 
 
 def test_a_budget_stop_without_out_dir_cannot_go_on(glyphs, monkeypatch):
-    import capsule_lib.training as training
-
     tr, va = glyphs
-    clock = {"t": 0.0}
-    monkeypatch.setattr(training.time, "time", lambda: clock["t"])
-    base = CapsuleObjective()
-
-    def ten_seconds_a_batch(model, batch, train):
-        if train:
-            clock["t"] += 10.0
-        return base(model, batch, train)
+    ten_seconds_a_batch = _fake_clock_objective(monkeypatch)
 
     t = _trainer(None)
     t.objective = ten_seconds_a_batch

@@ -35,7 +35,7 @@ from torch import nn
 from .._checks import check_module_input
 from ..functional import capsule_lengths, squash_efficient, squash_hinton
 from ..routing.em import inverse_temperature_schedule
-from ..routing.kinds import DEFAULT_ITERATIONS, ROUTING_KINDS
+from ..routing.kinds import DEFAULT_ITERATIONS, ROUTING_KINDS, build_routing
 from ..types import CapsuleOutput
 
 __all__ = ["RoutingClassifierConfig", "RoutingClassifier"]
@@ -101,12 +101,6 @@ class RoutingClassifier(nn.Module):
 
     def __init__(self, config: RoutingClassifierConfig | None = None, **overrides) -> None:
         super().__init__()
-        from ..routing.dynamic import DynamicRouting
-        from ..routing.em import EMRouting
-        from ..routing.heinsen import EfficientVectorRouting, GenerativeMatrixRouting
-        from ..routing.inverted import InvertedFCCapsules
-        from ..routing.self_attention import SelfAttentionRouting
-
         cfg = replace(config or RoutingClassifierConfig(), **overrides)
         self.config = cfg
         c1, c2 = cfg.stem_channels
@@ -118,20 +112,8 @@ class RoutingClassifier(nn.Module):
             nn.ReLU(inplace=True),
         )
         self.primary = nn.Conv2d(c2, T * (d + 1), 3, stride=2, padding=1)  # d pose values + 1 activation per type
-        it = cfg.routing_iterations
         kind = cfg.routing
-        if kind == "dynamic":
-            self.routing: nn.Module = DynamicRouting(N, K, d, d, it)
-        elif kind == "self_attention":
-            self.routing = SelfAttentionRouting(N, K, d, d)
-        elif kind == "em":
-            self.routing = EMRouting(N, K, int(d**0.5), it)
-        elif kind == "heinsen_2019":
-            self.routing = GenerativeMatrixRouting(d_cov=1, d_inp=d, d_out=d, n_inp=N, n_out=K, iterations=it)
-        elif kind == "heinsen_2022":
-            self.routing = EfficientVectorRouting(N, K, d, d, it)
-        else:
-            self.routing = InvertedFCCapsules(N, K, d)
+        self.routing = build_routing(kind, N, K, d, cfg.iterations)
         # heinsen_2022 and inverted output poses with no presence signal: one linear readout shared by the classes
         self.readout = nn.Linear(d, 1) if kind in ("heinsen_2022", "inverted") else None
 

@@ -1,8 +1,13 @@
-"""The names of the routing algorithms, one per algorithm, and their papers' default numbers of iterations."""
+"""The names of the routing algorithms, one per algorithm, their papers' default numbers of iterations, and
+:func:`build_routing`, which makes a fully connected layer of each (the comparison and :mod:`capsule_lib.cost`)."""
 
 from __future__ import annotations
 
-__all__ = ["ROUTING_KINDS", "DEFAULT_ITERATIONS"]
+import math
+
+from torch import nn
+
+__all__ = ["ROUTING_KINDS", "DEFAULT_ITERATIONS", "build_routing"]
 
 #: every routing algorithm of the library, by the name the comparison and :mod:`capsule_lib.cost` use
 #: (:func:`capsule_lib.cost.routing_layer` builds each as a fully connected layer of capsules of size ``d``)
@@ -24,3 +29,34 @@ DEFAULT_ITERATIONS = {
     "inverted": 2,
     "self_attention": None,
 }
+
+
+def build_routing(kind: str, n_inp: int, n_out: int, d: int, iterations: int | None = None) -> nn.Module:
+    """A fully connected routing layer of ``kind`` from ``n_inp`` to ``n_out`` capsules of size ``d`` (a square
+    for ``em`` and ``inverted``, whose capsules are matrices), routing with ``iterations`` (default:
+    :data:`DEFAULT_ITERATIONS`; ``self_attention`` has none and refuses a number). ``inverted`` is one update
+    (:class:`~capsule_lib.routing.inverted.InvertedFCCapsules`): the caller runs it ``iterations`` times."""
+    from .dynamic import DynamicRouting
+    from .em import EMRouting
+    from .heinsen import EfficientVectorRouting, GenerativeMatrixRouting
+    from .inverted import InvertedFCCapsules
+    from .self_attention import SelfAttentionRouting
+
+    if kind not in ROUTING_KINDS:
+        raise ValueError(f"unknown routing kind {kind!r}; kinds: {', '.join(ROUTING_KINDS)}")
+    if kind == "self_attention" and iterations is not None:
+        raise ValueError("self_attention routing has no iterations (pass iterations=None)")
+    if kind in ("em", "inverted") and math.isqrt(d) ** 2 != d:
+        raise ValueError(f"{kind} routes matrix capsules: d must be a square (4 x 4 = 16), got {d}")
+    T = DEFAULT_ITERATIONS[kind] if iterations is None else iterations
+    if kind == "dynamic":
+        return DynamicRouting(n_inp, n_out, d, d, T)
+    if kind == "em":
+        return EMRouting(n_inp, n_out, math.isqrt(d), T)
+    if kind == "heinsen_2019":
+        return GenerativeMatrixRouting(d_cov=1, d_inp=d, d_out=d, n_inp=n_inp, n_out=n_out, iterations=T)
+    if kind == "heinsen_2022":
+        return EfficientVectorRouting(n_inp, n_out, d, d, T)
+    if kind == "inverted":
+        return InvertedFCCapsules(n_inp, n_out, d)
+    return SelfAttentionRouting(n_inp, n_out, d, d)
