@@ -1274,6 +1274,7 @@ def main(argv: list[str] | None = None) -> dict:
         help="dtype of the numerical agreement runs (default float32; float64 with --quick)",
     )
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory step")
+    ap.add_argument("--ours-only", action="store_true", help="time capsule_lib's variant only (e.g. for allocator.py)")
     ap.add_argument("--list", action="store_true", help="list the cases and exit")
     ap.add_argument("--table", default=None, metavar="JSON", help="print a result file as a Markdown table and exit")
     args = ap.parse_args(argv)
@@ -1339,6 +1340,9 @@ def main(argv: list[str] | None = None) -> dict:
         t0 = time.perf_counter()
         try:
             case = CASES[name](dev, args.quick)
+            if args.ours_only:  # the first variant is capsule_lib's
+                first = next(iter(case.variants))
+                case.variants = {first: case.variants[first]}
             rep = max(3, math.ceil(repeat / 2)) if case.heavy else repeat
             res = run_case(
                 case, dev, min(rep, repeat), warmup, check_dtype, memory=not args.no_memory, min_time=args.min_time

@@ -255,6 +255,7 @@ def export_run(
         "tsai_cifar10_cpu": "caps_model",
         "baseline_backbone_cifar10_cpu": "backbone_classifier",
         "routing_compare_mnist": "routing_classifier",
+        "routing_compare_norb": "routing_classifier",
     }[meta["recipe"]]
     config = dict(meta["config"]["model"])
     if config.get("primary_conv") == "bf16_gemm":  # a training-speed option; readers run the standard conv

@@ -21,6 +21,7 @@ name                               recipe
 ``tsai_cifar10_cpu``               :class:`TsaiCifarCPURecipe` (its CPU-sized variant, one-cycle schedule)
 ``baseline_backbone_cifar10_cpu``  :class:`BackboneCifarCPURecipe` (that variant's backbone + a linear head)
 ``routing_compare_mnist``          :class:`RoutingCompareRecipe` (one network, each routing, MNIST, equal time)
+``routing_compare_norb``           :class:`RoutingCompareNorbRecipe` (the same on the viewpoint protocol)
 =================================  ==========================================================================
 """
 
@@ -906,6 +907,27 @@ class RoutingCompareRecipe(ShiftDecayRecipe):
         return ScoreObjective()
 
 
+@dataclass
+class RoutingCompareNorbRecipe(ViewpointRecipe):
+    """The comparison's controlled experiment on the smallNORB viewpoint protocol (:class:`ViewpointRecipe`:
+    familiar and novel test views, Hinton et al.'s crops and jitter, batch 32, Adam lr ``3e-3`` x ``0.85`` per
+    epoch): the :class:`~capsule_lib.models.RoutingClassifier` of :class:`RoutingCompareRecipe` fed both stereo
+    images (2 x 32 x 32, 784 primary capsules, 5 classes), each routing with its paper loss, the runs made equal
+    in wall-clock training time (``budget_minutes``); ``epochs`` is the cap (and the schedules' length)."""
+
+    name: ClassVar[str] = "routing_compare_norb"
+
+    model: RoutingClassifierConfig = field(
+        default_factory=lambda: RoutingClassifierConfig(in_channels=2, image_size=32, n_classes=5)
+    )
+
+    def build_model(self) -> nn.Module:
+        return RoutingClassifier(self.model)
+
+    def build_objective(self) -> Any:
+        return ScoreObjective()
+
+
 #: every recipe by name
 RECIPES: dict[str, type[Recipe]] = {
     cls.name: cls
@@ -923,6 +945,7 @@ RECIPES: dict[str, type[Recipe]] = {
         TsaiCifarCPURecipe,
         BackboneCifarCPURecipe,
         RoutingCompareRecipe,
+        RoutingCompareNorbRecipe,
     )
 }
 

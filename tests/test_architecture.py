@@ -39,6 +39,7 @@ LAYERS = [
     "recipes",
     "pretrained",
     "train",
+    "comparison",
     "report",
     "viz",
     "notebook",
@@ -253,6 +254,7 @@ def test_make_recipe_applies_overrides_and_names_unknown_fields():
         "tsai_cifar10_cpu",
         "baseline_backbone_cifar10_cpu",
         "routing_compare_mnist",
+        "routing_compare_norb",
     }
 
 

@@ -161,3 +161,34 @@ def test_routing_scaling_quick_run_covers_every_algorithm(tmp_path):
     }
     for r in rows:
         assert r["ms"] > 0 and r["peak_mib"] >= r["saved_mib"] > 0, r
+
+
+def test_allocator_quick_run_times_every_case_with_each_installed_allocator(tmp_path):
+    out = tmp_path / "allocator_quick.json"
+    script = REPO / "benchmarks" / "allocator.py"
+    subprocess.run(
+        [sys.executable, str(script), "--quick", "--threads", "1", "--cases", "routing_dynamic", "--out", str(out)],
+        check=True,
+        timeout=300,
+        capture_output=True,
+    )
+    res = json.loads(out.read_text())
+    assert "glibc" in res["allocators"] and res["machine"]["torch_threads"] == 1
+    assert set(res["allocators"]) | set(res["missing"]) == {"glibc", "tcmalloc", "jemalloc"}
+    (row,) = res["rows"]
+    assert row["case"] == "routing_dynamic"
+    assert set(row["median_s"]) == set(res["allocators"]) and all(v > 0 for v in row["median_s"].values())
+    assert set(row["speedup_vs_glibc"]) == set(res["allocators"]) - {"glibc"}
+
+
+def test_ours_only_times_capsule_lib_alone(tmp_path):
+    out = tmp_path / "ours.json"
+    subprocess.run(
+        [sys.executable, str(BENCH), "--quick", "--only", "routing_dynamic", "--ours-only", "--check-dtype", "none"]
+        + ["--no-memory", "--threads", "1", "--out", str(out)],
+        check=True,
+        timeout=300,
+        capture_output=True,
+    )
+    case = json.loads(out.read_text())["cases"]["routing_dynamic"]
+    assert list(case["variants"]) == ["ours"] and case["speedups"] == {} and case["agreement"] == {}

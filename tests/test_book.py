@@ -537,3 +537,15 @@ def test_training_at_scale_numbers_come_from_the_benchmark_json():
         assert f"{run['images_per_s']:.1f} images/s" in text
         assert ", ".join(f"{v:.4f}" for v in run["train_loss"]) in text
     assert f"{result['max_train_loss_difference']:.1e}" in text
+
+
+def test_allocator_numbers_come_from_the_benchmark_json():
+    """The running appendix's allocator table quotes benchmarks/results/allocator_cpu.json (no hand-typed numbers)."""
+    result = json.loads((REPO / "benchmarks" / "results" / "allocator_cpu.json").read_text())
+    text = (REPO / "book" / "appendix" / "running.md").read_text()
+    assert result["rows"] and not result["quick"]
+    for row in result["rows"]:
+        med, up = row["median_s"], row["speedup_vs_glibc"]
+        assert f"| {1e3 * med['glibc']:.0f} ms | {1e3 * med['tcmalloc']:.0f} ms (x{up['tcmalloc']:.2f}) |" in text, row
+    ups = [r["speedup_vs_glibc"]["jemalloc"] for r in result["rows"]]
+    assert f"({min(ups):.2f} to {max(ups):.2f} times glibc's speed)" in text

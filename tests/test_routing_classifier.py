@@ -106,3 +106,25 @@ def test_recipe_trains_each_routing_through_the_one_entry_point(tmp_path):
         rec = tr.history.records[-1]
         assert tr.history.meta["recipe"] == "routing_compare_mnist" and 0 <= rec["val_acc"] <= 1
         assert ("train_spread" in rec) == (kind == "em") and ("train_ce" in rec) == (kind == "inverted")
+
+
+# ------------------------------------------------------------------------------------------- torch.compile
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", sorted(ROUTING_KINDS))
+def test_torch_compile_forward_and_backward_match_eager(kind):
+    """Every routing compiles (inductor, CPU) inside the comparison network: the compiled forward gives the eager
+    scores and the compiled backward the eager gradients of every parameter."""
+    torch.manual_seed(0)
+    cfg = RoutingClassifierConfig(routing=kind, stem_channels=(4, 8), primary_types=2, caps_dim=4, image_size=12)
+    model = RoutingClassifier(cfg)
+    x = torch.rand(3, 1, 12, 12)
+    ref = model(x).scores
+    ref.sum().backward()
+    want = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    out = torch.compile(model)(x).scores
+    out.sum().backward()
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+    for n, p in model.named_parameters():
+        assert p.grad is not None, n
+        torch.testing.assert_close(p.grad, want[n], rtol=1e-3, atol=1e-5, msg=f"{kind}, {n}: gradients differ")

@@ -1,0 +1,118 @@
+"""The comparison chapter's contestants, named once: every routing of :data:`~capsule_lib.routing.kinds.ROUTING_KINDS`
+in the same :class:`~capsule_lib.models.RoutingClassifier` and a plain CNN of matched size, on the same data,
+pipeline and wall-clock training budget.
+
+==========================  ==================================================================================
+name                        what
+==========================  ==================================================================================
+:data:`CONTESTANTS`         the six routing kinds and ``"cnn"``, in the chapter's order
+:data:`BUDGET_MINUTES`      the training budget per dataset (``"mnist"``, ``"norb"``): wall-clock minutes of
+                            training, validation included, on one machine
+:func:`contestant_recipe`   the recipe of a contestant on a dataset (routing: ``routing_compare_<dataset>``
+                            with ``model.routing``; CNN: the dataset's ``baseline_cnn`` recipe at matched size)
+:func:`shipped_name`        the name of its shipped checkpoint (``compare_<dataset>_<contestant>``)
+:func:`measure_costs`       parameters, training throughput, latency and peak memory of each model, measured
+                            the same way (:func:`capsule_lib.cost.model_costs`)
+==========================  ==================================================================================
+
+Train one contestant as the shipped runs were trained::
+
+    train(contestant_recipe("em", "mnist"), out_dir="runs/compare_mnist_em",
+          budget_minutes=BUDGET_MINUTES["mnist"])
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from .cost import model_costs
+from .recipes import Recipe, make_recipe
+from .routing.kinds import ROUTING_KINDS
+
+__all__ = [
+    "CONTESTANTS",
+    "LABELS",
+    "BUDGET_MINUTES",
+    "CNN_OVERRIDES",
+    "contestant_recipe",
+    "shipped_name",
+    "measure_costs",
+]
+
+#: every contestant: the routing kinds, then the CNN
+CONTESTANTS: tuple[str, ...] = (*ROUTING_KINDS, "cnn")
+
+#: how the chapter labels each contestant (the paper that introduced the routing)
+LABELS: dict[str, str] = {
+    "dynamic": "dynamic (Sabour 2017)",
+    "em": "EM (Hinton 2018)",
+    "heinsen_2019": "Heinsen 2019",
+    "heinsen_2022": "Heinsen 2022",
+    "inverted": "inverted attention (Tsai 2020)",
+    "self_attention": "self-attention (Mazzia 2021)",
+    "cnn": "plain CNN",
+}
+
+#: wall-clock training minutes (validation included) of every contestant, per dataset
+BUDGET_MINUTES: dict[str, float] = {"mnist": 8.0, "norb": 4.0}
+
+#: the CNN's size, matched to the routing networks (about 1.2M parameters on either dataset, between the smallest and
+#: the largest of them), and its epoch cap (the routing recipes')
+CNN_OVERRIDES: dict[str, dict[str, Any]] = {
+    "mnist": {"epochs": 30, "model__channels": (32, 64, 64)},
+    "norb": {"model__channels": (32, 64, 64), "model__hidden": (256, 192)},
+}
+
+_ROUTING_RECIPE = {"mnist": "routing_compare_mnist", "norb": "routing_compare_norb"}
+_CNN_RECIPE = {"mnist": "baseline_cnn", "norb": "baseline_cnn_norb"}
+
+
+def _check(name: str, dataset: str) -> None:
+    if name not in CONTESTANTS:
+        raise ValueError(f"unknown contestant {name!r}; contestants: {', '.join(CONTESTANTS)}")
+    if dataset not in BUDGET_MINUTES:
+        raise ValueError(f"unknown comparison dataset {dataset!r}; datasets: {', '.join(BUDGET_MINUTES)}")
+
+
+def contestant_recipe(name: str, dataset: str = "mnist", **overrides: Any) -> Recipe:
+    """The recipe contestant ``name`` (a routing kind or ``"cnn"``) is trained with on ``dataset`` (``"mnist"``
+    or ``"norb"``), with ``overrides`` (recipe fields, ``model__<field>``) applied on top."""
+    _check(name, dataset)
+    if name == "cnn":
+        return make_recipe(_CNN_RECIPE[dataset], **{**CNN_OVERRIDES[dataset], **overrides})
+    return make_recipe(_ROUTING_RECIPE[dataset], model__routing=name, **overrides)
+
+
+def shipped_name(name: str, dataset: str = "mnist") -> str:
+    """The shipped checkpoint of contestant ``name`` on ``dataset``: ``compare_<dataset>_<name>``."""
+    _check(name, dataset)
+    return f"compare_{dataset}_{name}"
+
+
+def measure_costs(
+    models: dict[str, nn.Module],
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    dataset: str = "mnist",
+    quick: bool = False,
+    repeats: int = 3,
+    peak: bool = True,
+) -> dict[str, dict[str, Any]]:
+    """:func:`~capsule_lib.cost.model_costs` of every model of ``models`` (contestant name -> model), each with
+    its own recipe's objective: training step at batch 128, latency at batch 1 and 256, peak memory of one
+    training step. ``quick``: batch 16, latency at 1 and 16, one repeat, no peak memory (seconds, for smoke
+    runs and tests). ``peak=False`` skips the peak memory (it runs the profiler). Needs 256 (``quick``: 16)
+    ``images``."""
+    kw = (
+        dict(train_batch=16, latency_batches=(1, 16), repeats=1, peak=False)
+        if quick
+        else dict(repeats=repeats, peak=peak)
+    )
+    out = {}
+    for name, model in models.items():
+        objective = contestant_recipe(name, dataset).build_objective()
+        out[name] = model_costs(model, objective, images, labels, **kw)
+    return out
