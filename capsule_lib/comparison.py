@@ -42,7 +42,7 @@ __all__ = [
     "measure_costs",
 ]
 
-#: every contestant: the routing kinds, then the CNN
+#: the routing kinds, then the CNN (the chapter's order)
 CONTESTANTS: tuple[str, ...] = (*ROUTING_KINDS, "cnn")
 
 #: how the chapter labels each contestant (the paper that introduced the routing)
@@ -77,9 +77,10 @@ def _check(name: str, dataset: str) -> None:
         raise ValueError(f"unknown comparison dataset {dataset!r}; datasets: {', '.join(BUDGET_MINUTES)}")
 
 
-def contestant_recipe(name: str, dataset: str = "mnist", **overrides: Any) -> Recipe:
+def contestant_recipe(name: str, dataset: str = "mnist", /, **overrides: Any) -> Recipe:
     """The recipe contestant ``name`` (a routing kind or ``"cnn"``) is trained with on ``dataset`` (``"mnist"``
-    or ``"norb"``), with ``overrides`` (recipe fields, ``model__<field>``) applied on top."""
+    or ``"norb"``), with ``overrides`` (recipe fields, ``model__<field>``; ``dataset=`` too, e.g. the rendered set
+    of the viewpoint protocol) applied on top."""
     _check(name, dataset)
     if name == "cnn":
         return make_recipe(_CNN_RECIPE[dataset], **{**CNN_OVERRIDES[dataset], **overrides})

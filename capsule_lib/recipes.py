@@ -78,6 +78,7 @@ __all__ = [
     "TsaiCifarCPURecipe",
     "BackboneCifarCPURecipe",
     "RoutingCompareRecipe",
+    "RoutingCompareNorbRecipe",
     "RECIPES",
     "make_recipe",
     "recipe_config",

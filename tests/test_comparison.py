@@ -188,3 +188,8 @@ def test_iteration_sweeps_and_routing_costs_draw_every_series():
     assert len(fig.axes[0].get_lines()) == 2 * n_kinds  # fp32 and bf16 for every routing
     iterating = sum(t is not None for t in DEFAULT_ITERATIONS.values())
     assert len(fig.axes[2].get_lines()) == 2 * iterating
+
+
+def test_contestant_recipe_takes_the_recipe_dataset_as_an_override():
+    r = contestant_recipe("em", "norb", dataset="rendered_norb", train_subset=8)
+    assert (r.dataset, r.train_subset, r.model.routing, r.model.in_channels) == ("rendered_norb", 8, "em", 2)
