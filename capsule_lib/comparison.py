@@ -35,6 +35,7 @@ from .routing.kinds import ROUTING_KINDS
 __all__ = [
     "CONTESTANTS",
     "LABELS",
+    "SHORT_LABELS",
     "BUDGET_MINUTES",
     "CNN_OVERRIDES",
     "contestant_recipe",
@@ -54,6 +55,17 @@ LABELS: dict[str, str] = {
     "inverted": "inverted attention (Tsai 2020)",
     "self_attention": "self-attention (Mazzia 2021)",
     "cnn": "plain CNN",
+}
+
+#: the same, short, for table rows
+SHORT_LABELS: dict[str, str] = {
+    "dynamic": "dynamic",
+    "em": "EM",
+    "heinsen_2019": "Heinsen 2019",
+    "heinsen_2022": "Heinsen 2022",
+    "inverted": "inverted attention",
+    "self_attention": "self-attention",
+    "cnn": "CNN",
 }
 
 #: wall-clock training minutes (validation included) of every contestant, per dataset

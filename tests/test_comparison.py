@@ -19,6 +19,7 @@ from capsule_lib.comparison import (  # noqa: E402
     BUDGET_MINUTES,
     CONTESTANTS,
     LABELS,
+    SHORT_LABELS,
     contestant_recipe,
     measure_costs,
     shipped_name,
@@ -38,7 +39,7 @@ def n_params(m: torch.nn.Module) -> int:
 
 def test_every_routing_and_the_cnn_is_a_contestant():
     assert CONTESTANTS == (*ROUTING_KINDS, "cnn")
-    assert set(LABELS) == set(CONTESTANTS)
+    assert set(LABELS) == set(SHORT_LABELS) == set(CONTESTANTS)
 
 
 @pytest.mark.parametrize("dataset", sorted(BUDGET_MINUTES))
