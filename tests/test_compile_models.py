@@ -7,18 +7,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_routing_em import _tiny_cfg as em_tiny_config  # the tiny configs those modules' tests use
+from test_routing_inverted import tiny_config as tsai_tiny_config
 
-from capsule_lib.models import (
-    BaselineCNN,
-    BaselineCNNConfig,
-    CapsLayerSpec,
-    CapsModel,
-    CapsModelConfig,
-    CapsNet,
-    CapsNetConfig,
-    EMCapsNet,
-    EMCapsNetConfig,
-)
+from capsule_lib.models import BaselineCNN, BaselineCNNConfig, CapsModel, CapsNet, CapsNetConfig, EMCapsNet
 from capsule_lib.models.heinsen import SmallNORBClassifier, SmallNORBConfig
 
 
@@ -28,10 +20,7 @@ def _capsnet():
 
 
 def _em():
-    cfg = EMCapsNetConfig.small(
-        image_size=20, conv_channels=8, primary_types=4, caps1_types=4, caps2_types=4, n_classes=3
-    )
-    return EMCapsNet(cfg), torch.rand(2, 1, 20, 20)
+    return EMCapsNet(em_tiny_config()), torch.rand(2, 1, 20, 20)
 
 
 def _heinsen():
@@ -40,17 +29,7 @@ def _heinsen():
 
 
 def _tsai():
-    cfg = CapsModelConfig(
-        n_classes=3,
-        image_size=16,
-        backbone="simple",
-        backbone_channels=8,
-        primary_types=4,
-        pose_dim=4,
-        capsules=(CapsLayerSpec("conv", 4, 3, 2), CapsLayerSpec("conv", 3, 2, 1)),
-        iterations=2,
-    )
-    return CapsModel(cfg), torch.rand(2, 3, 16, 16)
+    return CapsModel(tsai_tiny_config()), torch.rand(2, 3, 16, 16)
 
 
 def _cnn():
