@@ -185,3 +185,42 @@ def test_torch_compile_fullgraph_matches_eager():
     assert torch.allclose(out, layer(u), atol=1e-5)
     out.sum().backward()
     assert layer.weight.grad is not None
+
+
+@pytest.mark.parametrize("leaky", [False, True])
+@pytest.mark.parametrize("coupling", ["parents", "children"])
+@pytest.mark.parametrize("iterations", [1, 2, 3])
+def test_fused_backward_equals_autograd_in_float64(leaky, coupling, iterations):
+    """The fused backward (votes' gradient in one product, loop replayed on small tensors) gives the gradients
+    that autograd gives on the plain loop (the trace path), for the votes and the bias."""
+    torch.manual_seed(1)
+    votes = (torch.randn(3, 7, 4, 5, dtype=torch.float64) * 0.8).requires_grad_(True)
+    bias = torch.randn(4, 5, dtype=torch.float64, requires_grad=True)
+    g = torch.randn(3, 4, 5, dtype=torch.float64)
+    kw = dict(leaky=leaky, coupling=coupling)
+    v_ref, _ = dynamic_routing(votes, iterations, bias, return_routing=True, **kw)  # plain autograd
+    ref = torch.autograd.grad((v_ref * g).sum(), [votes, bias])
+    v = dynamic_routing(votes, iterations, bias, **kw)
+    assert "_FusedRouting" in type(v.grad_fn).__name__
+    got = torch.autograd.grad((v * g).sum(), [votes, bias])
+    torch.testing.assert_close(v, v_ref, rtol=1e-12, atol=1e-14)
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
+
+
+def test_fused_backward_under_bf16_autocast_and_with_frozen_votes():
+    torch.manual_seed(2)
+    layer = DynamicRouting(12, 4, 8, 16)
+    u = torch.randn(2, 12, 8, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        v = layer(u)
+    v.float().sum().backward()
+    assert torch.isfinite(u.grad).all() and torch.isfinite(layer.weight.grad).all()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        v_plain, _ = layer(u, return_routing=True)
+    torch.testing.assert_close(v.float(), v_plain.float())
+    # votes that need no gradient (frozen W, input without grad): only the bias is trained
+    votes = torch.randn(2, 12, 4, 16)
+    bias = torch.zeros(4, 16, requires_grad=True)
+    dynamic_routing(votes, 3, bias).sum().backward()
+    assert bias.grad is not None and torch.isfinite(bias.grad).all()

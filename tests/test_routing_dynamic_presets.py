@@ -102,6 +102,13 @@ def test_preset_matches_its_loop_reimplementation_in_float64(name, iterations):
         torch.testing.assert_close(trace.coefficients[t], c_ref[t], rtol=1e-9, atol=1e-12, msg=f"iteration {t + 1}")
     for what, a, b in zip(["u", "W", "bias"], grads, grads_ref):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12, msg=f"gradient w.r.t. {what}")
+    # without a trace, training takes the fused backward (one product for the votes' gradient): same numbers
+    v_fused = layer(u)
+    assert v_fused.grad_fn is not None and "_FusedRouting" in type(v_fused.grad_fn).__name__
+    grads_fused = torch.autograd.grad((v_fused * g).sum(), [u, *layer.parameters()])
+    torch.testing.assert_close(v_fused, v_ref, rtol=1e-9, atol=1e-12)
+    for what, a, b in zip(["u", "W", "bias"], grads_fused, grads_ref):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12, msg=f"fused backward: gradient w.r.t. {what}")
     if iterations == 3:  # the check has teeth: routing moved the couplings away from uniform
         assert (trace.coefficients[-1] - trace.coefficients[0]).abs().max() > 1e-3
 

@@ -263,10 +263,11 @@ def test_gmr_inputs_with_score_minus_inf_have_no_influence():
         torch.testing.assert_close(x, y)
 
 
+@pytest.mark.parametrize("n_inp", [5, -1])  # -1: W shared by all inputs, the moments path
 @pytest.mark.parametrize("p_model", ["gaussian", "skm"])
 @pytest.mark.parametrize("case", ["zeros", "x1e3", "fp16", "autocast_bf16", "autocast_fp16", "all_masked"])
-def test_gmr_numerics(p_model, case):
-    m = randomize_(GenerativeMatrixRouting(3, 4, 2, n_inp=5, n_out=3, p_model=p_model), 0.5)
+def test_gmr_numerics(p_model, case, n_inp):
+    m = randomize_(GenerativeMatrixRouting(3, 4, 2, n_inp=n_inp, n_out=3, p_model=p_model), 0.5)
     a, mu = gmr_inputs(2)
     a, mu = a.requires_grad_(), mu.requires_grad_()
     ctx = torch.autocast(
@@ -300,6 +301,100 @@ def test_gmr_every_parameter_gets_a_gradient(kw):
     loss.backward()
     for name, p in m.named_parameters():
         assert p.grad is not None and bool(p.grad.abs().sum() > 0), name
+
+
+@pytest.mark.parametrize("p_model", ["gaussian", "skm"])
+@pytest.mark.parametrize("kw", [dict(n_out=6), dict(n_out=-1), dict(n_out=6, single_beta=True)])
+@pytest.mark.parametrize("iterations", [1, 3])
+def test_gmr_moments_path_equals_votes_path_in_float64(p_model, kw, iterations):
+    """With W, B and the betas shared by all inputs, the routing runs on weighted moments of the inputs without
+    forming the votes; in float64 it is the same function: outputs and every gradient to 1e-9. The inputs sit
+    far from the origin (mean 3) so that the centring matters."""
+    torch.manual_seed(0)
+    m = randomize_(GenerativeMatrixRouting(3, 4, 2, iterations=iterations, p_model=p_model, **kw), 0.5).double()
+    a = torch.randn(2, 3, 40, dtype=torch.float64, requires_grad=True)  # two leading dims
+    mu = (torch.randn(2, 3, 40, 3, 4, dtype=torch.float64) + 3.0).requires_grad_(True)
+    n_out = 6 if kw["n_out"] == -1 else None
+    res = {}
+    for method in ("votes", "moments"):
+        m.method = method
+        out = m(a, mu, n_out=n_out)
+        g = torch.Generator().manual_seed(1)
+        loss = sum((o * torch.randn(o.shape, generator=g, dtype=o.dtype)).sum() for o in out)
+        res[method] = (out, torch.autograd.grad(loss, [a, mu, *m.parameters()]))
+    for x, y in zip(res["moments"][0], res["votes"][0]):
+        torch.testing.assert_close(x, y, rtol=1e-9, atol=1e-12)
+    for x, y in zip(res["moments"][1], res["votes"][1]):
+        torch.testing.assert_close(x, y, rtol=1e-9, atol=1e-12)
+    assert res["votes"][0][1].std() > 0.1  # the outputs are not trivial
+
+
+def test_gmr_method_auto_and_its_errors():
+    shared = randomize_(GenerativeMatrixRouting(3, 4, 2, n_out=3), 0.5)
+    per_input = randomize_(GenerativeMatrixRouting(3, 4, 2, n_inp=5, n_out=3), 0.5)
+    a, mu = gmr_inputs(2)
+    (_, _, _), trace = shared(a, mu, return_routing=True)  # a trace holds the votes: auto takes the votes path
+    assert trace.extra["votes"].shape == (2, 5, 3, 3, 2)
+    for x, y in zip(shared(a, mu), generative_matrix_routing(a, mu, *shared.expanded_parameters(), method="votes")):
+        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6)  # auto = moments here, float32
+    per_input.method = "moments"
+    with pytest.raises(ValueError, match="method='moments' needs W, B, beta_use and beta_ign shared"):
+        per_input(a, mu)
+    shared.method = "moments"
+    with pytest.raises(ValueError, match="return_routing=False"):
+        shared(a, mu, return_routing=True)
+    with pytest.raises(ValueError, match="method must be one of"):
+        GenerativeMatrixRouting(3, 4, 2, method="fast")
+
+
+def test_gmr_moments_path_never_forms_the_votes():
+    """The smallNORB model's first routing (W shared by all inputs): working memory of a forward + backward below
+    the size of the votes (which the votes path allocates several times over: about 17x more here)."""
+    from capsule_lib.cost import peak_memory
+
+    m = GenerativeMatrixRouting(4, 4, 4, n_out=64)
+    a = torch.randn(2, 2000, requires_grad=True)
+    mu = torch.randn(2, 2000, 4, 4, requires_grad=True)
+    votes_bytes = 2 * 2000 * 64 * 16 * 4  # [B, I, J, 4, 4] float32 = 16 MiB
+
+    def step(method):
+        m.method = method
+        return peak_memory(lambda: sum(o.sum() for o in m(a, mu)).backward(), torch.device("cpu"))
+
+    moments, votes = step("moments"), step("votes")
+    assert moments < votes_bytes < 4 * votes_bytes < votes and votes > 10 * moments, (moments, votes)
+
+
+def test_gmr_moments_path_on_a_trained_network_in_float32():
+    """The expanded squares of the moments path can lose digits in float32 when a Gaussian is much tighter than
+    the spread of the inputs; on the shipped smallNORB network (real trained poses) its outputs stay as close to
+    a float64 reference as the votes path's, and the class scores and predictions are the same."""
+    from capsule_lib.data.viewpoints import viewpoint_sweep
+    from capsule_lib.pretrained import load_pretrained
+
+    model, _ = load_pretrained("heinsen_norb_seed0")
+    model.eval()
+    images = torch.cat(
+        [viewpoint_sweep("rendered_norb", category=c, instance=0, azimuths=[0, 8], size=48).images for c in range(5)]
+    )
+    images = images.float() / 255
+    r1 = model.routings[0]
+    with torch.no_grad():
+        a, mu = model.part_capsules(images)
+        ref = generative_matrix_routing(
+            a.double(), mu.double(), *(p.double() for p in r1.expanded_parameters()), method="votes"
+        )
+        errors = {}
+        for method in ("votes", "moments"):
+            out = generative_matrix_routing(a, mu, *r1.expanded_parameters(), method=method)
+            errors[method] = max(float((o.double() - g).abs().max() / g.abs().max()) for o, g in zip(out, ref))
+        scores = {}
+        for method in ("votes", "moments"):
+            r1.method = method
+            scores[method] = model(images).scores
+    assert errors["moments"] < max(10 * errors["votes"], 1e-5), errors
+    torch.testing.assert_close(scores["moments"], scores["votes"], rtol=1e-4, atol=1e-4)
+    assert scores["moments"].argmax(-1).equal(scores["votes"].argmax(-1))
 
 
 def test_gmr_bad_shapes_raise():

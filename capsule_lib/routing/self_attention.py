@@ -130,11 +130,13 @@ def self_attention_routing(
             logits = attn.sum(dim=-1).transpose(1, 2) * scale  # [B, I, J]
         else:
             attn = None
-            total = vf.sum(dim=1)  # [B, J, E]   sum_k u_hat_{j,k}
-            logits = torch.einsum("bije,bje->bij", vf, total) * scale  # [B, I, J]
+            # broadcast + sum rather than einsum: at these sizes (I = 16, J = 10) einsum's backward forms the
+            # votes' gradient as B*J matrix products of inner size 1, while this backward is elementwise
+            total = vf.sum(dim=1, keepdim=True)  # [B, 1, J, E]   sum_k u_hat_{j,k}
+            logits = (vf * total).sum(dim=-1) * scale  # [B, I, J]
         c = torch.softmax(logits, dim=-1)  # [B, I, J], sums to 1 over the outputs j
         cb = c + log_prior.to(c.dtype) if log_prior is not None else c  # [B, I, J], bias after the softmax
-    s = torch.einsum("bij,bije->bje", cb.to(votes.dtype), votes)  # [B, J, E]
+    s = (cb.to(votes.dtype).unsqueeze(-1) * votes).sum(dim=1)  # [B, J, E]  sum_i c_ij u_hat_{j,i}
     v = squash_efficient(s, eps=eps)  # [B, J, E]
     if not return_routing:
         return v
