@@ -92,10 +92,12 @@ def _route(
     squash_kind: str,
     detach: str,
     keep_agreements: bool,
+    given: dict | None = None,
 ) -> tuple[torch.Tensor, dict]:
     """The routing loop on parent-major votes ``vj [B, J, I, E]``: returns ``v [B, J, E]`` and the per-iteration
     ``c [B, J, I]``, ``s`` / ``v [B, J, E]`` and ``agree [B, J, I]`` (every agreement if ``keep_agreements``, else
-    only those that feed a later iteration) plus the final ``logits``."""
+    only those that feed a later iteration) plus the final ``logits``. With ``given`` (the ``s`` and ``agree``
+    of an earlier run of the same loop) the two products with the votes are not recomputed (:class:`_Replay`)."""
     B, J, I, E = vj.shape
     logit_dtype = torch.float32 if vj.dtype in (torch.float16, torch.bfloat16) else vj.dtype
     logits = vj.new_zeros(B, J, I, dtype=logit_dtype)  # b_ij (parent-major)
@@ -105,7 +107,10 @@ def _route(
         last = t == iterations - 1
         u = vj.detach() if detach == "non_final" and not last else vj  # [B, J, I, E]
         c = _coupling(logits, coupling, leaky)  # [B, J, I]
-        s = torch.matmul(c.to(u.dtype).unsqueeze(2), u).squeeze(2)  # [B, J, 1, I] @ [B, J, I, E] -> [B, J, E]
+        if given is None:
+            s = torch.matmul(c.to(u.dtype).unsqueeze(2), u).squeeze(2)  # [B, J, 1, I] @ [B, J, I, E] -> [B, J, E]
+        else:
+            s = _Replay.apply(c.to(u.dtype), u, given["s"][t], "s")  # [B, J, E]
         st["c"].append(c)
         st["s"].append(s)
         if bias is not None:
@@ -114,12 +119,37 @@ def _route(
         st["v"].append(v)
         if not last or keep_agreements:
             # u_hat_{j|i} . v_j as [1, E] @ [E, I] (reads u in the orientation that is 2x faster than [I, E] @ [E, 1])
-            agree = torch.matmul(v.unsqueeze(-2), u.transpose(-1, -2)).squeeze(-2).to(logit_dtype)  # [B, J, I]
+            if given is None:
+                agree = torch.matmul(v.unsqueeze(-2), u.transpose(-1, -2)).squeeze(-2).to(logit_dtype)  # [B, J, I]
+            else:
+                agree = _Replay.apply(v, u, given["agree"][t], "agree")  # [B, J, I]
             st["agree"].append(agree)
             if not last:
                 logits = logits + agree
     st["logits"] = logits
     return v, st
+
+
+class _Replay(torch.autograd.Function):
+    """``s = c u`` (``kind="s"``) or ``agree = u . v`` (``kind="agree"``) with the value already known (a leaf
+    that requires grad, so the output always does): the backward returns the small operand's gradient only,
+    ``dL/dc = dL/ds . u`` or ``dL/dv = dL/dagree u``, reading the votes ``u [B, J, I, E]`` once."""
+
+    @staticmethod
+    def forward(ctx, small, u, value, kind):
+        ctx.save_for_backward(u)
+        ctx.kind, ctx.small_dtype = kind, small.dtype
+        return value.detach().clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        (u,) = ctx.saved_tensors
+        g = g.to(u.dtype).unsqueeze(2)  # [B, J, 1, E] (kind "s") or [B, J, 1, I] (kind "agree")
+        if ctx.kind == "s":
+            g_small = torch.matmul(g, u.transpose(-1, -2)).squeeze(2)  # [B, J, 1, E] @ [B, J, E, I] -> [B, J, I]
+        else:
+            g_small = torch.matmul(g, u).squeeze(2)  # [B, J, 1, I] @ [B, J, I, E] -> [B, J, E]
+        return g_small.to(ctx.small_dtype), None, None, None
 
 
 class _FusedRouting(torch.autograd.Function):
@@ -131,7 +161,8 @@ class _FusedRouting(torch.autograd.Function):
     ``(b, j)`` with ``K = 2T - 1`` (1 with ``detach="non_final"``). Autograd instead writes one votes-sized
     outer product per use and adds them up (5 products + 4 additions of the largest tensor for T = 3). The
     backward replays the loop on the saved votes with autograd on the small tensors only (``c``, ``s``, ``v``,
-    logits, bias: their gradients read the votes but never write a votes-sized tensor).
+    logits, bias: their gradients read the votes but never write a votes-sized tensor), reusing the forward's
+    products with the votes (:class:`_Replay`).
     """
 
     @staticmethod
@@ -139,19 +170,20 @@ class _FusedRouting(torch.autograd.Function):
         vj = votes.transpose(1, 2).contiguous()  # [B, J, I, E]
         ctx.autocast = (torch.is_autocast_enabled(vj.device.type), torch.get_autocast_dtype(vj.device.type))
         ctx.options = (iterations, leaky, coupling, squash_kind, detach)
-        ctx.save_for_backward(vj, bias)
-        v, _ = _route(vj, iterations, bias, leaky, coupling, squash_kind, detach, False)
+        v, st = _route(vj, iterations, bias, leaky, coupling, squash_kind, detach, False)
+        ctx.save_for_backward(vj, bias, *st["s"], *st["agree"])
         return v
 
     @staticmethod
     def backward(ctx, g_v):
-        vj, bias = ctx.saved_tensors
+        vj, bias, *values = ctx.saved_tensors
         iterations, leaky, coupling, squash_kind, detach = ctx.options
+        given = {"s": values[:iterations], "agree": values[iterations:]}  # the forward's products with the votes
         enabled, dtype = ctx.autocast
         with torch.enable_grad(), torch.autocast(vj.device.type, dtype=dtype, enabled=enabled):
             b = bias.detach().requires_grad_() if bias is not None else None
-            u = vj.detach().requires_grad_()  # a leaf so that every s_t and agree_t is differentiable; its own
-            v, st = _route(u, iterations, b, leaky, coupling, squash_kind, detach, False)  # gradient is never asked
+            given = {k: [x.detach().requires_grad_() for x in xs] for k, xs in given.items()}
+            v, st = _route(vj, iterations, b, leaky, coupling, squash_kind, detach, False, given)
             first = iterations - 1 if detach == "non_final" else 0  # iterations whose votes carry gradient
             s_used, a_used = st["s"][first:], st["agree"][first:]
             wrt = [*s_used, *a_used] + ([b] if b is not None else [])
