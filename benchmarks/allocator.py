@@ -4,7 +4,9 @@ PyTorch's CPU tensors come from the C allocator. The routing steps allocate and 
 iteration; with glibc, freed blocks above its mmap threshold go back to the kernel and come back as fresh pages
 (page faults), which a caching allocator avoids. This script measures the effect: it runs ``bench.py`` on the
 chosen cases in a fresh process per allocator (``LD_PRELOAD``), in interleaved rounds (glibc, tcmalloc,
-jemalloc, glibc, ...), and reports the median over rounds of capsule_lib's median step time per case::
+jemalloc, glibc, ...), and reports the median over rounds of capsule_lib's median step time per case. One more
+variant keeps glibc but sets ``THP_MEM_ALLOC_ENABLE=1`` (PyTorch then asks for transparent huge pages on large
+CPU tensors, where the kernel allows it: ``/sys/kernel/mm/transparent_hugepage/enabled`` = madvise or always)::
 
     .venv/bin/python benchmarks/allocator.py --threads 2 --rounds 3        # -> results/allocator_cpu.json
     .venv/bin/python benchmarks/allocator.py --quick                       # bench.py --quick cases (tests)
@@ -33,18 +35,30 @@ from capsule_lib.cost import machine_info  # noqa: E402
 LIBDIR = Path("/usr/lib/x86_64-linux-gnu")
 ALLOCATORS = {
     "glibc": None,
+    "glibc_thp": None,
     "tcmalloc": LIBDIR / "libtcmalloc_minimal.so.4",
     "jemalloc": LIBDIR / "libjemalloc.so.2",
 }
+#: environment of each allocator's process besides LD_PRELOAD: "glibc_thp" is glibc's malloc with PyTorch's own
+#: switch for transparent huge pages on large CPU tensors (2 MiB pages: 512x fewer page faults per allocation)
+ENV = {"glibc_thp": {"THP_MEM_ALLOC_ENABLE": "1"}}
 DEFAULT_CASES = (
     "routing_dynamic,routing_heinsen_smallnorb,routing_inverted_conv,routing_em_convcaps1,model_capsnet_mnist"
 )
 
 
-def run_bench(cases: str, threads: int | None, quick: bool, preload: Path | None) -> dict[str, float]:
+def _env_note(name: str) -> str:
+    return "".join(f", {e}={x}" for e, x in ENV.get(name, {}).items())
+
+
+def run_bench(
+    cases: str, threads: int | None, quick: bool, preload: Path | None, extra_env: dict | None = None
+) -> dict[str, float]:
     """capsule_lib's median step time (s) per case, from one ``bench.py`` process with ``preload``."""
     env = dict(os.environ)
     env.pop("LD_PRELOAD", None)
+    env.pop("THP_MEM_ALLOC_ENABLE", None)
+    env.update(extra_env or {})
     if preload is not None:
         env["LD_PRELOAD"] = str(preload)
     with tempfile.TemporaryDirectory() as tmp:
@@ -86,7 +100,7 @@ def main(argv: list[str] | None = None) -> Path:
     for r in range(rounds):
         order = list(have) if r % 2 == 0 else list(reversed(have))  # interleaved: A B C, C B A, ...
         for name in order:
-            for case, s in run_bench(a.cases, a.threads, a.quick, have[name]).items():
+            for case, s in run_bench(a.cases, a.threads, a.quick, have[name], ENV.get(name)).items():
                 times[name].setdefault(case, []).append(s)
     cases = sorted(times["glibc"])
     rows = []
@@ -106,7 +120,7 @@ def main(argv: list[str] | None = None) -> Path:
     result = {
         "what": "capsule_lib's median step (bench.py, variant 'ours') per allocator, median over interleaved rounds",
         "machine": machine_info("cpu") | {"torch_threads": a.threads},
-        "allocators": {k: (str(v) if v else "glibc malloc (no LD_PRELOAD)") for k, v in have.items()},
+        "allocators": {k: (str(v) if v else "glibc malloc (no LD_PRELOAD)") + _env_note(k) for k, v in have.items()},
         "missing": missing,
         "rounds": rounds,
         "quick": a.quick,

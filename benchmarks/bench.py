@@ -89,6 +89,23 @@ SCHEMA_VERSION = 1
 #: relative tolerance of the agreement flag, per dtype of the agreement run
 AGREE_RTOL = {torch.float64: 1e-6, torch.float32: 1e-3}
 
+#: issue #17's goals: how much faster than the fastest original capsule_lib must be on each workload
+#: (median time of the fastest original / median time of capsule_lib, same run)
+GOALS = {
+    "routing_dynamic": 5.0,
+    "routing_em_convcaps1": 3.0,
+    "routing_em_convcaps2": 3.0,
+    "routing_em_classcaps": 3.0,
+    "routing_heinsen_smallnorb": 5.0,
+    "routing_self_attention_b16": 1.5,
+    "routing_self_attention_b128": 1.5,
+    "model_capsnet_mnist": 2.0,
+    "model_inverted_cifar10": 3.0,
+    "model_heinsen_smallnorb": 3.0,
+}
+#: how capsule_lib's step is run besides eager fp32: variant name suffix -> (compiled, bf16 autocast)
+MODES = {"eager": (False, False), "bf16": (False, True), "compiled": (True, False), "compiled_bf16": (True, True)}
+
 
 # ====================================================================================================
 # Case description
@@ -426,6 +443,78 @@ def case_em1(dev, quick: bool) -> Case:
 @register("routing_em_convcaps2")
 def case_em2(dev, quick: bool) -> Case:
     return _em_case("routing_em_convcaps2", dev, quick, 16, 16, 1, 6, 16, 4, 4, 5)
+
+
+@register("routing_em_classcaps")
+def case_em_class(dev, quick: bool) -> Case:
+    """smallNORB model A=64, B=8, C=D=16: class capsules from the D=16 types of the 4x4 ConvCaps2 grid to 5
+    classes (weights shared over positions, coordinate addition), B=16, 3 iterations. yl-1993's class layer
+    (``YL1993ConvCaps(..., coor_add=True, w_shared=True)``) returns the class activations only."""
+    from capsule_lib.layers import ClassCapsules, grid_centers
+
+    B, T, H, E, iters = (2, 3, 3, 4, 3) if quick else (16, 16, 4, 5, 3)
+    torch.manual_seed(0)
+    poses, acts = _em_inputs(B, T, H, dev, seed=30)
+    x_yl = _leaf(_yl_layout(poses, acts))
+    ours = ClassCapsules(T, E, 4, iters).to(dev)  # library defaults (paper: cell centres at entries 3, 7)
+    yl = orig.YL1993ConvCaps(T, E, 1, 4, 1, iters, coor_add=True, w_shared=True).to(dev)
+    _copy_(yl.weights, ours.weight.reshape(1, T, E, 4, 4))
+    gs = [_randn(B, E, 16, seed=32, device=dev), _randn(B, E, seed=33, device=dev)]
+    gs_yl = [gs[1]]
+    variants = {
+        "ours": Variant(
+            "capsule_lib ClassCapsules (EM)",
+            routing_step(lambda p, a: list(ours(p, a)), [poses, acts], list(ours.parameters()), gs),
+        ),
+        "yl1993": Variant(
+            "yl-1993 class ConvCaps pattern (w_shared, coor_add)",
+            routing_step(lambda x: [yl(x)], [x_yl], list(yl.parameters()), gs_yl),
+            note="returns the class activations only (no poses, less backward work)",
+        ),
+    }
+
+    def agreement(dtype):
+        o = ClassCapsules(
+            T,
+            E,
+            4,
+            iters,
+            coord_entries=(0, 1),
+            normalize_over_outputs=True,
+            normalize_costs=False,
+            inverse_temperature=1e-3,
+        ).to(dev, dtype)
+        y = orig.YL1993ConvCaps(T, E, 1, 4, 1, iters, coor_add=True, w_shared=True).to(dev, dtype)
+        _randomize_(o, seed=34, scale=1.0, only=("beta_u", "beta_a"))
+        _copy_(y.weights, o.weight.reshape(1, T, E, 4, 4))
+        _copy_(y.beta_u, o.beta_u)
+        _copy_(y.beta_a, o.beta_a)
+        centers = grid_centers(H, H, device=dev, dtype=dtype, convention="corner")  # yl-1993: arange(H) / H
+        p = _randn(_cb(B, quick), T, H, H, 16, seed=35, device=dev, dtype=dtype)
+        a = torch.sigmoid(_randn(_cb(B, quick), T, H, H, seed=36, device=dev, dtype=dtype))
+        return {
+            "yl1993": compare(
+                lambda pp, aa: [o(pp, aa, centers)[1]],
+                lambda pp, aa: [y(_yl_layout(pp, aa))],
+                [p, a],
+                dtype,
+                mode="ours with coord_entries=(0, 1), corner centres, normalize_over_outputs=True, "
+                "normalize_costs=False, inverse_temperature=1e-3 (activations only)",
+                note="yl-1993 adds arange(H)/H to pose entries (0, 1), renormalises R*a over the outputs and "
+                "uses raw costs, lambda = 1e-3; its class layer returns no poses",
+            )
+        }
+
+    return Case(
+        "routing_em_classcaps",
+        "routing",
+        B,
+        f"EM routing (Hinton et al. 2018): smallNORB class capsules, {T} types on a {H}x{H} grid -> {E} classes, "
+        f"4x4 poses, coordinate addition, {iters} iterations",
+        dict(B=B, in_types=T, grid=H, n_classes=E, pose="4x4", iterations=iters),
+        variants,
+        agreement,
+    )
 
 
 @register("routing_heinsen_smallnorb")
@@ -1066,6 +1155,35 @@ def time_once(step: Callable[[], None], dev: torch.device) -> float:
     return time.perf_counter() - t0
 
 
+def add_modes(case: Case, dev: torch.device, modes: list[str]) -> list[str]:
+    """Add capsule_lib's step in the other ``modes`` (``MODES``) as variants ``ours_<mode>`` right after ``ours``.
+
+    bf16: the whole step under ``torch.autocast(dtype=torch.bfloat16)`` (what a user turns on; each layer
+    decides what runs in bf16, the routings keep their statistics in fp32). compiled: ``torch.compile`` of the
+    whole step (default inductor backend; the forward graph and its AOT backward are compiled, ``backward()``
+    and the optimizer step are separate graphs). The step's first call (compilation) is recorded as
+    ``first_step_s``. Returns the names of the added variants."""
+    names = list(case.variants)
+    ours = case.variants[names[0]]
+    added = {}
+    for mode in modes:
+        compiled, bf16 = MODES[mode]
+        if mode == "eager":
+            continue
+        inner = ours.step
+
+        def step(inner=inner, bf16=bf16) -> None:
+            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):
+                inner()
+
+        if compiled:
+            step = torch.compile(step)
+        tags = [t for t, on in (("torch.compile", compiled), ("bf16 autocast", bf16)) if on]
+        added[f"{names[0]}_{mode}"] = Variant(f"{ours.label} [{', '.join(tags)}]", step, note=mode)
+    case.variants = {names[0]: ours, **added, **{nm: case.variants[nm] for nm in names[1:]}}
+    return list(added)
+
+
 def run_case(
     case: Case,
     dev: torch.device,
@@ -1074,16 +1192,22 @@ def run_case(
     check_dtype: torch.dtype | None,
     memory: bool = True,
     min_time: float = 0.0,
+    profile_ops: bool = False,
 ) -> dict:
     names = list(case.variants)
+    ours_modes = [nm for nm in names[1:] if case.variants[nm].note in MODES]  # capsule_lib in other modes
     # Routing layers hold no optimizer state, so their first warm-up step is already a steady-state step: its
     # peak memory is measured there (saves one heavy step). Model steps allocate the optimizer state in their
     # first step, so they get an extra profiled step after the timed ones.
     mem_in_warmup = memory and case.kind == "routing" and warmup >= 1
     mem: dict = {nm: None for nm in names}
-    for nm in names:  # warm up (lazy init, optimizer state, allocator)
-        for w in range(warmup):
-            if mem_in_warmup and w == 0:
+    first_step: dict = {}
+    for nm in names:  # warm up (lazy init, optimizer state, allocator; compilation, which may take two calls)
+        compiled = nm in ours_modes and MODES[case.variants[nm].note][0]
+        for w in range(warmup + (1 if compiled else 0)):
+            if compiled and w == 0:  # the compilation: timed, not profiled
+                first_step[nm] = time_once(case.variants[nm].step, dev)
+            elif mem_in_warmup and mem[nm] is None:
                 mem[nm] = peak_memory(case.variants[nm].step, dev)
             else:
                 case.variants[nm].step()
@@ -1099,8 +1223,10 @@ def run_case(
         r += 1
     if memory and not mem_in_warmup:
         mem = {nm: peak_memory(case.variants[nm].step, dev) for nm in names}
+    profiles = {nm: op_profile(case.variants[nm].step) for nm in names if profile_ops and nm not in ours_modes}
     out_variants = {}
     ours_med = statistics.median(times[names[0]])
+    originals = [nm for nm in names[1:] if nm not in ours_modes]
     for nm in names:
         ts = times[nm]
         med = statistics.median(ts)
@@ -1112,9 +1238,10 @@ def run_case(
             "median_s": med,
             "min_s": min(ts),
             "iqr_s": q[2] - q[0],
+            "first_step_s": first_step.get(nm),
             "samples_per_s": case.batch / med,
             "peak_mem_bytes": mem[nm],
-            "speedup_of_ours": None if nm == names[0] else med / ours_med,
+            "speedup_of_ours": None if nm == names[0] or nm in ours_modes else med / ours_med,
         }
     result = {
         "kind": case.kind,
@@ -1124,9 +1251,13 @@ def run_case(
         "repeat": repeat,
         "variants": out_variants,
         "ours": names[0],
+        "ours_modes": ours_modes,
         "notes": case.notes,
-        "speedups": {nm: out_variants[nm]["speedup_of_ours"] for nm in names[1:]},
+        "speedups": {nm: out_variants[nm]["speedup_of_ours"] for nm in originals},
+        "goal": goal_summary(case.name, out_variants, [names[0], *ours_modes], originals),
     }
+    if profiles:  # capsule_lib eager fp32 and each original
+        result["profile"] = profiles
     # free the timing closures before the agreement run (which builds its own modules)
     case.variants.clear()
     gc.collect()
@@ -1137,6 +1268,41 @@ def run_case(
     else:
         result["agreement"] = {}
     return result
+
+
+def op_profile(step: Callable[[], None], top: int = 8) -> dict:
+    """Where one step's time goes: the ``top`` operators by self CPU time (``torch.profiler``, one step; on CUDA
+    the CPU side only), each with its milliseconds, share of the step and call count, plus the step's total."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+    events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
+    total = sum(e.self_cpu_time_total for e in events)  # microseconds
+    events.sort(key=lambda e: -e.self_cpu_time_total)
+    return {
+        "total_ms": total / 1e3,
+        "top": [
+            {"op": e.key, "ms": e.self_cpu_time_total / 1e3, "share": e.self_cpu_time_total / total, "calls": e.count}
+            for e in events[:top]
+        ],
+    }
+
+
+def goal_summary(name: str, variants: dict, ours: list[str], originals: list[str]) -> dict | None:
+    """Each capsule_lib mode against the fastest original of the same run, and issue #17's goal for the case."""
+    if not originals:
+        return None
+    fastest = min(originals, key=lambda nm: variants[nm]["median_s"])
+    t_orig = variants[fastest]["median_s"]
+    ratios = {nm: t_orig / variants[nm]["median_s"] for nm in ours}
+    goal = GOALS.get(name)
+    return {
+        "fastest_original": fastest,
+        "goal": goal,
+        "ratio": ratios,  # fastest original's median / this mode's median, per capsule_lib mode
+        "meets_goal": None if goal is None else {nm: r >= goal for nm, r in ratios.items()},
+    }
 
 
 # ====================================================================================================
@@ -1170,6 +1336,8 @@ def case_rows(name: str, res: dict) -> list[list[str]]:
         return [[name, "ERROR", res["error"], "", "", "", "", ""]]
     for nm, v in res["variants"].items():
         sp = v["speedup_of_ours"]
+        if nm in res.get("ours_modes", []):
+            sp = res["variants"][res["ours"]]["median_s"] / v["median_s"]  # vs capsule_lib eager fp32
         rows.append(
             [
                 name,
@@ -1177,8 +1345,10 @@ def case_rows(name: str, res: dict) -> list[list[str]]:
                 _fmt_time(v["median_s"]),
                 f"{v['samples_per_s']:.1f}",
                 _fmt_mem(v["peak_mem_bytes"]),
-                "-" if sp is None else f"{sp:.2f}x",
-                "" if nm == res["ours"] else _fmt_agree(res.get("agreement", {}).get(nm)),
+                "-" if sp is None else (f"({sp:.2f}x eager)" if nm in res.get("ours_modes", []) else f"{sp:.2f}x"),
+                ""
+                if nm == res["ours"] or nm in res.get("ours_modes", [])
+                else _fmt_agree(res.get("agreement", {}).get(nm)),
             ]
         )
     return rows
@@ -1198,6 +1368,51 @@ def markdown_table(data: dict) -> str:
     for name, res in data["cases"].items():
         for row in case_rows(name, res):
             lines.append("| " + " | ".join(c.replace("|", "/") for c in row) + " |")
+    return "\n".join(lines)
+
+
+GOAL_HEADER = [
+    "case",
+    "fastest original",
+    "its time",
+    "goal",
+    "eager fp32",
+    "eager bf16",
+    "compiled fp32",
+    "compiled bf16",
+]
+
+
+def goal_table(data: dict) -> str:
+    """One row per case: capsule_lib's speed-up over the fastest original in each mode (ratio of medians,
+    same run), marked with a check where it reaches issue #17's goal; memory is in the full table."""
+    lines = ["| " + " | ".join(GOAL_HEADER) + " |", "|" + "---|" * len(GOAL_HEADER)]
+    for name, res in data["cases"].items():
+        g = res.get("goal") if "error" not in res else None
+        if not g:
+            continue
+        cells = []
+        for mode in MODES:
+            nm = res["ours"] if mode == "eager" else f"{res['ours']}_{mode}"
+            r = g["ratio"].get(nm)
+            ok = g["meets_goal"] and g["meets_goal"].get(nm)
+            cells.append("-" if r is None else f"{r:.2f}x{' ✓' if ok else ''}")
+        orig = g["fastest_original"]
+        goal = "-" if g["goal"] is None else f">= {g['goal']:g}x"
+        lines.append(
+            f"| {name} | {orig} | {_fmt_time(res['variants'][orig]['median_s'])} | {goal} | " + " | ".join(cells) + " |"
+        )
+    return "\n".join(lines)
+
+
+def profile_table(data: dict, top: int = 4) -> str:
+    """capsule_lib's eager fp32 step per case (from ``--profile``): its ``top`` operators by self CPU time."""
+    lines = ["| case | profiled step | top operators (share of the step's CPU time) |", "|---|---|---|"]
+    for name, res in data["cases"].items():
+        prof = res.get("profile", {}).get(res.get("ours"))
+        if prof:
+            ops = ", ".join(f"{op['op']} {100 * op['share']:.0f}% (x{op['calls']})" for op in prof["top"][:top])
+            lines.append(f"| {name} | {_fmt_time(prof['total_ms'] / 1e3)} | {ops} |")
     return "\n".join(lines)
 
 
@@ -1275,6 +1490,18 @@ def main(argv: list[str] | None = None) -> dict:
     )
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory step")
     ap.add_argument("--ours-only", action="store_true", help="time capsule_lib's variant only (e.g. for allocator.py)")
+    ap.add_argument(
+        "--modes",
+        default=None,
+        help="capsule_lib's step in these modes, comma-separated from "
+        + ", ".join(MODES)
+        + " (default: all four; eager only with --quick or --ours-only)",
+    )
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="also profile one step of capsule_lib (eager fp32) and of each original: top operators in the JSON",
+    )
     ap.add_argument("--list", action="store_true", help="list the cases and exit")
     ap.add_argument("--table", default=None, metavar="JSON", help="print a result file as a Markdown table and exit")
     args = ap.parse_args(argv)
@@ -1285,6 +1512,11 @@ def main(argv: list[str] | None = None) -> dict:
     if args.table:
         data = json.loads(Path(args.table).read_text())
         print(markdown_table(data))
+        print()
+        print(goal_table(data))
+        if data["meta"].get("profile"):
+            print()
+            print(profile_table(data))
         return data
     if args.device == "auto":
         dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -1300,6 +1532,11 @@ def main(argv: list[str] | None = None) -> dict:
     if args.min_time is None:
         args.min_time = 0.0 if args.quick else 2.0
     check_dtype = None if cd == "none" else getattr(torch, cd)
+    if args.modes is None:
+        args.modes = "eager" if (args.quick or args.ours_only) else ",".join(MODES)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not modes or any(m not in MODES for m in modes):
+        raise SystemExit(f"--modes {args.modes!r}: expected names from {', '.join(MODES)}")
     out = Path(args.out) if args.out else HERE / "results" / f"{dev.type}{'_quick' if args.quick else ''}.json"
 
     meta = {
@@ -1318,6 +1555,8 @@ def main(argv: list[str] | None = None) -> dict:
         "warmup": warmup,
         "min_time_s": args.min_time,
         "check_dtype": cd,
+        "modes": modes,
+        "profile": args.profile,
         "opt_einsum": bool(torch.backends.opt_einsum.is_available()),
         **_git_state(),
         "loadavg_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
@@ -1343,9 +1582,17 @@ def main(argv: list[str] | None = None) -> dict:
             if args.ours_only:  # the first variant is capsule_lib's
                 first = next(iter(case.variants))
                 case.variants = {first: case.variants[first]}
+            add_modes(case, dev, modes)
             rep = max(3, math.ceil(repeat / 2)) if case.heavy else repeat
             res = run_case(
-                case, dev, min(rep, repeat), warmup, check_dtype, memory=not args.no_memory, min_time=args.min_time
+                case,
+                dev,
+                min(rep, repeat),
+                warmup,
+                check_dtype,
+                memory=not args.no_memory,
+                min_time=args.min_time,
+                profile_ops=args.profile,
             )
         except Exception as exc:  # keep going; the error is recorded in the JSON
             res = {"error": f"{type(exc).__name__}: {exc}"}
@@ -1360,6 +1607,8 @@ def main(argv: list[str] | None = None) -> dict:
     data = {"meta": meta, "cases": cases}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(data, indent=1))
+    print()
+    print(goal_table(data))
     print(f"wrote {out} ({meta['wall_s']:.0f} s)")
     return data
 

@@ -21,6 +21,8 @@ BENCH = REPO / "benchmarks" / "bench.py"
 REQUIRED = {
     "routing_dynamic",
     "routing_em_convcaps1",
+    "routing_em_convcaps2",
+    "routing_em_classcaps",
     "routing_heinsen_smallnorb",
     "routing_inverted_conv",
     "routing_inverted_fc",
@@ -174,7 +176,8 @@ def test_allocator_quick_run_times_every_case_with_each_installed_allocator(tmp_
     )
     res = json.loads(out.read_text())
     assert "glibc" in res["allocators"] and res["machine"]["torch_threads"] == 1
-    assert set(res["allocators"]) | set(res["missing"]) == {"glibc", "tcmalloc", "jemalloc"}
+    assert set(res["allocators"]) | set(res["missing"]) == {"glibc", "glibc_thp", "tcmalloc", "jemalloc"}
+    assert "glibc_thp" in res["allocators"] and "THP_MEM_ALLOC_ENABLE=1" in res["allocators"]["glibc_thp"]
     (row,) = res["rows"]
     assert row["case"] == "routing_dynamic"
     assert set(row["median_s"]) == set(res["allocators"]) and all(v > 0 for v in row["median_s"].values())
@@ -192,3 +195,50 @@ def test_ours_only_times_capsule_lib_alone(tmp_path):
     )
     case = json.loads(out.read_text())["cases"]["routing_dynamic"]
     assert list(case["variants"]) == ["ours"] and case["speedups"] == {} and case["agreement"] == {}
+
+
+def test_goal_summary_names_the_fastest_original(quick, bench):
+    for name, case in quick["cases"].items():
+        g = case["goal"]
+        originals = {nm: v for nm, v in case["variants"].items() if nm != case["ours"]}
+        fastest = min(originals, key=lambda nm: originals[nm]["median_s"])
+        assert g["fastest_original"] == fastest, name
+        ratio = originals[fastest]["median_s"] / case["variants"][case["ours"]]["median_s"]
+        assert g["ratio"] == {case["ours"]: pytest.approx(ratio)}, name
+        assert g["goal"] == bench.GOALS.get(name), name
+        if g["goal"] is not None:
+            assert g["meets_goal"] == {case["ours"]: ratio >= g["goal"]}, name
+    assert set(bench.GOALS) <= set(quick["cases"])  # every goal of the issue has its case
+    assert bench.goal_table(quick).count("\n") == sum(1 for c in quick["cases"].values() if c["goal"]) + 1
+
+
+def test_modes_time_capsule_lib_compiled_and_in_bf16(tmp_path):
+    out = tmp_path / "modes.json"
+    subprocess.run(
+        [sys.executable, str(BENCH), "--quick", "--only", "routing_self_attention_b16", "--check-dtype", "none"]
+        + ["--modes", "eager,bf16,compiled,compiled_bf16", "--profile", "--threads", "1", "--out", str(out)],
+        check=True,
+        timeout=600,
+        capture_output=True,
+    )
+    data = json.loads(out.read_text())
+    case = data["cases"]["routing_self_attention_b16"]
+    assert "error" not in case, case.get("error")
+    assert data["meta"]["modes"] == ["eager", "bf16", "compiled", "compiled_bf16"]
+    modes = ["ours_bf16", "ours_compiled", "ours_compiled_bf16"]
+    assert case["ours_modes"] == modes
+    assert list(case["variants"])[:4] == ["ours", *modes]
+    assert set(case["speedups"]) == {"keras", "keras_explicit"}  # the originals only
+    for nm in modes:
+        v = case["variants"][nm]
+        assert v["speedup_of_ours"] is None and v["median_s"] > 0 and v["peak_mem_bytes"] >= 0, nm
+        assert (v["first_step_s"] is not None) == ("compiled" in nm), nm
+    assert set(case["goal"]["ratio"]) == {"ours", *modes}
+    assert set(case["goal"]["meets_goal"]) == {"ours", *modes}
+    # --profile: where the time of capsule_lib's eager step and of each original's step goes
+    assert set(case["profile"]) == {"ours", "keras", "keras_explicit"}
+    for prof in case["profile"].values():
+        assert prof["total_ms"] > 0 and 0 < len(prof["top"]) <= 8
+        shares = [op["share"] for op in prof["top"]]
+        assert shares == sorted(shares, reverse=True) and 0 < sum(shares) <= 1 + 1e-9
+        assert all(op["op"] and op["calls"] >= 1 and op["ms"] > 0 for op in prof["top"])

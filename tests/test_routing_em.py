@@ -588,3 +588,249 @@ def test_torch_compile_smoke():
     ref = layer(poses, acts)
     out = torch.compile(layer, fullgraph=True)(poses, acts)
     assert torch.allclose(out[0], ref[0], atol=1e-5) and torch.allclose(out[1], ref[1], atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The fast path (blocked custom autograd function) against the previous implementation
+# ---------------------------------------------------------------------------------------------------
+def _em_routing_previous(votes, a_in, beta_u, beta_a, iterations, lams, quirk, norm_costs, eps=1e-8):
+    """``em_routing`` before the blocked custom autograd function (#17), kept verbatim as the reference
+    (plain autograd on parent-major votes; returns ``((mu, a_out), trace lists)``)."""
+    *_, I, J, D = votes.shape
+    scale = J / I if norm_costs else 1.0
+    LN_2PI = math.log(2.0 * math.pi)
+    V = votes.transpose(-3, -2).contiguous()  # [B, J, I, D]
+    a = a_in.unsqueeze(-2)  # [B, 1, I]
+    bu, ba = beta_u.unsqueeze(-1), beta_a  # [J, 1], [J]
+    R = torch.full_like(V[..., 0], 1.0 / J)  # [B, J, I]
+    tr = {k: [] for k in ("coefficients", "agreements", "outputs", "activations", "sigma2", "costs", "mass")}
+    for t in range(iterations):
+        Rp = R * a  # [B, J, I]
+        if quirk:
+            Rp = Rp / (Rp.sum(dim=-2, keepdim=True) + eps)  # [B, J, I]
+        mass = Rp.sum(dim=-1)  # [B, J]
+        coeff = Rp / (mass.unsqueeze(-1) + eps)  # [B, J, I]
+        mu = torch.einsum("...ji,...jid->...jd", coeff, V)  # [B, J, D]
+        sq = (V - mu.unsqueeze(-2)).square()  # [B, J, I, D]
+        sigma2 = torch.einsum("...ji,...jid->...jd", coeff, sq) + eps  # [B, J, D]
+        log_sigma2 = torch.log(sigma2)  # [B, J, D]
+        cost = ((bu + 0.5 * log_sigma2) * (mass * scale).unsqueeze(-1)).sum(dim=-1)  # [B, J]
+        logit = lams[t] * (ba - cost)  # [B, J]
+        a_out = torch.sigmoid(logit)  # [B, J]
+        maha = torch.einsum("...jid,...jd->...ji", sq, sigma2.reciprocal())  # [B, J, I]
+        log_p = -0.5 * (maha + log_sigma2.sum(dim=-1, keepdim=True) + D * LN_2PI)  # [B, J, I]
+        log_post = log_p + torch.nn.functional.logsigmoid(logit).unsqueeze(-1)  # [B, J, I]
+        R_next = torch.exp(log_post - torch.logsumexp(log_post, dim=-2, keepdim=True))  # [B, J, I]
+        for k, x in zip(tr, (R.transpose(-2, -1), log_p.transpose(-2, -1), mu, a_out, sigma2, cost, mass)):
+            tr[k].append(x)
+        R = R_next
+    tr["posterior"] = R.transpose(-2, -1)
+    return (mu, a_out), tr
+
+
+_FAST_CASES = [  # (votes shape, quirk, normalize_costs, inverse_temperature, iterations)
+    ((3, 7, 4, 16), False, True, None, 3),
+    ((3, 7, 4, 16), False, False, 0.05, 2),
+    ((2, 3, 5, 6, 3, 4), True, True, [0.3, 1.0, 2.0], 3),
+    ((2, 3, 5, 6, 3, 4), True, False, 1e-3, 1),
+    ((5, 9, 5, 16), False, True, [0.5, 0.2, 0.9, 1.5], 4),
+]
+
+
+def _rel(x, ref, scale=None):
+    x, ref = x.detach(), ref.detach()
+    return float((x - ref).abs().max()) / max(float(ref.abs().max()) if scale is None else scale, 1e-300)
+
+
+def _leaves64(shape, seed):
+    g = torch.Generator().manual_seed(seed)
+    *lead, I, J, D = shape
+    V = torch.randn(*shape, generator=g, dtype=torch.float64).requires_grad_()
+    a = (torch.rand(*lead, I, generator=g, dtype=torch.float64) * 0.9 + 0.05).requires_grad_()
+    bu = (torch.randn(J, generator=g, dtype=torch.float64) * 0.3).requires_grad_()
+    ba = (torch.randn(J, generator=g, dtype=torch.float64) * 0.3).requires_grad_()
+    return V, a, bu, ba
+
+
+def _grads(outs, leaves, seed):
+    g = torch.Generator().manual_seed(seed)
+    loss = sum((o * torch.randn(o.shape, generator=g, dtype=o.dtype)).sum() for o in outs)
+    return torch.autograd.grad(loss, leaves)
+
+
+@pytest.mark.parametrize("block", [None, 1, 3 * 16])
+@pytest.mark.parametrize("shape,quirk,norm_costs,lam,iters", _FAST_CASES)
+def test_fast_path_matches_previous_implementation_float64(monkeypatch, block, shape, quirk, norm_costs, lam, iters):
+    """Outputs and the gradients w.r.t. votes, a_in, beta_u, beta_a equal the previous implementation, with one
+    block, one routing per block and blocks that do not divide the batch."""
+    import capsule_lib.routing.em as em_module
+
+    if block is not None:
+        monkeypatch.setattr(em_module, "_BLOCK_ELEMENTS", block)
+    leaves = _leaves64(shape, seed=len(shape) + iters)
+    lams = inverse_temperature_schedule(iters) if lam is None else ([lam] * iters if isinstance(lam, float) else lam)
+    opts = dict(inverse_temperature=lam, normalize_over_outputs=quirk, normalize_costs=norm_costs)
+    mu, a_out = em_routing(*leaves, iters, **opts)
+    (mu_ref, a_ref), _ = _em_routing_previous(*leaves, iters, lams, quirk, norm_costs)
+    assert mu.dtype == torch.float64
+    assert _rel(mu, mu_ref) < 1e-12 and _rel(a_out, a_ref) < 1e-12
+    grads = _grads((mu, a_out), leaves, seed=5)
+    grads_ref = _grads((mu_ref, a_ref), leaves, seed=5)
+    g_scale = max(float(g.abs().max()) for g in grads_ref)
+    for name, g, g_ref in zip(("votes", "a_in", "beta_u", "beta_a"), grads, grads_ref):
+        # with the yl-1993 quirk dL/da_in is 0 up to rounding: compare it on the scale of all gradients
+        scale = g_scale if (quirk and name == "a_in") else None
+        assert _rel(g, g_ref, scale) < 1e-9, name
+
+
+@pytest.mark.parametrize("shape,quirk,norm_costs,lam,iters", _FAST_CASES[:3])
+def test_trace_path_matches_previous_implementation_float64(shape, quirk, norm_costs, lam, iters):
+    """With ``return_routing=True``: every iteration's trace tensors, the outputs and the gradients (also through
+    the trace) equal the previous implementation."""
+    leaves = _leaves64(shape, seed=11)
+    lams = inverse_temperature_schedule(iters) if lam is None else ([lam] * iters if isinstance(lam, float) else lam)
+    opts = dict(inverse_temperature=lam, normalize_over_outputs=quirk, normalize_costs=norm_costs)
+    (mu, a_out), tr = em_routing(*leaves, iters, **opts, return_routing=True)
+    (mu_ref, a_ref), ref = _em_routing_previous(*leaves, iters, lams, quirk, norm_costs)
+    assert _rel(mu, mu_ref) < 1e-12 and _rel(a_out, a_ref) < 1e-12
+    for k in ("coefficients", "agreements", "outputs", "activations"):
+        assert len(getattr(tr, k)) == iters
+        for t in range(iters):
+            assert _rel(getattr(tr, k)[t], ref[k][t]) < 1e-12, (k, t)
+    for k in ("sigma2", "costs", "mass"):
+        for t in range(iters):
+            assert _rel(tr.extra[k][t], ref[k][t]) < 1e-12, (k, t)
+    assert _rel(tr.extra["posterior"], ref["posterior"]) < 1e-12
+    outs = (mu, a_out, tr.agreements[0], tr.extra["posterior"])
+    outs_ref = (mu_ref, a_ref, ref["agreements"][0], ref["posterior"])
+    grads, grads_ref = _grads(outs, leaves, seed=6), _grads(outs_ref, leaves, seed=6)
+    g_scale = max(float(g.abs().max()) for g in grads_ref)
+    for name, g, g_ref in zip(("votes", "a_in", "beta_u", "beta_a"), grads, grads_ref):
+        assert _rel(g, g_ref, g_scale if (quirk and name == "a_in") else None) < 1e-9, name
+
+
+def test_fast_function_passes_gradcheck():
+    from capsule_lib.routing.em import _EMRoutingFunction
+
+    V, a, bu, ba = _leaves64((3, 5, 2, 4), seed=3)  # child-major [N, I=5, J=2, D=4]
+    V = V.detach().transpose(1, 2).contiguous().requires_grad_()  # parent-major [N, J, I, D], as the function takes
+    for quirk, scale in ((False, 0.4), (True, 1.0)):
+
+        def fn(V_, a_, u_, b_, quirk=quirk, scale=scale):
+            return _EMRoutingFunction.apply(V_, a_, u_, b_, (0.7, 1.3, 2.0), quirk, scale, 1e-8)
+
+        assert torch.autograd.gradcheck(fn, (V, a, bu, ba), eps=1e-6, atol=1e-7, rtol=1e-5)
+
+
+def _conv_caps_previous(layer, poses, acts):
+    """``ConvCapsules`` before #17: child-major votes through the previous routing."""
+    P, K, T, D = layer.pose_size, layer.kernel_size, layer.in_types, layer.pose_size**2
+    B, _, H, W, _ = poses.shape
+    h, w = layer.output_size(H), layer.output_size(W)
+    x = poses.permute(0, 1, 4, 2, 3).reshape(B, T * D, H, W)
+    cols = torch.nn.functional.unfold(x, K, padding=layer.padding, stride=layer.stride)
+    M = cols.view(B, T, P, P, K, K, h, w)
+    V = torch.einsum("btpquvhw,uvtjqr->bhwuvtjpr", M, layer.weight).reshape(B, h, w, K * K * T, layer.out_types, D)
+    ac = torch.nn.functional.unfold(acts, K, padding=layer.padding, stride=layer.stride)
+    ac = ac.view(B, T, K, K, h, w).permute(0, 4, 5, 2, 3, 1).reshape(B, h, w, K * K * T)
+    (mu, a_out), _ = _em_routing_previous(
+        V, ac, layer.beta_u, layer.beta_a, layer.iterations, layer.inverse_temperature,
+        layer.normalize_over_outputs, layer.normalize_costs, layer.eps,
+    )  # fmt: skip
+    return mu.permute(0, 3, 1, 2, 4), a_out.permute(0, 3, 1, 2)
+
+
+def _class_caps_previous(layer, poses, acts, centers):
+    P, T, D = layer.pose_size, layer.in_types, layer.pose_size**2
+    B, _, H, W, _ = poses.shape
+    M = poses.reshape(B, T, H, W, P, P)
+    V = torch.einsum("bthwpq,tjqr->bhwtjpr", M, layer.weight).reshape(B, H, W, T, layer.n_classes, D)
+    offset = torch.einsum("hwc,cd->hwd", centers.to(layer.coord_basis.dtype), layer.coord_basis)
+    V = (V + offset[:, :, None, None, :].to(V.dtype)).reshape(B, H * W * T, layer.n_classes, D)
+    a = acts.permute(0, 2, 3, 1).reshape(B, H * W * T)
+    (mu, a_out), _ = _em_routing_previous(
+        V, a, layer.beta_u, layer.beta_a, layer.iterations, layer.inverse_temperature,
+        layer.normalize_over_outputs, layer.normalize_costs, layer.eps,
+    )  # fmt: skip
+    return mu, a_out
+
+
+@pytest.mark.parametrize("quirk", [False, True])
+def test_matrix_layers_match_previous_implementation_float64(quirk):
+    """ConvCapsules and ClassCapsules (parent-major votes, fast routing): outputs and the gradients w.r.t. poses,
+    activations, weights, beta_u and beta_a equal the previous layers, float64."""
+    torch.manual_seed(1)
+    kw = dict(normalize_over_outputs=quirk, normalize_costs=not quirk, inverse_temperature=None if not quirk else 1e-2)
+    conv = ConvCapsules(3, 4, 3, 2, iterations=3, **kw).double()
+    cls = ClassCapsules(4, 3, iterations=3, **kw).double()
+    for m in (conv, cls):
+        with torch.no_grad():
+            m.beta_u.normal_(0, 0.3)
+            m.beta_a.normal_(0, 0.3)
+    g = torch.Generator().manual_seed(2)
+    poses = torch.randn(2, 3, 7, 7, 16, generator=g, dtype=torch.float64).requires_grad_()
+    acts = (torch.rand(2, 3, 7, 7, generator=g, dtype=torch.float64) * 0.9 + 0.05).requires_grad_()
+    p_cls = torch.randn(2, 4, 3, 3, 16, generator=g, dtype=torch.float64).requires_grad_()
+    a_cls = torch.rand(2, 4, 3, 3, generator=g, dtype=torch.float64).requires_grad_()
+    centers = torch.rand(3, 3, 2, generator=g, dtype=torch.float64)
+    cases = (
+        (conv, lambda: conv(poses, acts), lambda: _conv_caps_previous(conv, poses, acts), (poses, acts)),
+        (
+            cls,
+            lambda: cls(p_cls, a_cls, centers),
+            lambda: _class_caps_previous(cls, p_cls, a_cls, centers),
+            (p_cls, a_cls),
+        ),
+    )
+    for layer, run_new, run_old, inputs in cases:
+        leaves = (*inputs, layer.weight, layer.beta_u, layer.beta_a)
+        new, old = run_new(), run_old()
+        for x, ref in zip(new, old):
+            assert x.shape == ref.shape and _rel(x, ref) < 1e-12
+        grads, grads_ref = _grads(new, leaves, seed=7), _grads(old, leaves, seed=7)
+        g_scale = max(float(g.abs().max()) for g in grads_ref)
+        for name, gr, gr_ref in zip(("poses", "activations", "weight", "beta_u", "beta_a"), grads, grads_ref):
+            scale = g_scale if (quirk and name == "activations") else None
+            assert _rel(gr, gr_ref, scale) < 1e-9, (type(layer).__name__, name)
+
+
+def test_layer_votes_are_parent_major_views():
+    """The layers store their votes parent-major, so em_routing's transpose to [.., n_out, n_inp, d] is free."""
+    poses, acts = _grid(B=2, T=2, H=5, W=5)
+    V, _ = ConvCapsules(2, 3, 3, 1).votes(poses, acts)
+    assert V.shape == (2, 3, 3, 18, 3, 16) and V.transpose(-3, -2).is_contiguous()
+    V, _ = ClassCapsules(2, 4).votes(poses, acts)
+    assert V.shape == (2, 50, 4, 16) and V.transpose(-3, -2).is_contiguous()
+
+
+@pytest.mark.parametrize("scale", [0.0, 1.0, 1e3])
+def test_fast_path_no_nan_inf_and_collapsed_gaussians(scale):
+    """The fast path (no trace) on zero, unit and large votes, and with every parent collapsed onto identical
+    votes (sigma2 = eps): finite outputs and gradients in float32, and equal to the autograd path in float64
+    (in float32 the gradients of a collapsed Gaussian are rounding noise amplified by 1/eps in both paths)."""
+    votes, a_in, bu, ba = _inputs(B=3, I=6, J=3)
+    votes = votes * scale
+    votes[2] = votes[2, :1]  # sample 2: all children vote the same: collapsed Gaussians
+    for dtype in (torch.float32, torch.float64):
+        results = []
+        for trace in (False, True):
+            leaves = [x.detach().to(dtype).requires_grad_() for x in (votes, a_in, bu, ba)]
+            out = em_routing(*leaves, iterations=3, return_routing=trace)
+            mu, a = out[0] if trace else out
+            (mu.square().sum() + a.sum()).backward()
+            assert _finite(mu, a, *(x.grad for x in leaves))
+            results.append([mu, a, *(x.grad for x in leaves)])
+        if dtype == torch.float64:
+            for x, y in zip(*results):
+                assert _rel(x, y, max(1.0, float(y.detach().abs().max()))) < 1e-7  # 1/eps amplifies rounding
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fast_path_backward_under_autocast(dtype):
+    """The custom function's backward runs under the caller's autocast state: it must stay in fp32."""
+    votes, a_in, bu, ba = _inputs()
+    leaves = [votes.clone().requires_grad_(), a_in.clone().requires_grad_(), bu.clone().requires_grad_()]
+    with torch.autocast("cpu", dtype=dtype):
+        mu, a = em_routing(leaves[0].to(dtype), leaves[1], leaves[2], ba)
+        (mu.float().sum() + a.float().sum()).backward()
+    assert mu.dtype == dtype and all(x.grad.dtype == torch.float32 and _finite(x.grad) for x in leaves)

@@ -566,3 +566,118 @@ def test_torch_compile_fc_update():
     prev = fc(P)
     compiled = torch.compile(fc, fullgraph=True)  # no graph breaks in one update
     torch.testing.assert_close(compiled(P, prev), fc(P, prev), atol=1e-5, rtol=1e-5)
+
+
+# ------------------------------------------------------------------ fused attention update (no votes kept)
+def _grads(out_fn, tensors, seed):
+    """Outputs of ``out_fn()`` and the gradients of a random linear function of them w.r.t. ``tensors``."""
+    outs = out_fn()
+    g = torch.Generator().manual_seed(seed)
+    loss = sum((o * torch.randn(o.shape, generator=g, dtype=o.dtype)).sum() for o in outs)
+    return outs, torch.autograd.grad(loss, tensors)
+
+
+@pytest.mark.parametrize("block_bytes", [None, 4000, 700])  # one block, 2 x 20 and 1 x 7 blocks
+@pytest.mark.parametrize("expansion", ["unfold", "official_bug"])
+def test_fused_conv_update_matches_votes_path_float64(monkeypatch, block_bytes, expansion):
+    """Outputs, r, a and every gradient (poses, weight, prev_pose, LayerNorm) of the fused update equal the
+    explicit-votes einsum path; the small blocks do not divide p = 3*3*3 = 27 positions or I = 27 children."""
+    import capsule_lib.routing.inverted as inv
+
+    if block_bytes is not None:
+        monkeypatch.setattr(inv, "_BLOCK_BYTES", block_bytes)
+    torch.manual_seed(30)
+    N, M, K, S, d = 3, 3, 3, 2, 4
+    layer = InvertedConvCapsules(N, M, d, K, S, expansion=expansion).double()
+    randomise_norms(layer)
+    x = torch.randn(3, N, 7, 7, d, dtype=torch.float64, requires_grad=True)
+    prev = torch.randn(3, M, 3, 3, d, dtype=torch.float64, requires_grad=True)
+    params = [x, prev, layer.weight, layer.norm.weight, layer.norm.bias]
+    kw = dict(norm_weight=layer.norm.weight, norm_bias=layer.norm.bias)
+
+    def fused():
+        out, tr = layer(x, prev, return_routing=True)
+        return out, tr.coefficients[0], tr.agreements[0]
+
+    def reference():
+        v = conv_matrix_votes(conv_windows(x, K, S, expansion), layer.weight)  # [B, h, w, I, M, d]
+        out, tr = inverted_attention_update(v, prev.permute(0, 2, 3, 1, 4), return_routing=True, **kw)
+        return out.permute(0, 3, 1, 2, 4), tr.coefficients[0], tr.agreements[0]
+
+    got, g_got = _grads(fused, params, 31)
+    want, g_want = _grads(reference, params, 31)
+    assert inv._attend_blocks(27, 27, M, d, 8) == {None: (27, 27), 4000: (2, 20), 700: (1, 7)}[block_bytes]
+    for a, b in zip(got + g_got, want + g_want):
+        assert a.shape == b.shape
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("block_bytes", [None, 1600])
+def test_fused_fc_update_matches_votes_path_float64(monkeypatch, block_bytes):
+    import capsule_lib.routing.inverted as inv
+
+    if block_bytes is not None:
+        monkeypatch.setattr(inv, "_BLOCK_BYTES", block_bytes)  # 1 sample, 3 of the 10 children
+    torch.manual_seed(32)
+    layer = InvertedFCCapsules(10, 4, 16).double()
+    randomise_norms(layer)
+    P = torch.randn(3, 10, 16, dtype=torch.float64, requires_grad=True)
+    prev = torch.randn(3, 4, 16, dtype=torch.float64, requires_grad=True)
+    params = [P, prev, layer.weight, layer.norm.weight, layer.norm.bias]
+    kw = dict(norm_weight=layer.norm.weight, norm_bias=layer.norm.bias)
+
+    def fused():
+        out, tr = layer(P, prev, return_routing=True)
+        return out, tr.coefficients[0], tr.agreements[0]
+
+    def reference():
+        out, tr = inverted_attention_update(fc_matrix_votes(P, layer.weight), prev, return_routing=True, **kw)
+        return out, tr.coefficients[0], tr.agreements[0]
+
+    got, g_got = _grads(fused, params, 33)
+    want, g_want = _grads(reference, params, 33)
+    assert inv._attend_blocks(10, 3, 4, 16, 8) == {None: (3, 10), 1600: (1, 3)}[block_bytes]
+    for a, b in zip(got + g_got, want + g_want):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
+
+
+def test_fused_attention_gradcheck_and_partial_gradients():
+    """gradcheck of the fused Function with uneven blocks, and gradients that reach it only through r or a."""
+    from capsule_lib.routing.inverted import _attend_matrix, _attend_matrix_unfused
+
+    torch.manual_seed(34)
+    I, p, s, M = 5, 4, 2, 3
+    P = torch.randn(I, p, s, s, dtype=torch.float64, requires_grad=True)
+    W = torch.randn(I, s, s, M, dtype=torch.float64, requires_grad=True)
+    Q = torch.randn(p, M, s * s, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda *t: _attend_matrix(*t, blocks=(3, 2)), (P, W, Q))
+    for pick in (0, 1, 2, (1, 2)):  # only s, only r, only a, r and a
+        idx = pick if isinstance(pick, tuple) else (pick,)
+        got = _attend_matrix(P, W, Q, blocks=(3, 2))
+        want = _attend_matrix_unfused(P, W, Q)
+        for o1, o2 in zip(got, want):
+            torch.testing.assert_close(o1, o2, rtol=1e-12, atol=1e-14)
+        g1 = torch.autograd.grad(sum((got[k] ** 2).sum() for k in idx), (P, W, Q))
+        g2 = torch.autograd.grad(sum((want[k] ** 2).sum() for k in idx), (P, W, Q))
+        for a, b in zip(g1, g2):
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
+
+
+def test_fused_attention_bf16_autocast_matches_unfused_dtypes():
+    from capsule_lib.routing.inverted import _attend_matrix, _attend_matrix_unfused
+
+    torch.manual_seed(35)
+    P = torch.randn(6, 5, 4, 4, requires_grad=True)
+    W = torch.randn(6, 4, 4, 3, requires_grad=True)
+    Q = torch.randn(5, 3, 16, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = _attend_matrix(P, W, Q, blocks=(2, 4))
+        want = _attend_matrix_unfused(*(t.to(torch.bfloat16) for t in (P, W, Q)))
+    assert [t.dtype for t in got] == [t.dtype for t in want] == [torch.bfloat16, torch.float32, torch.float32]
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a.float(), b.float(), rtol=0.05, atol=0.1)
+    g1 = torch.autograd.grad(got[0].float().sum(), (P, W, Q))
+    g2 = torch.autograd.grad(want[0].float().sum(), (P, W, Q))
+    for a, b in zip(g1, g2):
+        assert a.dtype == torch.float32
+        torch.testing.assert_close(a, b, rtol=0.05, atol=0.2)

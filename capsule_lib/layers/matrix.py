@@ -70,7 +70,11 @@ class ConvCapsules(EMRoutingBase):
 
     def votes(self, poses: torch.Tensor, acts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Window votes ``[B, h, w, K*K*T_in, T_out, P*P]`` and children activations ``[B, h, w, K*K*T_in]``
-        (child index ``i = (u*K + v)*T_in + t``)."""
+        (child index ``i = (u*K + v)*T_in + t``).
+
+        The votes are stored parent-major (a ``transpose(-3, -2)`` view of a contiguous
+        ``[B, h, w, T_out, K*K*T_in, P*P]`` tensor), the layout :func:`~capsule_lib.routing.em.em_routing`
+        routes in, so that it needs no copy."""
         P, K, T, D = self.pose_size, self.kernel_size, self.in_types, self.pose_size**2
         _check_grid(poses, acts, T, P)
         B, _, H, W, _ = poses.shape
@@ -80,8 +84,8 @@ class ConvCapsules(EMRoutingBase):
         x = poses.permute(0, 1, 4, 2, 3).reshape(B, T * D, H, W)  # [B, T*D, H, W]
         cols = F.unfold(x, K, padding=self.padding, stride=self.stride)  # [B, T*D*K*K, h*w]
         M = cols.view(B, T, P, P, K, K, h, w)  # [B, t, p, q, u, v, h, w]
-        V = torch.einsum("btpquvhw,uvtjqr->bhwuvtjpr", M, self.weight)  # [B, h, w, K, K, T, J, P, P]
-        V = V.reshape(B, h, w, K * K * T, self.out_types, D)  # [B, h, w, I, J, D]
+        V = torch.einsum("btpquvhw,uvtjqr->bhwjuvtpr", M, self.weight)  # [B, h, w, J, K, K, T, P, P]
+        V = V.reshape(B, h, w, self.out_types, K * K * T, D).transpose(-3, -2)  # [B, h, w, I, J, D] (view)
         ac = F.unfold(acts, K, padding=self.padding, stride=self.stride)  # [B, T*K*K, h*w]
         ac = ac.view(B, T, K, K, h, w).permute(0, 4, 5, 2, 3, 1).reshape(B, h, w, K * K * T)  # [B, h, w, I]
         return V, ac
@@ -161,20 +165,22 @@ class ClassCapsules(EMRoutingBase):
     def votes(
         self, poses: torch.Tensor, acts: torch.Tensor, centers: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Votes ``[B, H*W*T, K, P*P]`` (with coordinate addition) and activations ``[B, H*W*T]``."""
+        """Votes ``[B, H*W*T, K, P*P]`` (with coordinate addition) and activations ``[B, H*W*T]``; the votes are
+        stored parent-major (a ``transpose(1, 2)`` view of a contiguous ``[B, K, H*W*T, P*P]`` tensor), the
+        layout :func:`~capsule_lib.routing.em.em_routing` routes in."""
         P, T, D = self.pose_size, self.in_types, self.pose_size**2
         _check_grid(poses, acts, T, P)
         B, _, H, W, _ = poses.shape
         M = poses.reshape(B, T, H, W, P, P)  # [B, T, H, W, P, P]
-        V = torch.einsum("bthwpq,tjqr->bhwtjpr", M, self.weight)  # [B, H, W, T, K, P, P]
-        V = V.reshape(B, H, W, T, self.n_classes, D)  # [B, H, W, T, K, D]
+        V = torch.einsum("bthwpq,tjqr->bjhwtpr", M, self.weight)  # [B, K, H, W, T, P, P]
+        V = V.reshape(B, self.n_classes, H, W, T, D)  # [B, K, H, W, T, D] contiguous
         if self.coord_add:
             if centers is None:
                 centers = grid_centers(H, W, device=V.device)
             check_tensor(centers, "centers", f"[H={H}, W={W}, 2]", [H, W, 2])
             offset = torch.einsum("hwc,cd->hwd", centers.to(self.coord_basis.dtype), self.coord_basis)  # [H, W, D]
-            V = V + offset[:, :, None, None, :].to(V.dtype)  # [B, H, W, T, K, D]
-        V = V.reshape(B, H * W * T, self.n_classes, D)  # [B, I, K, D]
+            V = V + offset[:, :, None, :].to(V.dtype)  # [B, K, H, W, T, D]
+        V = V.reshape(B, self.n_classes, H * W * T, D).transpose(1, 2)  # [B, I, K, D] (view)
         a = acts.permute(0, 2, 3, 1).reshape(B, H * W * T)  # [B, I]
         return V, a
 

@@ -205,7 +205,10 @@ def em_routing(
     Parameters
     ----------
     votes
-        ``V_ij``, flattened pose votes (``d = 16`` for 4x4 poses; any ``d`` works).
+        ``V_ij``, flattened pose votes (``d = 16`` for 4x4 poses; any ``d`` works). Routing works
+        parent-major internally: votes that are the ``transpose(-3, -2)`` view of a contiguous
+        ``[..., n_out, n_inp, d]`` tensor (what :class:`~capsule_lib.layers.ConvCapsules` and
+        :class:`~capsule_lib.layers.ClassCapsules` make) are used without a copy.
     a_in
         input activations in ``[0, 1]`` (checked, except while ``torch.compile`` traces).
     beta_u, beta_a
@@ -230,63 +233,297 @@ def em_routing(
         (``sum_h cost_h``, ``[B, n_out]``) per iteration, ``"inverse_temperatures"``, ``"mass"``
         (``sum_i R'_ij`` per iteration), ``"posterior"`` (R after the last E-step) and ``"a_in"`` (the
         children's activations, as given).
+
+    Notes
+    -----
+    Two implementations of the same arithmetic: without the trace, in eager mode, a custom autograd function
+    (:class:`_EMRoutingFunction`) routes blocks of a few conv positions / samples at a time, so that the
+    votes-sized temporaries ``(V - mu)^2`` stay in the CPU cache, and computes the gradients of all iterations
+    with a hand-derived backward (it keeps only ``[.., n_out, n_inp]``- and ``[.., n_out, d]``-sized tensors
+    per iteration, and recomputes ``V - mu``). With ``return_routing=True`` or under ``torch.compile`` the
+    routing is written as plain differentiable tensor code (the trace tensors carry gradients; inductor fuses
+    it). Both give the same forward results and agree to rounding in the gradients (``tests/test_routing_em.py``).
+    The custom function is once differentiable: a double backward (``create_graph=True``) through it raises;
+    route with ``return_routing=True`` for that.
     """
     _check_em_inputs(votes, a_in, beta_u, beta_a)
     if iterations < 1:
         raise ValueError(f"iterations must be >= 1, got {iterations}")
     lams = _lambdas(inverse_temperature, iterations)
     *_, I, J, D = votes.shape
-    trace = RoutingTrace("em") if return_routing else None
     scale = J / I if normalize_costs else 1.0
     cdt = torch.promote_types(votes.dtype, torch.float32)  # fp16/bf16 -> fp32; fp64 stays fp64
     with torch.autocast(device_type=votes.device.type, enabled=False):
-        # Internally parent-major ([B, J, I, ...]): every sum over children is then a batched mat-vec on
-        # contiguous memory (no permuting copies). Trace tensors are handed out as [B, I, J] views.
+        # Parent-major ([B, J, I, ...]): every sum over children is then a batched mat-vec on contiguous
+        # memory. A no-op for votes made parent-major (ConvCapsules, ClassCapsules); else one copy.
         V = votes.to(cdt).transpose(-3, -2).contiguous()  # [B, J, I, D]
-        a = a_in.to(cdt).unsqueeze(-2)  # [B, 1, I]
-        bu, ba = beta_u.to(cdt).unsqueeze(-1), beta_a.to(cdt)  # [J, 1], [J]
-        R = torch.full_like(V[..., 0], 1.0 / J)  # [B, J, I]
-        mu = V.new_zeros(V.shape[:-3] + (J, D))
-        a_out = V.new_zeros(V.shape[:-3] + (J,))
-        for t in range(iterations):
-            # ---- M-step ----
-            Rp = R * a  # [B, J, I]  R'_ij = R_ij a_i
-            if normalize_over_outputs:  # yl-1993 quirk: cancels a_i
-                Rp = Rp / (Rp.sum(dim=-2, keepdim=True) + eps)  # [B, J, I]
-            mass = Rp.sum(dim=-1)  # [B, J]     sum_i R'_ij
-            coeff = Rp / (mass.unsqueeze(-1) + eps)  # [B, J, I]  weights over i
-            mu = torch.einsum("...ji,...jid->...jd", coeff, V)  # [B, J, D]
-            sq = (V - mu.unsqueeze(-2)).square()  # [B, J, I, D]
-            sigma2 = torch.einsum("...ji,...jid->...jd", coeff, sq) + eps  # [B, J, D]
-            log_sigma2 = torch.log(sigma2)  # [B, J, D]
-            cost_h = (bu + 0.5 * log_sigma2) * (mass * scale).unsqueeze(-1)  # [B, J, D]
-            cost = cost_h.sum(dim=-1)  # [B, J]
-            logit = lams[t] * (ba - cost)  # [B, J]
-            a_out = torch.sigmoid(logit)  # [B, J]
-            last = t == iterations - 1
-            if last and trace is None:
-                break  # the last E-step only feeds the trace
-            # ---- E-step (log space) ----
-            maha = torch.einsum("...jid,...jd->...ji", sq, sigma2.reciprocal())  # [B, J, I]
-            log_p = -0.5 * (maha + log_sigma2.sum(dim=-1, keepdim=True) + D * LN_2PI)  # [B, J, I]
-            log_post = log_p + F.logsigmoid(logit).unsqueeze(-1)  # [B, J, I]  log(a_j p_ij)
-            R_next = torch.exp(log_post - torch.logsumexp(log_post, dim=-2, keepdim=True))  # [B, J, I]
-            if trace is not None:
-                trace.coefficients.append(R.transpose(-2, -1))  # [B, I, J]
-                trace.agreements.append(log_p.transpose(-2, -1))  # [B, I, J]
-                trace.outputs.append(mu.to(votes.dtype))
-                trace.activations.append(a_out.to(votes.dtype))
-                trace.extra.setdefault("sigma2", []).append(sigma2)
-                trace.extra.setdefault("costs", []).append(cost)
-                trace.extra.setdefault("mass", []).append(mass)
-            R = R_next
-    mu, a_out = mu.to(votes.dtype), a_out.to(votes.dtype)
+        a = a_in.to(cdt)  # [B, I]
+        bu, ba = beta_u.to(cdt), beta_a.to(cdt)  # [J], [J]
+        lead = V.shape[:-3]  # [B] or [B, h, w]: independent routings, flattened to N
+        V, a = V.view(-1, J, I, D), a.reshape(-1, I)  # [N, J, I, D], [N, I]
+        opts = (tuple(lams), normalize_over_outputs, scale, eps)
+        if return_routing or torch.compiler.is_compiling():
+            (mu, a_out), trace = _em_routing_autograd(V, a, bu, ba, *opts, return_routing)
+        else:
+            (mu, a_out), trace = _EMRoutingFunction.apply(V, a, bu, ba, *opts), None
+    mu, a_out = mu.view(*lead, J, D).to(votes.dtype), a_out.view(*lead, J).to(votes.dtype)
+    if trace is None:
+        return mu, a_out
+    unflat = lambda x: x.reshape(*lead, *x.shape[1:])  # noqa: E731  [N, ...] -> [B, ..., ...]
+    trace.coefficients[:] = [unflat(x) for x in trace.coefficients]  # [B, I, J] each
+    trace.agreements[:] = [unflat(x) for x in trace.agreements]  # [B, I, J] each
+    trace.outputs[:] = [unflat(x).to(votes.dtype) for x in trace.outputs]  # [B, J, D] each
+    trace.activations[:] = [unflat(x).to(votes.dtype) for x in trace.activations]  # [B, J] each
+    for k in ("sigma2", "costs", "mass"):
+        trace.extra[k] = [unflat(x) for x in trace.extra.get(k, [])]
+    trace.extra["posterior"] = unflat(trace.extra["posterior"])  # [B, I, J]
+    trace.extra["a_in"] = a_in  # [B, I]
+    return (mu, a_out), trace
+
+
+def _m_step(
+    R: torch.Tensor,
+    a: torch.Tensor,
+    V: torch.Tensor,
+    bu: torch.Tensor,
+    ba: torch.Tensor,
+    lam: float,
+    normalize_over_outputs: bool,
+    scale: float,
+    eps: float,
+    sq_out: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, ...]:
+    """One M-step on ``n`` routings, shared by both implementations (so that they give the same bits):
+    ``R [n, J, I]``, ``a [n, 1, I]``, ``V [n, J, I, D]`` (contiguous), ``bu [J, 1]``, ``ba [J]`` ->
+    ``(c, mass, mu, sq, sigma2, log_sigma2, cost, logit)``; ``sq = (V - mu)^2`` is written into ``sq_out``
+    when given (a reused buffer of the blocked function; the autograd path allocates it)."""
+    n, J, I, D = V.shape
+    Rp = R * a  # [n, J, I]  R'_ij = R_ij a_i
+    if normalize_over_outputs:  # yl-1993 quirk: cancels a_i
+        Rp = Rp / (Rp.sum(dim=-2, keepdim=True) + eps)  # [n, J, I]
+    mass = Rp.sum(dim=-1)  # [n, J]     sum_i R'_ij
+    c = Rp / (mass.unsqueeze(-1) + eps)  # [n, J, I]  weights over i
+    mu = torch.bmm(c.view(n * J, 1, I), V.view(n * J, I, D)).view(n, J, D)  # [n, J, D]  sum_i c V
+    if sq_out is None:
+        sq = (V - mu.unsqueeze(-2)).square()  # [n, J, I, D]
+    else:
+        sq = torch.sub(V, mu.unsqueeze(-2), out=sq_out).square_()  # [n, J, I, D]
+    sigma2 = torch.bmm(c.view(n * J, 1, I), sq.view(n * J, I, D)).view(n, J, D) + eps  # [n, J, D]
+    log_sigma2 = torch.log(sigma2)  # [n, J, D]
+    cost = ((bu + 0.5 * log_sigma2) * (mass * scale).unsqueeze(-1)).sum(dim=-1)  # [n, J]  sum_h cost_h
+    logit = lam * (ba - cost)  # [n, J]
+    return c, mass, mu, sq, sigma2, log_sigma2, cost, logit
+
+
+def _e_step(sq: torch.Tensor, sigma2: torch.Tensor, log_sigma2: torch.Tensor, logit: torch.Tensor):
+    """One E-step in log space, shared by both implementations: ``sq = (V - mu)^2 [n, J, I, D]``, ``sigma2``,
+    ``log_sigma2 [n, J, D]``, ``logit [n, J]`` -> ``(log_p [n, J, I], R [n, J, I])``, ``R`` normalised over j."""
+    n, J, I, D = sq.shape
+    # sum over d as [1, D] @ [D, I] on the transposed view: much faster on CPU than [I, D] @ [D, 1]
+    w = sigma2.reciprocal().view(n * J, 1, D)  # [nJ, 1, D]
+    maha = torch.bmm(w, sq.view(n * J, I, D).transpose(1, 2)).view(n, J, I)  # [n, J, I]
+    log_p = -0.5 * (maha + log_sigma2.sum(dim=-1, keepdim=True) + D * LN_2PI)  # [n, J, I]
+    R = torch.softmax(log_p + F.logsigmoid(logit).unsqueeze(-1), dim=-2)  # [n, J, I]  prop. to a_j p_ij
+    return log_p, R
+
+
+def _em_routing_autograd(
+    V: torch.Tensor,
+    a: torch.Tensor,
+    bu: torch.Tensor,
+    ba: torch.Tensor,
+    lams: tuple[float, ...],
+    normalize_over_outputs: bool,
+    scale: float,
+    eps: float,
+    return_routing: bool,
+) -> tuple[tuple[torch.Tensor, torch.Tensor], RoutingTrace | None]:
+    """Procedure 1 as plain differentiable tensor code on parent-major votes ``V [N, J, I, D]`` (contiguous,
+    compute dtype), ``a [N, I]``, ``bu, ba [J]``: ``((mu [N, J, D], a_out [N, J]), trace or None)`` (trace
+    tensors with ``N`` flat). Used for the trace and under ``torch.compile``; :class:`_EMRoutingFunction` runs
+    the same steps."""
+    N, J, I, D = V.shape
+    trace = RoutingTrace("em") if return_routing else None
+    a, bu = a.unsqueeze(-2), bu.unsqueeze(-1)  # [N, 1, I], [J, 1]
+    R = V.new_full((N, J, I), 1.0 / J)  # [N, J, I]
+    for t, lam in enumerate(lams):
+        c, mass, mu, sq, sigma2, log_sigma2, cost, logit = _m_step(
+            R, a, V, bu, ba, lam, normalize_over_outputs, scale, eps
+        )
+        a_out = torch.sigmoid(logit)  # [N, J]
+        if t == len(lams) - 1 and trace is None:
+            break  # the last E-step only feeds the trace
+        log_p, R_next = _e_step(sq, sigma2, log_sigma2, logit)  # [N, J, I] x 2
+        if trace is not None:
+            trace.coefficients.append(R.transpose(-2, -1))  # [N, I, J]
+            trace.agreements.append(log_p.transpose(-2, -1))  # [N, I, J]
+            trace.outputs.append(mu)
+            trace.activations.append(a_out)
+            trace.extra.setdefault("sigma2", []).append(sigma2)
+            trace.extra.setdefault("costs", []).append(cost)
+            trace.extra.setdefault("mass", []).append(mass)
+        R = R_next
     if trace is not None:
-        trace.extra["inverse_temperatures"] = lams
-        trace.extra["posterior"] = R.transpose(-2, -1)  # [B, I, J]
-        trace.extra["a_in"] = a_in  # [B, I]
-        return (mu, a_out), trace
-    return mu, a_out
+        trace.extra["inverse_temperatures"] = list(lams)
+        trace.extra["posterior"] = R.transpose(-2, -1)  # [N, I, J]
+    return (mu, a_out), trace
+
+
+#: votes entries routed per block by :class:`_EMRoutingFunction` (2**18 fp32 = 1 MiB: the block's temporaries
+#: stay in L2/L3; much smaller blocks pay more per-op overhead than they save, measured on a 2-core EPYC). Blocks
+#: are whole positions/samples, so a block is at least one ``J * I * D``.
+_BLOCK_ELEMENTS = 2**18
+
+
+def _block_rows(n_rows: int, row_size: int) -> int:
+    """Rows (routings) per block: about ``_BLOCK_ELEMENTS`` votes, and a single block when two would do (each
+    block costs a fixed ~200 small tensor ops)."""
+    n = max(1, _BLOCK_ELEMENTS // row_size)
+    return n_rows if n_rows <= 2 * n else n
+
+
+class _EMRoutingFunction(torch.autograd.Function):
+    """Procedure 1 on ``V [N, J, I, D]`` (contiguous), ``a [N, I]``, ``bu, ba [J]`` -> ``(mu [N, J, D],
+    a_out [N, J])``, with a hand-derived backward.
+
+    Both passes walk over blocks of the ``N`` independent routings (conv positions x batch) so that the
+    votes-sized temporaries (``V - mu`` and its square) are cache-sized and reused, and the forward keeps only
+    ``[n, J, I]``- and ``[n, J, D]``-sized tensors per block and iteration (``R``, the M-step weights, ``mu``,
+    ``sigma2``, the activation logits); the backward recomputes ``V - mu`` block by block.
+
+    Backward, per iteration ``t`` from the last (``c`` = M-step weights, ``e = V - mu``, ``w = 1/sigma2``,
+    ``g_x`` = dL/dx; ``g_R`` comes from iteration ``t + 1``, 0 for the last)::
+
+        g_lp     = R_{t+1} (g_R - sum_j R_{t+1} g_R)                 softmax over j       [N, J, I]
+        g_logit  = sum_i g_lp sigmoid(-logit)  (+ g_a_out a (1 - a) for the last)          [N, J]
+        g_maha   = -g_lp / 2 ;  g_logsig2 = sum_i g_maha + g_cost mass scale / 2           [N, J]
+        g_sigma2 = g_logsig2 w - w^2 sum_i g_maha e^2                                    [N, J, D]
+        g_mu     = g_mu_out - 2 g_sigma2 sum_i c e - 2 w sum_i g_maha e                   [N, J, D]
+                   (sum_i c e = mu eps / (mass + eps) exactly)
+        g_V     += c (g_mu + 2 g_sigma2 e) + g_maha 2 w e                                 [N, J, I, D]
+        g_c      = sum_d (g_sigma2 e^2 + g_mu V)                                          [N, J, I]
+        then through c = R'/(mass + eps), mass = sum_i R', (R' normalised over j), R' = R a
+    """
+
+    @staticmethod
+    def forward(ctx, V, a, bu, ba, lams, normalize_over_outputs, scale, eps):
+        N, J, I, D = V.shape
+        T = len(lams)
+        n_blk = _block_rows(N, J * I * D)
+        e = V.new_empty(n_blk, J, I, D)  # (V - mu)^2 of one block
+        bu_ = bu.unsqueeze(-1)  # [J, 1]
+        blocks, mus, logits = [], [], []
+        for s in range(0, N, n_blk):
+            Vb, ab = V[s : s + n_blk], a[s : s + n_blk].unsqueeze(-2)  # [n, J, I, D], [n, 1, I]
+            n = Vb.shape[0]
+            R = Vb.new_full((n, J, I), 1.0 / J)  # [n, J, I]
+            saved = []  # per iteration: (R, c, mass, mu, sigma2, logit)
+            for t, lam in enumerate(lams):
+                c, mass, mu, sq, sigma2, log_sigma2, _, logit = _m_step(
+                    R, ab, Vb, bu_, ba, lam, normalize_over_outputs, scale, eps, sq_out=e[:n]
+                )
+                saved.append((R, c, mass, mu, sigma2, logit))
+                if t < T - 1:
+                    _, R = _e_step(sq, sigma2, log_sigma2, logit)  # [n, J, I]
+            blocks.append(saved)
+            mus.append(mu)
+            logits.append(logit)
+        ctx.save_for_backward(V, a, bu)
+        ctx.blocks, ctx.n_blk = blocks, n_blk
+        ctx.opts, ctx.device_type = (lams, normalize_over_outputs, scale, eps), V.device.type
+        logit = logits[0] if len(logits) == 1 else torch.cat(logits)  # [N, J]
+        return mus[0] if len(mus) == 1 else torch.cat(mus), torch.sigmoid(logit)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g_mu_out, g_a_out):
+        # the backward runs under the caller's autocast state: keep it in the compute dtype, like the forward
+        with torch.autocast(device_type=ctx.device_type, enabled=False):
+            return _EMRoutingFunction._backward(ctx, g_mu_out, g_a_out)
+
+    @staticmethod
+    def _backward(ctx, g_mu_out, g_a_out):
+        V, a, bu = ctx.saved_tensors
+        lams, normalize_over_outputs, scale, eps = ctx.opts
+        N, J, I, D = V.shape
+        T, n_blk = len(lams), ctx.n_blk
+        g_mu_out = V.new_zeros(N, J, D) if g_mu_out is None else g_mu_out  # [N, J, D]
+        g_a_out = V.new_zeros(N, J) if g_a_out is None else g_a_out  # [N, J]
+        g_V, g_a = torch.empty_like(V), torch.empty_like(a)  # [N, J, I, D], [N, I]
+        g_cost_sum, g_cost_mass_sum = V.new_zeros(J), V.new_zeros(J)  # [J]: sum_n,t g_cost (x mass)
+        e = V.new_empty(n_blk, J, I, D)  # V - mu of one block
+        e2 = torch.empty_like(e)  # (V - mu)^2, then a term of the block's g_V
+        bu_ = bu.unsqueeze(-1)  # [J, 1]
+        for b, saved in enumerate(ctx.blocks):
+            blk = slice(b * n_blk, (b + 1) * n_blk)
+            Vb, ab, gVb = V[blk], a[blk].unsqueeze(-2), g_V[blk]  # [n, J, I, D], [n, 1, I], [n, J, I, D]
+            n = Vb.shape[0]
+            eb, e2b = e[:n], e2[:n]  # [n, J, I, D]
+            ef, e2f, Vt = eb.view(n * J, I, D), e2b.view(n * J, I, D), Vb.view(n * J, I, D).transpose(1, 2)
+            g_aR = torch.zeros_like(saved[0][0])  # [n, J, I]  sum_t g_R' R  (-> g_a)
+            g_R = None  # dL/dR_{t+1}
+            for t in reversed(range(T)):
+                R, c, mass, mu, sigma2, logit = saved[t]  # [n,J,I] x 2, [n,J], [n,J,D] x 2, [n,J]
+                torch.sub(Vb, mu.unsqueeze(-2), out=eb)  # [n, J, I, D]  e = V - mu
+                torch.mul(eb, eb, out=e2b)  # [n, J, I, D]  e^2
+                w = sigma2.reciprocal()  # [n, J, D]
+                inv_m = (mass + eps).reciprocal()  # [n, J]
+                # ---- E-step (t < T-1): R_{t+1} = softmax_j(log p + logsigmoid(logit)) ----
+                if g_R is None:
+                    a_out = torch.sigmoid(logit)  # [n, J]
+                    g_logit = g_a_out[blk] * (1.0 - a_out) * a_out  # [n, J]
+                else:
+                    R_next = saved[t + 1][0]  # [n, J, I]
+                    g_lp = R_next * g_R  # [n, J, I]
+                    g_lp = torch.addcmul(g_lp, R_next, g_lp.sum(dim=-2, keepdim=True), value=-1.0)  # [n, J, I]
+                    g_logit = g_lp.sum(dim=-1) * torch.sigmoid(-logit)  # [n, J]
+                    g_maha = -0.5 * g_lp  # [n, J, I]  (log p = -(maha + sum_d log sigma2 + D ln 2pi) / 2)
+                # ---- M-step: a_out = sigmoid(lam (ba - sum_d (bu + log sigma2 / 2) mass scale)) ----
+                g_cost = -lams[t] * g_logit  # [n, J]
+                g_cost_mass = g_cost * mass  # [n, J]
+                g_cost_sum += g_cost.sum(dim=0)
+                g_cost_mass_sum += g_cost_mass.sum(dim=0)
+                g_mass = (scale * g_cost) * (bu_ + 0.5 * torch.log(sigma2)).sum(dim=-1)  # [n, J]
+                g_log_sigma2 = (0.5 * scale) * g_cost_mass  # [n, J]  (the same for every d)
+                if g_R is not None:
+                    g_log_sigma2 = g_log_sigma2 + g_maha.sum(dim=-1)  # [n, J]
+                g_sigma2 = g_log_sigma2.unsqueeze(-1) * w  # [n, J, D]
+                if g_R is not None:  # maha_ij = sum_d e^2 w
+                    g_m = g_maha.view(n * J, 1, I)  # [nJ, 1, I]
+                    sum_ge2 = torch.bmm(g_m, e2f).view(n, J, D)  # [n, J, D]  sum_i g_maha e^2
+                    g_sigma2 = torch.addcmul(g_sigma2, sum_ge2, w.square(), value=-1.0)  # [n, J, D]
+                    sum_ge = torch.bmm(g_m, ef).view(n, J, D)  # [n, J, D]  sum_i g_maha e
+                # g_mu = g_mu_out - 2 g_sigma2 sum_i c e - 2 w sum_i g_maha e, with sum_i c e = mu eps inv_m
+                g_mu = (g_sigma2 * mu) * ((-2.0 * eps) * inv_m).unsqueeze(-1)  # [n, J, D]
+                if g_R is None:
+                    g_mu += g_mu_out[blk]
+                else:
+                    g_mu.addcmul_(w, sum_ge, value=-2.0)
+                # g_c = sum_d (g_sigma2 e^2 + g_mu V)
+                g_c = torch.bmm(g_sigma2.view(n * J, 1, D), e2f.transpose(1, 2))  # [nJ, 1, I]
+                g_c = g_c.baddbmm_(g_mu.view(n * J, 1, D), Vt).view(n, J, I)  # [n, J, I]
+                # g_V (+)= c (g_mu + 2 g_sigma2 e) + g_maha (2 w e)
+                torch.addcmul(g_mu.unsqueeze(-2), eb, (2.0 * g_sigma2).unsqueeze(-2), out=e2b)  # [n, J, I, D]
+                if t == T - 1:
+                    torch.mul(e2b, c.unsqueeze(-1), out=gVb)  # [n, J, I, D]
+                else:
+                    gVb.addcmul_(e2b, c.unsqueeze(-1))  # [n, J, I, D]
+                if g_R is not None:
+                    gVb.addcmul_(eb.mul_((2.0 * w).unsqueeze(-2)), g_maha.unsqueeze(-1))  # [n, J, I, D]
+                # ---- c = R' / (mass + eps), mass = sum_i R', R' = R a (normalised over j) ----
+                g_mass = torch.addcmul(g_mass, (g_c * c).sum(dim=-1), inv_m, value=-1.0)  # [n, J]
+                g_Rp = torch.addcmul(g_mass.unsqueeze(-1), g_c, inv_m.unsqueeze(-1))  # [n, J, I]
+                if normalize_over_outputs:
+                    Rq = R * ab  # [n, J, I]
+                    inv_z = (Rq.sum(dim=-2, keepdim=True) + eps).reciprocal()  # [n, 1, I]
+                    g_Rp = (g_Rp - (g_Rp * Rq).sum(dim=-2, keepdim=True) * inv_z) * inv_z  # [n, J, I]
+                g_aR.addcmul_(g_Rp, R)  # [n, J, I]
+                if t > 0:
+                    g_R = g_Rp * ab  # [n, J, I]
+            torch.sum(g_aR, dim=-2, out=g_a[blk])  # [n, I]  g_a = sum_t,j g_R' R
+        g_ba = -g_cost_sum  # [J]  logit = lam (ba - cost)
+        g_bu = g_cost_mass_sum * (D * scale)  # [J]  cost = sum_d (bu + ...) mass scale
+        return g_V, g_a, g_bu, g_ba, None, None, None, None
 
 
 def em_routing_naive(

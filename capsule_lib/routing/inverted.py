@@ -22,6 +22,9 @@ Nothing is detached; there is no bias and no squash; ``P_prev`` is the post-Laye
 update of the same layer. How updates of different layers are interleaved (the concurrent/Jacobi and the
 sequential schedules) is the model's business: see :class:`capsule_lib.models.inverted.CapsModel`.
 
+The attention update never holds the votes of a whole layer: ``_AttendMatrix`` forms them in cache-sized
+blocks of (positions, children), in the forward and again in the backward (see its docstring).
+
 CONV layers route each output position ``(h, w)`` from its own ``k x k`` window of children (valid windows,
 no padding, ``h_out = (H - k) // stride + 1``); the softmax runs over the output types at that position
 only, so a child that lies in several overlapping windows is routed independently in each of them.
@@ -41,6 +44,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd.function import once_differentiable
 
 from .._checks import check_module_input, check_tensor
 from ..types import RoutingTrace
@@ -149,30 +153,185 @@ def _attend(votes: torch.Tensor, prev_pose: torch.Tensor):
     return s.flatten(-2), r, a  # [B, ..., J, d]
 
 
-def _attend_matrix(P: torch.Tensor, W: torch.Tensor, Q: torch.Tensor):
-    """Votes, agreement and weighted vote sum in one parent-major pass, for matrix poses.
+_BLOCK_BYTES = 1 << 20  # votes held at once by the fused update on CPU (1 MiB: stays in cache between passes)
+_BLOCK_BYTES_ACCELERATOR = 64 << 20  # on GPUs: fewer, larger blocks (kernel launches, not caches, set the cost)
+_BLOCK_CHILDREN = 16  # children per block (at least): long position runs make the per-child products larger
 
-    ``P [I, p, s, s]`` the children's poses (``p`` = batch x positions, rows ``a``, columns ``x``),
-    ``W [I, s, M, s]`` one ``s x s`` matrix per (child, parent) (rows ``x``, columns ``e``),
-    ``Q [p, M, d]`` the parents' previous poses; returns ``(s [p, M, d], r [p, M, I], a [p, M, I])``.
 
-    The votes ``V[p, m, i] = P[i, p] . W[i, :, m]`` are formed by one batched product over the children and
-    copied once to parent-major ``[p*M, I, d]``, so that the agreement ``<V, Q>`` and the weighted sum
-    ``sum_i r V`` are plain batched matrix products over contiguous memory (no per-einsum re-layout of the
-    largest tensor of the layer, in the forward or the backward).
+def _attend_blocks(I: int, p: int, M: int, d: int, itemsize: int, budget: int | None = None) -> tuple[int, int]:
+    """Block sizes ``(positions, children)`` for :class:`_AttendMatrix`: votes blocks of about ``budget``
+    bytes (default ``_BLOCK_BYTES``), as many positions as fit next to ``_BLOCK_CHILDREN`` children, then as
+    many children as fit next to those positions."""
+    budget = _BLOCK_BYTES if budget is None else budget
+    per = M * d * itemsize  # the votes of one child at one position
+    pc = min(p, max(1, budget // (min(I, _BLOCK_CHILDREN) * per)))
+    return pc, min(I, max(1, budget // (pc * per)))
+
+
+def _block(buf: torch.Tensor, *shape: int) -> torch.Tensor:
+    """The first ``prod(shape)`` elements of the work buffer ``buf``, viewed as ``shape`` (contiguous)."""
+    return buf[: math.prod(shape)].view(shape)
+
+
+class _AttendMatrix(torch.autograd.Function):
+    """Fused attention update for matrix poses that never holds the votes: ``(P, W, Q) -> (s, r, a)``.
+
+    ``P [I, p, s, s]`` children's poses (rows ``a``, columns ``x``; ``p`` = batch x positions),
+    ``W [I, s, s, M]`` one ``s x s`` matrix per (child, parent) (rows ``x``, columns ``e``, parent last),
+    ``Q [p, M, d]`` the parents' previous poses; returns ``s [p, d, M]``, ``r [I, p, M]``, ``a [I, p, M]``
+    (``a`` and ``r`` in fp32, fp64 for fp64 inputs; ``s`` in the inputs' dtype).
+
+    The forward walks blocks of (positions, children) (:func:`_attend_blocks`); per block it forms the votes
+    ``V [i, p, (a, e), m]`` with one batched product over the children (``[I, p*a, x] @ [I, x, e*M]``, the
+    weight's own layout) into a reused work buffer, then ``a = <V, Q> / sqrt(d)``, ``r`` (softmax over the
+    parents, renormalised) and ``s += sum_i r V``, all while the block is in cache. Only ``P, W, Q`` and ``a``
+    are saved; the backward recomputes each block's votes and ``r`` and forms ``dV = r (x) g_s + g_a (x) Q`` in
+    the votes' layout, so that ``dP = dV . W^T`` and ``dW += P^T . dV`` are plain batched products (inner size
+    ``e*M`` and ``p*a``). Every step runs with autocast off, in the dtype of the (already cast) inputs.
     """
+
+    @staticmethod
+    def forward(ctx, P, W, Q, pc: int, ic: int):
+        ctx.set_materialize_grads(False)
+        I, p, s, _ = P.shape
+        M = W.shape[-1]
+        d = s * s
+        acc = _acc_dtype(P)
+        with torch.autocast(P.device.type, enabled=False):
+            Wf = W.reshape(I, s, s * M)  # [I, x, e*M]
+            Qt = Q.transpose(1, 2)  # [p, d, M]
+            S = Q.new_zeros(p, d, M, dtype=acc)  # [p, d, M]
+            r_out = Q.new_empty(I, p, M, dtype=acc)  # [I, p, M]
+            a_out = Q.new_empty(I, p, M, dtype=acc)  # [I, p, M]
+            buf_v, buf_t = P.new_empty(2, min(pc, p) * min(ic, I) * d * M)  # work buffers, one votes block each
+            for p0 in range(0, p, pc):
+                p1 = min(p, p0 + pc)
+                Qb = Qt[p0:p1].contiguous()  # [pc, d, M]
+                for i0 in range(0, I, ic):
+                    i1 = min(I, i0 + ic)
+                    nb, mb = i1 - i0, p1 - p0
+                    Pb = P[i0:i1, p0:p1].reshape(nb, mb * s, s)  # [ic, pc*a, x]
+                    V = torch.bmm(Pb, Wf[i0:i1], out=_block(buf_v, nb, mb * s, s * M)).view(nb, mb, d, M)  # votes
+                    VQ = torch.mul(V, Qb, out=_block(buf_t, nb, mb, d, M))  # [ic, pc, d, M]
+                    a = VQ.sum(2, dtype=acc).mul_(1.0 / math.sqrt(d))  # [ic, pc, M]  <V, Q> / sqrt(d)
+                    r = torch.softmax(a, dim=2)  # [ic, pc, M], over the parents m
+                    r = r.div_(r.sum(dim=2, keepdim=True).add_(_RENORM_EPS))  # official renormalisation
+                    a_out[i0:i1, p0:p1] = a
+                    r_out[i0:i1, p0:p1] = r
+                    S[p0:p1] += V.mul_(r.to(V.dtype).unsqueeze(2)).sum(0, dtype=acc)  # [pc, d, M]  sum_i r V
+        ctx.save_for_backward(P, W, Q, a_out)
+        ctx.blocks = (pc, ic)
+        return S.to(P.dtype), r_out, a_out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g_s, g_r_out, g_a_out):
+        P, W, Q, a_all = ctx.saved_tensors
+        if g_s is None and g_r_out is None and g_a_out is None:
+            return None, None, None, None, None
+        pc, ic = ctx.blocks
+        I, p, s, _ = P.shape
+        M = W.shape[-1]
+        d = s * s
+        acc, dt = a_all.dtype, P.dtype
+        scale = 1.0 / math.sqrt(d)
+        with torch.autocast(P.device.type, enabled=False):
+            Wf = W.reshape(I, s, s * M)  # [I, x, e*M]
+            Qt = Q.transpose(1, 2)  # [p, d, M]
+            gP = torch.empty_like(P, memory_format=torch.contiguous_format)  # [I, p, s, s]
+            gW = torch.zeros(I, s, s * M, dtype=acc, device=W.device)  # [I, x, e*M]
+            gQ = torch.zeros(p, d, M, dtype=acc, device=Q.device)  # [p, d, M]
+            buf_v, buf_t = P.new_empty(2, min(pc, p) * min(ic, I) * d * M)  # work buffers, one votes block each
+            for p0 in range(0, p, pc):
+                p1 = min(p, p0 + pc)
+                Qb = Qt[p0:p1].contiguous()  # [pc, d, M]
+                gSb = None if g_s is None else g_s[p0:p1].to(dt).contiguous()  # [pc, d, M]
+                for i0 in range(0, I, ic):
+                    i1 = min(I, i0 + ic)
+                    nb, mb = i1 - i0, p1 - p0
+                    Pb = P[i0:i1, p0:p1].reshape(nb, mb * s, s)  # [ic, pc*a, x]
+                    V = torch.bmm(Pb, Wf[i0:i1], out=_block(buf_v, nb, mb * s, s * M)).view(nb, mb, d, M)  # votes
+                    a = a_all[i0:i1, p0:p1]  # [ic, pc, M]
+                    r0 = torch.softmax(a, dim=2)  # [ic, pc, M]  before the renormalisation
+                    z = r0.sum(dim=2, keepdim=True).add_(_RENORM_EPS)  # [ic, pc, 1]
+                    r = r0 / z  # [ic, pc, M]
+                    g_r = None if g_r_out is None else g_r_out[i0:i1, p0:p1]  # [ic, pc, M]
+                    if gSb is not None:
+                        VgS = torch.mul(V, gSb, out=_block(buf_t, nb, mb, d, M))  # [ic, pc, d, M]
+                        g_r = VgS.sum(2, dtype=acc) if g_r is None else VgS.sum(2, dtype=acc).add_(g_r)  # <g_s, V>
+                    if g_r is not None:
+                        g_r0 = (g_r - (g_r * r).sum(2, keepdim=True)).div_(z)  # through r0 / (sum r0 + eps)
+                        g_a = r0.mul_(g_r0 - (g_r0 * r0).sum(2, keepdim=True))  # through the softmax
+                        g_a = g_a if g_a_out is None else g_a.add_(g_a_out[i0:i1, p0:p1])
+                    else:
+                        g_a = g_a_out[i0:i1, p0:p1]
+                    g_a = (g_a * scale).to(dt).unsqueeze(2)  # [ic, pc, 1, M]  d loss / d <V, Q>
+                    gQ[p0:p1] += V.mul_(g_a).sum(0, dtype=acc)  # [pc, d, M]  sum_i g_a V
+                    gV = torch.mul(g_a, Qb, out=_block(buf_t, nb, mb, d, M))  # [ic, pc, d, M]  g_a (x) Q
+                    if gSb is not None:
+                        gV.addcmul_(r.to(dt).unsqueeze(2), gSb)  # + r (x) g_s
+                    gV = gV.view(nb, mb * s, s * M)  # [ic, pc*a, e*M]
+                    gP[i0:i1, p0:p1] = torch.bmm(gV, Wf[i0:i1].transpose(1, 2)).view(nb, mb, s, s)  # [ic,pc,a,x]
+                    gW[i0:i1] += torch.bmm(Pb.transpose(1, 2), gV)  # [ic, x, e*M]
+        return gP, gW.view(W.shape).to(W.dtype), gQ.transpose(1, 2).to(Q.dtype), None, None
+
+
+def _attend_matrix_unfused(P: torch.Tensor, W: torch.Tensor, Q: torch.Tensor):
+    """Same contract as :class:`_AttendMatrix`, written with ordinary differentiable ops on the full votes,
+    copied once to parent-major (the path used under ``torch.compile``, which fuses the elementwise steps)."""
     I, p, s, _ = P.shape
-    M = W.shape[2]
+    M = W.shape[-1]
     d = s * s
-    V = torch.bmm(P.reshape(I, p * s, s), W.reshape(I, s, M * s).to(P.dtype))  # [I, p*a, M*e]
-    V = V.view(I, p, s, M, s).permute(1, 3, 0, 2, 4).reshape(p * M, I, d)  # [p*M, I, d]  parent-major
-    q = Q.to(V.dtype).reshape(p * M, d, 1)  # [p*M, d, 1]
-    a = torch.bmm(V, q).view(p, M, I)  # [p, M, I]  <V_im, P_m^prev>
+    V = torch.bmm(P.reshape(I, p * s, s), W.reshape(I, s, s * M))  # [I, p*a, e*M]
+    V = V.view(I, p, s, s, M).permute(1, 4, 0, 2, 3).reshape(p * M, I, d)  # [p*M, I, d]  parent-major
+    a = torch.bmm(V, Q.reshape(p * M, d, 1)).view(p, M, I)  # [p, M, I]  <V_im, P_m^prev>
     a = a.to(_acc_dtype(V)) * (1.0 / math.sqrt(d))  # / sqrt(d); fp32 (fp64 for fp64 votes)
     r = torch.softmax(a, dim=1)  # [p, M, I], over the parents m
     r = r / (r.sum(dim=1, keepdim=True) + _RENORM_EPS)  # official renormalisation (a no-op up to rounding)
     s_sum = torch.bmm(r.to(V.dtype).reshape(p * M, 1, I), V).view(p, M, d)  # [p, M, d]
-    return s_sum, r, a
+    return s_sum.transpose(1, 2), r.permute(2, 0, 1), a.permute(2, 0, 1)  # [p, d, M], [I, p, M] x2
+
+
+def _attend_matrix(P: torch.Tensor, W: torch.Tensor, Q: torch.Tensor, blocks: tuple[int, int] | None = None):
+    """One attention update for matrix poses: votes ``V[i, p, m] = P[i, p] . W[i, :, :, m]``, agreement
+    ``a = <V, Q>/sqrt(d)``, ``r = softmax_m(a)`` (renormalised) and ``s = sum_i r V``.
+
+    Parameters
+    ----------
+    P
+        ``[I, p, s, s]`` the children's poses (``p`` = batch x positions; rows ``a``, columns ``x``).
+    W
+        ``[I, s, s, M]`` one ``s x s`` matrix per (child, parent): rows ``x``, columns ``e``, parent last.
+    Q
+        ``[p, M, d]`` the parents' previous poses.
+    blocks
+        ``(positions, children)`` per block of :class:`_AttendMatrix`; default :func:`_attend_blocks`.
+
+    Returns
+    -------
+    tuple of torch.Tensor
+        ``s [p, d, M]`` in the votes' dtype (the autocast dtype under autocast), ``r [I, p, M]`` and
+        ``a [I, p, M]`` in fp32 (fp64 for fp64 inputs); ``r`` sums to 1 over ``M``.
+
+    Notes
+    -----
+    The votes are never materialised whole: :class:`_AttendMatrix` forms them block by block, in the forward
+    and again in the backward. Under ``torch.compile`` the unfused autograd version is traced instead.
+    """
+    dtype = P.dtype
+    dev = P.device.type
+    if torch.is_autocast_enabled(dev) and dtype != torch.float64:
+        dtype = torch.get_autocast_dtype(dev)  # what the votes' matmul would produce under autocast
+    P, W, Q = P.to(dtype), W.to(dtype), Q.to(dtype)
+    if torch.compiler.is_compiling():
+        return _attend_matrix_unfused(P, W, Q)
+    I, p, s, _ = P.shape
+    M = W.shape[-1]
+    if blocks is None:
+        budget = _BLOCK_BYTES if dev == "cpu" else _BLOCK_BYTES_ACCELERATOR
+        blocks = _attend_blocks(I, p, M, s * s, P.element_size(), budget)
+    pc, ic = blocks
+    return _AttendMatrix.apply(P, W, Q, pc, ic)
 
 
 def _pose_norm(
@@ -267,8 +426,9 @@ def inverted_fc_update(
     else:
         check_tensor(prev_pose, "prev_pose", f"[B={B}, n_out={J}, d={D}]", [B, J, D])
         P = poses.reshape(B, I, s, s).transpose(0, 1)  # [I, B, s, s]  (a, x)
-        s_sum, r, a = _attend_matrix(P, weight.transpose(2, 3), prev_pose)  # [B, J, d], [B, J, I] x2
-        r, a = r.transpose(1, 2), a.transpose(1, 2)  # [B, I, J] views
+        s_sum, r, a = _attend_matrix(P, weight, prev_pose)  # [B, d, J], [I, B, J] x2
+        s_sum = s_sum.transpose(1, 2)  # [B, J, d]
+        r, a = r.transpose(0, 1), a.transpose(0, 1)  # [B, I, J] views
     out = _pose_norm(s_sum, norm_weight, norm_bias, eps, dropout, training, poses.dtype)  # [B, J, d]
     if return_routing:
         return out, _one_step_trace(r, a, out)
@@ -310,12 +470,12 @@ def inverted_conv_update(
     else:
         check_tensor(prev_pose, "prev_pose", f"[B={B}, M={M}, h_out={h}, w_out={w}, d={D}]", [B, M, h, w, D])
         P = windows.permute(1, 2, 3, 0, 4, 5, 6).reshape(N * K * K, B * h * w, s, s)  # [I, p, s, s], i = (n, k, l)
-        Wm = weight.permute(2, 0, 1, 3, 5, 4).reshape(N * K * K, s, M, s)  # [I, x, M, e]
+        Wm = weight.permute(2, 0, 1, 3, 4, 5).reshape(N * K * K, s, s, M)  # [I, x, e, M]
         Q = prev_pose.permute(0, 2, 3, 1, 4).reshape(B * h * w, M, D)  # [p, M, d]
-        s_sum, r, a = _attend_matrix(P, Wm, Q)  # [p, M, d], [p, M, I] x2
-        s_sum = s_sum.view(B, h, w, M, D)  # [B, h, w, M, d]
-        r = r.view(B, h, w, M, N * K * K).transpose(-1, -2)  # [B, h, w, I, M] (view)
-        a = a.view(B, h, w, M, N * K * K).transpose(-1, -2)
+        s_sum, r, a = _attend_matrix(P, Wm, Q)  # [p, d, M], [I, p, M] x2
+        s_sum = s_sum.transpose(1, 2).view(B, h, w, M, D)  # [B, h, w, M, d]
+        r = r.transpose(0, 1).view(B, h, w, N * K * K, M)  # [B, h, w, I, M] (view)
+        a = a.transpose(0, 1).view(B, h, w, N * K * K, M)
     out = _pose_norm(s_sum, norm_weight, norm_bias, eps, dropout, training, poses.dtype)  # [B, h, w, M, d]
     out = out.permute(0, 3, 1, 2, 4).contiguous()  # [B, M, h, w, d]
     if return_routing:
