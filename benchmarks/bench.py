@@ -1416,6 +1416,23 @@ def profile_table(data: dict, top: int = 4) -> str:
     return "\n".join(lines)
 
 
+def memory_bandwidth(mib: int = 512, repeats: int = 5) -> dict:
+    """Main-memory bandwidth as torch sees it (the yardstick for memory-bound layers): the best of ``repeats``
+    copies of a ``mib`` MiB float32 tensor into an already-touched one (bytes read + written per second), and
+    the same for a sum (bytes read per second). Far larger than the caches, on the current torch threads."""
+    n = mib * 2**20 // 4
+    src, dst = torch.ones(n), torch.zeros(n)
+    copy_s, sum_s = [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        copy_s.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        src.sum()
+        sum_s.append(time.perf_counter() - t0)
+    return {"copy_gb_s": 2 * 4 * n / min(copy_s) / 1e9, "read_gb_s": 4 * n / min(sum_s) / 1e9, "mib": mib}
+
+
 def _cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -1560,6 +1577,7 @@ def main(argv: list[str] | None = None) -> dict:
         "opt_einsum": bool(torch.backends.opt_einsum.is_available()),
         **_git_state(),
         "loadavg_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "memory_bandwidth": memory_bandwidth(64 if args.quick else 512) if dev.type == "cpu" else None,
         "memory_method": (
             "torch.cuda.max_memory_allocated above the step's starting level"
             if dev.type == "cuda"

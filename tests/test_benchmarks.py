@@ -80,6 +80,8 @@ def test_quick_run_has_every_case(quick, bench):
     meta = quick["meta"]
     assert meta["quick"] is True and meta["device"] == "cpu" and meta["torch_threads"] == 1
     assert meta["check_dtype"] == "float64"
+    bw = meta["memory_bandwidth"]
+    assert bw["mib"] == 64 and bw["copy_gb_s"] > 0.1 and bw["read_gb_s"] > 0.1  # the yardstick of the README
 
 
 def test_quick_run_timings_are_positive(quick):

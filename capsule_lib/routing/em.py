@@ -428,8 +428,10 @@ class _EMRoutingFunction(torch.autograd.Function):
             blocks.append(saved)
             mus.append(mu)
             logits.append(logit)
-        ctx.save_for_backward(V, a, bu)
-        ctx.blocks, ctx.n_blk = blocks, n_blk
+        # every tensor the backward needs goes through save_for_backward (so saved-tensor hooks, e.g. the memory
+        # count of capsule_lib.cost, see them): V, a, bu, then per block and iteration (R, c, mass, mu, sigma2, logit)
+        ctx.save_for_backward(V, a, bu, *(x for saved in blocks for step in saved for x in step))
+        ctx.n_blocks, ctx.n_blk = len(blocks), n_blk
         ctx.opts, ctx.device_type = (lams, normalize_over_outputs, scale, eps), V.device.type
         logit = logits[0] if len(logits) == 1 else torch.cat(logits)  # [N, J]
         return mus[0] if len(mus) == 1 else torch.cat(mus), torch.sigmoid(logit)
@@ -443,7 +445,12 @@ class _EMRoutingFunction(torch.autograd.Function):
 
     @staticmethod
     def _backward(ctx, g_mu_out, g_a_out):
-        V, a, bu = ctx.saved_tensors
+        V, a, bu, *flat = ctx.saved_tensors
+        T6 = 6 * len(ctx.opts[0])  # tensors per block: 6 per iteration
+        blocks = [
+            [tuple(flat[k * T6 + 6 * t : k * T6 + 6 * t + 6]) for t in range(len(ctx.opts[0]))]
+            for k in range(ctx.n_blocks)
+        ]
         lams, normalize_over_outputs, scale, eps = ctx.opts
         N, J, I, D = V.shape
         T, n_blk = len(lams), ctx.n_blk
@@ -454,7 +461,7 @@ class _EMRoutingFunction(torch.autograd.Function):
         e = V.new_empty(n_blk, J, I, D)  # V - mu of one block
         e2 = torch.empty_like(e)  # (V - mu)^2, then a term of the block's g_V
         bu_ = bu.unsqueeze(-1)  # [J, 1]
-        for b, saved in enumerate(ctx.blocks):
+        for b, saved in enumerate(blocks):
             blk = slice(b * n_blk, (b + 1) * n_blk)
             Vb, ab, gVb = V[blk], a[blk].unsqueeze(-2), g_V[blk]  # [n, J, I, D], [n, 1, I], [n, J, I, D]
             n = Vb.shape[0]
