@@ -61,3 +61,23 @@ def test_docstrings_are_valid_rst(module_name):
 def test_the_check_catches_a_malformed_table():
     table = "=====  =====\nname   value\n=====  =====\n``a_long_name``  1\n=====  =====\n"
     assert any("Malformed table" in p for p in _rst_problems(table))
+
+
+@pytest.mark.parametrize("module_name", MODULES)
+def test_public_docstrings_do_not_cross_reference_private_names(module_name):
+    """The API appendix renders public docstrings with ``-n``: a role such as :class:`_Private` has no target there
+    and fails the strict build (write private names as ``_Private``)."""
+    import re
+
+    module = importlib.import_module(module_name)
+    private_ref = re.compile(r":(?:class|func|meth|attr|data|obj):`~?(?:[\w.]+\.)?_\w+`")
+    bad = [f"{where}: {m}" for where, doc in _docstrings(module) if doc for m in private_ref.findall(doc)]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_private_reference_check_has_teeth():
+    import re
+
+    private_ref = re.compile(r":(?:class|func|meth|attr|data|obj):`~?(?:[\w.]+\.)?_\w+`")
+    assert private_ref.findall("uses :class:`_FusedRouting` and :func:`capsule_lib.x._helper`")
+    assert not private_ref.findall("uses :class:`DynamicRouting` and ``_FusedRouting``")

@@ -97,7 +97,7 @@ def _route(
     """The routing loop on parent-major votes ``vj [B, J, I, E]``: returns ``v [B, J, E]`` and the per-iteration
     ``c [B, J, I]``, ``s`` / ``v [B, J, E]`` and ``agree [B, J, I]`` (every agreement if ``keep_agreements``, else
     only those that feed a later iteration) plus the final ``logits``. With ``given`` (the ``s`` and ``agree``
-    of an earlier run of the same loop) the two products with the votes are not recomputed (:class:`_Replay`)."""
+    of an earlier run of the same loop) the two products with the votes are not recomputed (``_Replay``)."""
     B, J, I, E = vj.shape
     logit_dtype = torch.float32 if vj.dtype in (torch.float16, torch.bfloat16) else vj.dtype
     logits = vj.new_zeros(B, J, I, dtype=logit_dtype)  # b_ij (parent-major)
@@ -162,7 +162,7 @@ class _FusedRouting(torch.autograd.Function):
     outer product per use and adds them up (5 products + 4 additions of the largest tensor for T = 3). The
     backward replays the loop on the saved votes with autograd on the small tensors only (``c``, ``s``, ``v``,
     logits, bias: their gradients read the votes but never write a votes-sized tensor), reusing the forward's
-    products with the votes (:class:`_Replay`).
+    products with the votes (``_Replay``).
     """
 
     @staticmethod
@@ -217,7 +217,7 @@ def dynamic_routing(
     votes are laid out parent-major, ``[B, J, I, E]`` (one copy), so that both per-iteration contractions
     are contiguous batched matrix products; the trace's tensors are ``[B, I, J]`` views of that layout. When
     gradients are needed (and no trace is asked for, and not under ``torch.compile``), the backward forms the
-    votes' gradient in one batched product (:class:`_FusedRouting`); the values and gradients are the same.
+    votes' gradient in one batched product (``_FusedRouting``); the values and gradients are the same.
 
     Parameters
     ----------

@@ -237,7 +237,7 @@ def em_routing(
     Notes
     -----
     Two implementations of the same arithmetic: without the trace, in eager mode, a custom autograd function
-    (:class:`_EMRoutingFunction`) routes blocks of a few conv positions / samples at a time, so that the
+    (``_EMRoutingFunction``) routes blocks of a few conv positions / samples at a time, so that the
     votes-sized temporaries ``(V - mu)^2`` stay in the CPU cache, and computes the gradients of all iterations
     with a hand-derived backward (it keeps only ``[.., n_out, n_inp]``- and ``[.., n_out, d]``-sized tensors
     per iteration, and recomputes ``V - mu``). With ``return_routing=True`` or under ``torch.compile`` the
@@ -340,7 +340,7 @@ def _em_routing_autograd(
 ) -> tuple[tuple[torch.Tensor, torch.Tensor], RoutingTrace | None]:
     """Procedure 1 as plain differentiable tensor code on parent-major votes ``V [N, J, I, D]`` (contiguous,
     compute dtype), ``a [N, I]``, ``bu, ba [J]``: ``((mu [N, J, D], a_out [N, J]), trace or None)`` (trace
-    tensors with ``N`` flat). Used for the trace and under ``torch.compile``; :class:`_EMRoutingFunction` runs
+    tensors with ``N`` flat). Used for the trace and under ``torch.compile``; ``_EMRoutingFunction`` runs
     the same steps."""
     N, J, I, D = V.shape
     trace = RoutingTrace("em") if return_routing else None
@@ -369,7 +369,7 @@ def _em_routing_autograd(
     return (mu, a_out), trace
 
 
-#: votes entries routed per block by :class:`_EMRoutingFunction` (2**18 fp32 = 1 MiB: the block's temporaries
+#: votes entries routed per block by ``_EMRoutingFunction`` (2**18 fp32 = 1 MiB: the block's temporaries
 #: stay in L2/L3; much smaller blocks pay more per-op overhead than they save, measured on a 2-core EPYC). Blocks
 #: are whole positions/samples, so a block is at least one ``J * I * D``.
 _BLOCK_ELEMENTS = 2**18

@@ -159,7 +159,7 @@ _BLOCK_CHILDREN = 16  # children per block (at least): long position runs make t
 
 
 def _attend_blocks(I: int, p: int, M: int, d: int, itemsize: int, budget: int | None = None) -> tuple[int, int]:
-    """Block sizes ``(positions, children)`` for :class:`_AttendMatrix`: votes blocks of about ``budget``
+    """Block sizes ``(positions, children)`` for ``_AttendMatrix``: votes blocks of about ``budget``
     bytes (default ``_BLOCK_BYTES``), as many positions as fit next to ``_BLOCK_CHILDREN`` children, then as
     many children as fit next to those positions."""
     budget = _BLOCK_BYTES if budget is None else budget
@@ -181,7 +181,7 @@ class _AttendMatrix(torch.autograd.Function):
     ``Q [p, M, d]`` the parents' previous poses; returns ``s [p, d, M]``, ``r [I, p, M]``, ``a [I, p, M]``
     (``a`` and ``r`` in fp32, fp64 for fp64 inputs; ``s`` in the inputs' dtype).
 
-    The forward walks blocks of (positions, children) (:func:`_attend_blocks`); per block it forms the votes
+    The forward walks blocks of (positions, children) (``_attend_blocks``); per block it forms the votes
     ``V [i, p, (a, e), m]`` with one batched product over the children (``[I, p*a, x] @ [I, x, e*M]``, the
     weight's own layout) into a reused work buffer, then ``a = <V, Q> / sqrt(d)``, ``r`` (softmax over the
     parents, renormalised) and ``s += sum_i r V``, all while the block is in cache. Only ``P, W, Q`` and ``a``
@@ -277,7 +277,7 @@ class _AttendMatrix(torch.autograd.Function):
 
 
 def _attend_matrix_unfused(P: torch.Tensor, W: torch.Tensor, Q: torch.Tensor):
-    """Same contract as :class:`_AttendMatrix`, written with ordinary differentiable ops on the full votes,
+    """Same contract as ``_AttendMatrix``, written with ordinary differentiable ops on the full votes,
     copied once to parent-major (the path used under ``torch.compile``, which fuses the elementwise steps)."""
     I, p, s, _ = P.shape
     M = W.shape[-1]
@@ -305,7 +305,7 @@ def _attend_matrix(P: torch.Tensor, W: torch.Tensor, Q: torch.Tensor, blocks: tu
     Q
         ``[p, M, d]`` the parents' previous poses.
     blocks
-        ``(positions, children)`` per block of :class:`_AttendMatrix`; default :func:`_attend_blocks`.
+        ``(positions, children)`` per block of ``_AttendMatrix``; default ``_attend_blocks``.
 
     Returns
     -------
@@ -315,7 +315,7 @@ def _attend_matrix(P: torch.Tensor, W: torch.Tensor, Q: torch.Tensor, blocks: tu
 
     Notes
     -----
-    The votes are never materialised whole: :class:`_AttendMatrix` forms them block by block, in the forward
+    The votes are never materialised whole: ``_AttendMatrix`` forms them block by block, in the forward
     and again in the backward. Under ``torch.compile`` the unfused autograd version is traced instead.
     """
     dtype = P.dtype
