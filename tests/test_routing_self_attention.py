@@ -257,3 +257,69 @@ def test_torch_compile_smoke():
     torch.testing.assert_close(compiled(u), m(u), rtol=1e-5, atol=1e-6)
     v, tr = compiled(u, return_routing=True)
     torch.testing.assert_close(tr.coefficients[0].sum(-1), torch.ones(3, 16))
+
+
+# ------------------------------------------------------------------------------------------ fused layer path
+def _grads(m, u, g, fused: bool):
+    for p in (u, *m.parameters()):
+        p.grad = None
+    v = m(u) if fused else self_attention_routing(m.votes(u), m.prior(), eps=m.eps)
+    (v * g).sum().backward()
+    return [v.detach(), u.grad, *(p.grad for p in m.parameters())]
+
+
+@pytest.mark.parametrize(("B", "sizes"), [(1, (16, 10, 8, 16)), (5, (16, 10, 8, 16)), (4, (7, 3, 5, 4))])
+def test_fused_layer_equals_the_plain_path_in_float64(B, sizes):
+    """The layer's fused function (votes, routing, squash, hand-written backward) gives the plain path's
+    outputs and gradients for the input, the weight and the bias, including an all-zero sample."""
+    n_inp, n_out, d_inp, d_out = sizes
+    m = _layer(n_inp, n_out, d_inp, d_out, seed=B, prior_std=0.1, dtype=torch.float64)
+    u = torch.randn(B, n_inp, d_inp, dtype=torch.float64) * 0.5
+    u[0, : n_inp // 2] = 0.0
+    u[-1] *= 4.0
+    u.requires_grad_()
+    g = torch.randn(B, n_out, d_out, dtype=torch.float64)
+    fused, plain = _grads(m, u, g, True), _grads(m, u, g, False)
+    for name, a, b in zip(["output", "u", "weight", "log_prior"], fused, plain):
+        assert a.shape == b.shape, name
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-13, msg=name)
+
+
+def test_fused_layer_gradcheck():
+    from capsule_lib.routing.self_attention import _FusedSelfAttention
+
+    m = _layer(5, 3, 4, 6, seed=3, prior_std=0.3, dtype=torch.float64)
+    u = (torch.randn(2, 5, 4, dtype=torch.float64) * 0.7).requires_grad_()
+    w, b = m.weight.detach().clone().requires_grad_(), m.log_prior.detach().clone().requires_grad_()
+    assert torch.autograd.gradcheck(lambda *a: _FusedSelfAttention.apply(*a, 1e-20), (u, w, b))
+
+
+def test_fused_layer_is_used_only_where_it_computes_the_same(monkeypatch):
+    """Taken for float32/float64 without a trace, autocast or torch.compile; otherwise the plain path runs."""
+    from capsule_lib.routing import self_attention as sa
+
+    calls = []
+    fused_apply = sa._FusedSelfAttention.apply
+    monkeypatch.setattr(sa._FusedSelfAttention, "apply", lambda *a: calls.append(1) or fused_apply(*a))
+    m, u = _layer(), torch.randn(2, 16, 8)
+    m(u)
+    assert len(calls) == 1
+    m(u, return_routing=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        m(u)
+    assert len(calls) == 1
+    m.double()(u.double())
+    assert len(calls) == 2
+
+
+def test_fused_layer_float32_close_to_a_float64_reference():
+    m = _layer(prior_std=0.1)
+    m64 = _layer(prior_std=0.1, dtype=torch.float64)
+    m64.load_state_dict(m.state_dict())
+    u = torch.randn(8, 16, 8) * 0.3
+    g = torch.randn(8, 10, 16)
+    ours = _grads(m, u.clone().requires_grad_(), g, True)
+    ref = _grads(m64, u.double().requires_grad_(), g.double(), False)
+    for name, a, b in zip(["output", "u", "weight", "log_prior"], ours, ref):
+        err = float((a.double() - b).abs().max() / b.abs().max())
+        assert err < 1e-5, (name, err)
