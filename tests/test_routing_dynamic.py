@@ -224,3 +224,41 @@ def test_fused_backward_under_bf16_autocast_and_with_frozen_votes():
     bias = torch.zeros(4, 16, requires_grad=True)
     dynamic_routing(votes, 3, bias).sum().backward()
     assert bias.grad is not None and torch.isfinite(bias.grad).all()
+
+
+@pytest.mark.parametrize("block_bytes", [None, 3 * 4 * 2 * 5 * 8])  # library default; 3 children per block
+@pytest.mark.parametrize("needs", ["both", "u", "weight"])
+def test_parent_major_votes_equal_the_einsum_in_float64(monkeypatch, block_bytes, needs):
+    """capsule_votes' blocked function (parent-major memory) = the plain einsum: values and both gradients, for an
+    upstream gradient in any layout, with blocks that do not divide the children evenly."""
+    from capsule_lib.routing import dynamic as dyn
+
+    if block_bytes is not None:
+        monkeypatch.setattr(dyn, "_VOTES_BLOCK_BYTES", block_bytes)
+    B, I, J, d, E = 4, 7, 2, 3, 5
+    u = torch.randn(B, I, d, dtype=torch.float64, requires_grad=needs in ("both", "u"))
+    W = torch.randn(I, J, d, E, dtype=torch.float64, requires_grad=needs in ("both", "weight"))
+    votes = capsule_votes(u, W)
+    assert votes.shape == (B, I, J, E) and votes.transpose(1, 2).is_contiguous()  # [B, J, I, E] memory
+    ref = torch.einsum("bid,ijde->bije", u, W)
+    torch.testing.assert_close(votes, ref, rtol=1e-12, atol=1e-12)
+    for g in (
+        torch.randn(B, I, J, E, dtype=torch.float64),
+        torch.randn(E, J, B, I, dtype=torch.float64).permute(2, 3, 1, 0),
+    ):
+        leaves = [t for t in (u, W) if t.requires_grad]
+        ours = torch.autograd.grad(capsule_votes(u, W), leaves, g)
+        theirs = torch.autograd.grad(torch.einsum("bid,ijde->bije", u, W), leaves, g)
+        for a, b in zip(ours, theirs):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_parent_major_votes_are_routed_without_a_copy_and_fall_back_under_autocast():
+    u, W = torch.randn(2, 6, 4), torch.randn(6, 3, 4, 5)
+    votes = capsule_votes(u, W)
+    vj = votes.transpose(1, 2).contiguous()
+    assert vj.data_ptr() == votes.data_ptr()  # contiguous() was a no-op: the routing reads the votes in place
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        half = capsule_votes(u, W)
+    assert half.dtype == torch.bfloat16  # the einsum under autocast, as before
+    torch.testing.assert_close(half.float(), votes, rtol=2e-2, atol=2e-2)

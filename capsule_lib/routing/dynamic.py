@@ -67,10 +67,77 @@ DYNAMIC_PRESETS: dict[str, dict] = {
 }
 
 
+#: bytes of one block of votes in :class:`_CapsuleVotes` (a few MiB: the block stays in the CPU's cache between
+#: the batched product that writes it and the transposing copy that reads it)
+_VOTES_BLOCK_BYTES = 4 << 20
+
+
 def capsule_votes(u: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """Votes ``u_hat_{j|i} = W_ij^T u_i``: ``u [B, n_inp, d_inp]``, ``W [n_inp, n_out, d_inp, d_out]``
-    -> ``[B, n_inp, n_out, d_out]``."""
+    -> ``[B, n_inp, n_out, d_out]``.
+
+    For float32/float64 (no autocast, not under ``torch.compile``) the result is a ``[B, I, J, E]`` view of
+    parent-major ``[B, J, I, E]`` memory, the layout :func:`dynamic_routing` routes in, so the routing needs no
+    copy of the votes; it is formed block by block over the children, each block's product transposed while it is
+    still in cache (``_CapsuleVotes``; its backward reads the votes' gradient the same way). Otherwise (and
+    equal in value) a plain einsum."""
+    if (
+        u.dtype in (torch.float32, torch.float64)
+        and u.dtype == weight.dtype
+        and u.dim() == 3
+        and weight.dim() == 4
+        and not torch.is_autocast_enabled(u.device.type)
+        and not torch.compiler.is_compiling()
+    ):
+        return _CapsuleVotes.apply(u, weight)
     return torch.einsum("bid,ijde->bije", u, weight)  # [B, I, J, E]
+
+
+class _CapsuleVotes(torch.autograd.Function):
+    """:func:`capsule_votes` written parent-major: ``u [B, I, d]``, ``W [I, J, d, E]`` -> a ``[B, I, J, E]`` view
+    of ``[B, J, I, E]`` memory. Per block of children ``i0:i1``: ``[i, B, d] @ [i, d, J*E]`` into a cache-sized
+    buffer, then one transposing copy into ``out[:, :, i0:i1]``. The plain einsum writes all ``[I, B, J*E]``
+    products to memory and the routing then copies them to parent-major, reading and writing the votes twice
+    more; the backward likewise gathers the gradient per block instead of transposing it whole."""
+
+    @staticmethod
+    def forward(ctx, u, weight):
+        B, I, d = u.shape
+        J, E = weight.shape[1], weight.shape[3]
+        ut = u.transpose(0, 1)  # [I, B, d]
+        Wf = weight.transpose(1, 2).reshape(I, d, J * E)  # [I, d, J*E]   (a copy of the weight: J and d swap)
+        out = u.new_empty(B, J, I, E)
+        n = max(1, min(I, _VOTES_BLOCK_BYTES // (B * J * E * u.element_size())))  # children per block
+        buf = u.new_empty(n, B, J * E)
+        for i0 in range(0, I, n):
+            i1 = min(i0 + n, I)
+            blk = torch.bmm(ut[i0:i1], Wf[i0:i1], out=buf[: i1 - i0])  # [i, B, d] @ [i, d, J*E] -> [i, B, J*E]
+            out[:, :, i0:i1].copy_(blk.view(i1 - i0, B, J, E).permute(1, 2, 0, 3))  # -> [B, J, i, E]
+        ctx.save_for_backward(u, Wf)
+        ctx.block = n
+        return out.transpose(1, 2)  # [B, I, J, E]
+
+    @staticmethod
+    def backward(ctx, g):
+        u, Wf = ctx.saved_tensors
+        B, I, J, E = g.shape
+        d, n = u.shape[-1], ctx.block
+        gj = g.transpose(1, 2)  # [B, J, I, E] (contiguous when it comes from dynamic_routing)
+        ut = u.transpose(0, 1)  # [I, B, d]
+        g_u = u.new_empty(I, B, d) if ctx.needs_input_grad[0] else None
+        g_W = u.new_empty(I, d, J * E) if ctx.needs_input_grad[1] else None
+        buf = g.new_empty(n, B, J * E)
+        for i0 in range(0, I, n):
+            i1 = min(i0 + n, I)
+            blk = buf[: i1 - i0]
+            blk.view(i1 - i0, B, J, E).copy_(gj[:, :, i0:i1].permute(2, 0, 1, 3))  # [i, B, J, E]
+            if g_u is not None:
+                torch.bmm(blk, Wf[i0:i1].transpose(1, 2), out=g_u[i0:i1])  # [i, B, J*E] @ [i, J*E, d]
+            if g_W is not None:
+                torch.bmm(ut[i0:i1].transpose(1, 2), blk, out=g_W[i0:i1])  # [i, d, B] @ [i, B, J*E]
+        g_u = g_u.transpose(0, 1) if g_u is not None else None  # [B, I, d]
+        g_W = g_W.view(I, d, J, E).transpose(1, 2) if g_W is not None else None  # [I, J, d, E]
+        return g_u, g_W
 
 
 def _coupling(logits: torch.Tensor, coupling: str, leaky: bool) -> torch.Tensor:
