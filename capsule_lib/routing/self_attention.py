@@ -230,7 +230,8 @@ class _FusedSelfAttention(torch.autograd.Function):
         g_prior = g_cb.sum(-1).t().unsqueeze(-1)  # [J, I, 1]
         g_a = (g_cb - torch.linalg.vecdot(c, g_cb, dim=1).unsqueeze(1)).mul_(c).unsqueeze(1)  # [I, 1, J, B]
         g_T = torch.mul(g_a, V, out=G).sum(0)  # [D, J, B]
-        torch.mul(cb.unsqueeze(1), g_s, out=G).addcmul_(g_a, Ts).add_(g_T, alpha=ctx.scale)  # [I, D, J, B]
+        # g_V = g_T / sqrt(D) + cb g_s + g_a Ts, in two passes over the votes-sized buffer      [I, D, J, B]
+        torch.addcmul(g_T.mul_(ctx.scale), cb.unsqueeze(1), g_s, out=G).addcmul_(g_a, Ts)
         g_V = G.view(I, DJ, B)
         g_u = torch.bmm(Wr.transpose(1, 2), g_V).permute(2, 0, 1)  # [I, d, B] -> [B, I, d]
         g_W = torch.bmm(g_V, ut).view(I, D, J, d).permute(2, 0, 3, 1)  # [I, D*J, d] -> [J, I, d, D]
