@@ -86,6 +86,7 @@ def capsule_votes(u: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         and u.dtype == weight.dtype
         and u.dim() == 3
         and weight.dim() == 4
+        and tuple(weight.shape[::2]) == tuple(u.shape[1:])  # else the einsum says what does not match
         and not torch.is_autocast_enabled(u.device.type)
         and not torch.compiler.is_compiling()
     ):
