@@ -262,3 +262,8 @@ def test_parent_major_votes_are_routed_without_a_copy_and_fall_back_under_autoca
         half = capsule_votes(u, W)
     assert half.dtype == torch.bfloat16  # the einsum under autocast, as before
     torch.testing.assert_close(half.float(), votes, rtol=2e-2, atol=2e-2)
+
+
+def test_votes_with_mismatched_shapes_raise_the_einsum_error():
+    with pytest.raises(RuntimeError, match="einsum"):
+        capsule_votes(torch.randn(2, 3, 4), torch.randn(5, 2, 4, 6))  # 3 input capsules, weights for 5
