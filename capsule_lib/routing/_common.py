@@ -27,3 +27,16 @@ def autocast_outputs(result: Any, device_type: str) -> Any:
         return x
 
     return cast(result)
+
+
+def fused_path_ok(*tensors: torch.Tensor) -> bool:
+    """Whether a routing layer's hand-written fused function computes exactly what its plain path would: every
+    tensor float32 or float64 and of one dtype, no autocast on their device (which would run the plain path's
+    products in half precision), and not being traced by ``torch.compile`` (which compiles the plain path)."""
+    dtype = tensors[0].dtype
+    return (
+        dtype in (torch.float32, torch.float64)
+        and all(t.dtype == dtype for t in tensors)
+        and not torch.is_autocast_enabled(tensors[0].device.type)
+        and not torch.compiler.is_compiling()
+    )

@@ -44,6 +44,7 @@ from torch import nn
 from .._checks import check_module_input, check_tensor
 from ..functional import squash
 from ..types import RoutingTrace
+from ._common import fused_path_ok
 
 __all__ = ["dynamic_routing", "DynamicRouting", "capsule_votes", "DYNAMIC_PRESETS"]
 
@@ -81,15 +82,8 @@ def capsule_votes(u: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     copy of the votes; it is formed block by block over the children, each block's product transposed while it is
     still in cache (``_CapsuleVotes``; its backward reads the votes' gradient the same way). Otherwise (and
     equal in value) a plain einsum."""
-    if (
-        u.dtype in (torch.float32, torch.float64)
-        and u.dtype == weight.dtype
-        and u.dim() == 3
-        and weight.dim() == 4
-        and tuple(weight.shape[::2]) == tuple(u.shape[1:])  # else the einsum says what does not match
-        and not torch.is_autocast_enabled(u.device.type)
-        and not torch.compiler.is_compiling()
-    ):
+    shapes_match = u.dim() == 3 and weight.dim() == 4 and tuple(weight.shape[::2]) == tuple(u.shape[1:])
+    if shapes_match and fused_path_ok(u, weight):  # (mismatched shapes: the einsum says what does not match)
         return _CapsuleVotes.apply(u, weight)
     return torch.einsum("bid,ijde->bije", u, weight)  # [B, I, J, E]
 

@@ -43,6 +43,7 @@ from torch import nn
 from .._checks import check_module_input, check_tensor
 from ..functional import squash_efficient
 from ..types import TRUNC_NORMAL_STD, RoutingTrace
+from ._common import fused_path_ok
 
 __all__ = [
     "self_attention_routing",
@@ -157,17 +158,6 @@ def self_attention_routing(
     return v, trace
 
 
-def _fusable(u: torch.Tensor, weight: torch.Tensor, log_prior: torch.Tensor) -> bool:
-    """Whether :class:`_FusedSelfAttention` computes what the plain path would: same float32/float64 dtype,
-    no autocast (which would run the votes in half precision), not being traced by ``torch.compile``."""
-    return (
-        u.dtype in (torch.float32, torch.float64)
-        and u.dtype == weight.dtype == log_prior.dtype
-        and not torch.is_autocast_enabled(u.device.type)
-        and not torch.compiler.is_compiling()
-    )
-
-
 class _FusedSelfAttention(torch.autograd.Function):
     """Votes, self-attention routing and squash_E in one function with a hand-written backward.
 
@@ -277,15 +267,18 @@ class SelfAttentionRouting(nn.Module):
         """The bias ``b`` as ``[n_inp, n_out]`` (the coefficient layout)."""
         return self.log_prior.squeeze(-1).transpose(0, 1)  # [I, J]
 
+    def _check_input(self, u: torch.Tensor) -> None:
+        check_tensor(u, "u", f"[B, n_inp={self.n_inp}, d_inp={self.d_inp}]", [None, self.n_inp, self.d_inp])
+
     def votes(self, u: torch.Tensor) -> torch.Tensor:
         """``[B, n_inp, d_inp] -> [B, n_inp, n_out, d_out]``."""
-        check_tensor(u, "u", f"[B, n_inp={self.n_inp}, d_inp={self.d_inp}]", [None, self.n_inp, self.d_inp])
+        self._check_input(u)
         return self_attention_votes(u, self.weight)
 
     def forward(self, u: torch.Tensor, return_routing: bool = False):
         check_module_input(u, self, type(self).__name__, dtype=False)
-        if not return_routing and _fusable(u, self.weight, self.log_prior):
-            check_tensor(u, "u", f"[B, n_inp={self.n_inp}, d_inp={self.d_inp}]", [None, self.n_inp, self.d_inp])
+        if not return_routing and fused_path_ok(u, self.weight, self.log_prior):
+            self._check_input(u)
             return _FusedSelfAttention.apply(u, self.weight, self.log_prior, self.eps)
         return self_attention_routing(self.votes(u), self.prior(), eps=self.eps, return_routing=return_routing)
 
