@@ -1,7 +1,7 @@
 """capsule_lib: capsule networks and their routing algorithms, faithful, inspectable and tested.
 
 Layers, bottom to top (each imports only from the ones above it in this list):
-:mod:`capsule_lib.types` (:class:`CapsuleOutput`, :class:`RoutingTrace`, constants),
+:mod:`capsule_lib.types` (:class:`CapsuleOutput`, :class:`RoutingTrace`, :class:`ImageContract`, constants),
 :mod:`capsule_lib.functional` (squash, norms), :mod:`capsule_lib.losses`, :mod:`capsule_lib.routing` (one
 module per algorithm, same calling convention, same trace), :mod:`capsule_lib.layers` (primary, matrix and
 class capsules, decoders, masking), :mod:`capsule_lib.models` (one module per paper), :mod:`capsule_lib.data`
@@ -64,12 +64,13 @@ from .routing import (
     generative_matrix_routing,
     self_attention_routing,
 )
-from .types import CapsuleOutput, RoutingTrace
+from .types import CapsuleOutput, ImageContract, RoutingTrace
 
 __version__ = "0.1.0"
 
 __all__ = [
     "CapsuleOutput",
+    "ImageContract",
     "RoutingTrace",
     "Length",
     "SafeNorm",

@@ -6,7 +6,18 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["check_tensor", "check_module_input", "check_image_range", "module_device"]
+from .types import ImageContract
+
+__all__ = [
+    "check_tensor",
+    "check_nonempty",
+    "check_module_input",
+    "check_image_range",
+    "check_model_input",
+    "check_images",
+    "check_image_values",
+    "module_device",
+]
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -43,15 +54,21 @@ def check_tensor(
             raise ValueError(f"{name}: expected shape {spec} with sizes {_fmt(sizes)}, got {tuple(x.shape)}")
 
 
+def check_nonempty(x: torch.Tensor, name: str, spec: str) -> None:
+    """One line for an empty batch (``x.shape[0] == 0``), which the routings cannot route."""
+    if x.shape[0] == 0:
+        raise ValueError(f"{name}: empty batch {tuple(x.shape)}; pass at least one sample, shape {spec}")
+
+
 def _fmt(sizes: Sequence[int | None]) -> str:
     return "(" + ", ".join("*" if s is None else str(s) for s in sizes) + ")"
 
 
 def check_module_input(x: torch.Tensor, module: torch.nn.Module, name: str, *, dtype: bool = True) -> None:
     """One-line errors instead of torch's deep ones when ``x`` and ``module``'s parameters disagree on the
-    device, or (``dtype=True``, the models) on the dtype outside autocast (e.g. fp16 images into an fp32
-    model); routing layers check the device only (several accept half-precision votes by design). No-op for a
-    module without parameters or a non-tensor ``x``."""
+    device, or (``dtype=True``) on the dtype outside autocast (e.g. fp16 images into an fp32 model, fp16 capsules
+    into an fp32 routing layer); the Heinsen routing layers pass ``dtype=False`` (they upcast any float input by
+    design). No-op for a module without parameters or a non-tensor ``x``."""
     if not isinstance(x, torch.Tensor):
         return
     p = next(module.parameters(), None)
@@ -75,17 +92,50 @@ def check_module_input(x: torch.Tensor, module: torch.nn.Module, name: str, *, d
         )
 
 
-def check_image_range(x: torch.Tensor, low: float, high: float, name: str, tol: float = 1e-3) -> None:
-    """Refuse float images outside ``[low, high]`` (a model trained on [0, 1] silently misreads 0-255 or
-    mean/std-normalised input); ``uint8`` images are the caller's to convert."""
-    if x.is_floating_point() and x.numel():
-        lo, hi = float(x.min()), float(x.max())
-        if lo < low - tol or hi > high + tol:
-            raise ValueError(
-                f"{name}: float images must be in [{low:g}, {high:g}], got values in [{lo:.3g}, {hi:.3g}]"
-                f" (pixel values 0-255 or normalised input?); pass uint8 images or scale them to "
-                f"[{low:g}, {high:g}]"
-            )
+def check_image_range(x: torch.Tensor, low: float | None, high: float | None, name: str, tol: float = 1e-3) -> None:
+    """Refuse float images with NaN or infinite values, or outside ``[low, high]`` (a model trained on [0, 1]
+    silently misreads 0-255 or mean/std-normalised input); ``low = high = None`` checks finiteness only.
+    ``uint8`` images are the caller's to convert."""
+    if not (x.is_floating_point() and x.numel()):
+        return
+    finite = torch.isfinite(x)
+    if not bool(finite.all()):
+        n = int((~finite).sum())
+        raise ValueError(
+            f"{name}: {n} of {x.numel()} pixel values are NaN or infinite; a model cannot classify them (check the "
+            f"data pipeline, e.g. a division by a zero standard deviation)"
+        )
+    if low is None or high is None:
+        return
+    lo, hi = float(x.min()), float(x.max())
+    if lo < low - tol or hi > high + tol:
+        raise ValueError(
+            f"{name}: float images must be in [{low:g}, {high:g}], got values in [{lo:.3g}, {hi:.3g}]"
+            f" (pixel values 0-255 or normalised input?); pass uint8 images or scale them to "
+            f"[{low:g}, {high:g}]"
+        )
+
+
+def check_images(x: torch.Tensor, contract: ImageContract, name: str = "x") -> None:
+    """The shape part of a model's :class:`~capsule_lib.types.ImageContract`, reading no pixel (every ``forward``
+    calls it, through :func:`check_model_input`): ``[B >= 1, channels, size, size]``."""
+    check_tensor(x, name, contract.spec, [None, contract.channels, contract.size, contract.size])
+    check_nonempty(x, name, contract.spec)
+
+
+def check_image_values(x: torch.Tensor, contract: ImageContract, name: str = "x") -> None:
+    """The value part of a model's :class:`~capsule_lib.types.ImageContract`, reading every pixel (``predict`` calls it
+    on each batch, after converting ``uint8`` to [0, 1]): finite, and in ``contract.value_range`` when it has one."""
+    low, high = contract.value_range if contract.value_range is not None else (None, None)
+    check_image_range(x, low, high, name)
+
+
+def check_model_input(x: torch.Tensor, model: torch.nn.Module, arg: str = "x") -> None:
+    """What every image model's ``forward`` checks first, in one line each: the device and dtype of its input
+    ``arg`` against the parameters (:func:`check_module_input`) and its shape against ``model.input_contract``."""
+    name = type(model).__name__
+    check_module_input(x, model, name)
+    check_images(x, model.input_contract, f"{name}: {arg}")
 
 
 def module_device(model: torch.nn.Module) -> torch.device:

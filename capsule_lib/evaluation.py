@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
-from ._checks import check_image_range, module_device
+from ._checks import check_image_range, check_image_values, module_device
 
 __all__ = [
     "predict",
@@ -23,22 +24,36 @@ __all__ = [
 @torch.no_grad()
 def predict(
     model: nn.Module,
-    images: torch.Tensor,
+    images: torch.Tensor | np.ndarray,
     batch_size: int = 256,
     device: str | torch.device | None = None,
     keep_poses: bool = False,
     progress: bool = False,
 ) -> dict[str, torch.Tensor]:
-    """Run ``model`` over ``images`` (``uint8`` or float ``[N, C, H, W]``) in batches, in eval mode.
+    """Run ``model`` over ``images`` (``uint8`` or float ``[N, C, H, W]``, a tensor or a NumPy array) in batches, in
+    eval mode.
 
     The batches are moved to ``device`` (default: the device of the model's parameters). The model itself is
     never moved: if ``device`` differs from the model's device, a one-line :class:`ValueError` says so.
-    ``uint8`` images are scaled to [0, 1]; float images outside the model's ``input_range`` (if it declares
-    one, e.g. 0-255 floats or mean/std-normalised input to a [0, 1] model) are refused with a one-line error.
+    ``uint8`` images are scaled to [0, 1]. Each batch is checked against the model's ``input_contract``
+    (:class:`~capsule_lib.types.ImageContract`: shape, value range, finite values; a model without one is checked
+    for finite values only), so 0-255 floats, mean/std-normalised input to a [0, 1] model, NaN or inf pixels and an
+    empty ``images`` are refused with one line each.
 
     Returns ``{"scores": [N, K]}`` (capsule lengths or logits) and ``"poses"`` ``[N, K, D]`` when
     ``keep_poses`` and the model returns capsules.
     """
+    name = f"predict({type(model).__name__})"
+    if isinstance(images, np.ndarray):
+        images = torch.from_numpy(images)
+    if not isinstance(images, torch.Tensor):
+        raise ValueError(
+            f"{name}: images must be a torch.Tensor or a numpy array [N, C, H, W], got {type(images).__name__}"
+        )
+    if images.dim() == 0 or images.shape[0] == 0:
+        raise ValueError(f"{name}: no images to predict (images of shape {tuple(images.shape)})")
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise ValueError(f"{name}: batch_size must be a positive integer, got {batch_size!r}")
     here = module_device(model)
     device = here if device is None else torch.device(device)
     if device.type != here.type or (device.index is not None and here.index is not None and device != here):
@@ -46,7 +61,7 @@ def predict(
             f"predict: the model is on {here} but device={str(device)!r}; move the model first "
             f"(model.to({str(device)!r})) or leave device unset"
         )
-    expected = getattr(model, "input_range", None)  # e.g. (0, 1): refuse 0-255 floats or normalised input
+    contract = getattr(model, "input_contract", None)
     model.eval()
     scores, poses = [], []
     rng = range(0, images.shape[0], batch_size)
@@ -57,8 +72,10 @@ def predict(
     for lo in rng:
         x = images[lo : lo + batch_size].to(device)
         x = x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
-        if expected is not None:
-            check_image_range(x, *expected, f"predict({type(model).__name__})")
+        if contract is not None:
+            check_image_values(x, contract, name)
+        else:
+            check_image_range(x, None, None, name)
         out: Any = model(x)
         s = out if isinstance(out, torch.Tensor) else out.scores
         scores.append(s.float().cpu())

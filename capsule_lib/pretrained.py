@@ -6,7 +6,9 @@
      "metrics": {"test_acc": 0.996, ...}, "training": {"epochs": 15, "hardware": "...", ...},
      "history": "capsnet_mnist.history.json", "notes": "..."}
 
-:func:`load_pretrained` checks the file's sha256 before loading and refuses a mismatch.
+:func:`load_pretrained` checks the file's sha256 and the entry's ``config_sha256`` (a sha256 of the model kind and
+configuration, :func:`config_sha256`) before loading, and refuses a mismatch: a weights file replaced or a
+configuration edited after export (e.g. ``iterations`` 3 -> 1) fails in one line instead of loading silently.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from .training import History
 __all__ = [
     "CHECKPOINT_DIR",
     "ChecksumMismatchError",
+    "config_sha256",
     "registry",
     "sha256_file",
     "load_pretrained",
@@ -126,11 +129,25 @@ def _atomic_write(path: Path, data: bytes | str) -> None:
     os.replace(tmp, path)
 
 
+def config_sha256(kind: str, config: dict[str, Any]) -> str:
+    """sha256 of a registry entry's model ``kind`` and ``config`` as canonical JSON (sorted keys): what
+    ``config_sha256`` in the registry records at export and :func:`load_pretrained` checks."""
+    text = json.dumps({"model": kind, "config": config}, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def _entry(name: str, directory: Path) -> dict[str, Any]:
     reg = registry(directory)
     if name not in reg:
         raise KeyError(f"no shipped checkpoint named {name!r}; available: {sorted(reg) or 'none'}")
-    return reg[name]
+    entry = reg[name]
+    missing = [k for k in ("file", "sha256", "model", "config", "config_sha256") if k not in entry]
+    if missing:
+        raise ValueError(
+            f"registry entry {name!r} has no {', '.join(missing)}; it was not written by export_checkpoint "
+            f"(re-export the run with capsule_lib.pretrained.export_run, or restore registry.json)"
+        )
+    return entry
 
 
 def load_pretrained(
@@ -157,8 +174,19 @@ def load_pretrained(
             f"file has {got}. The file is corrupted or was replaced; restore it from the "
             f"repository or re-export it with capsule_lib.pretrained.export_checkpoint."
         )
-    model = build_model(entry["model"], entry.get("config", {}))
-    state = torch.load(path, map_location=map_location, weights_only=True)
+    if config_sha256(entry["model"], entry["config"]) != entry["config_sha256"]:
+        raise ChecksumMismatchError(
+            f"checkpoint {name!r}: its registry entry's model configuration was changed after export (config_sha256 "
+            f"mismatch); the weights were trained with the exported one. Restore registry.json from the repository"
+        )
+    model = build_model(entry["model"], entry["config"])
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any unpickling failure is a bad file
+        raise ValueError(
+            f"checkpoint {name!r} ({path}): not a readable PyTorch state_dict ({type(e).__name__}: "
+            f"{str(e).splitlines()[0][:120] if str(e) else ''}); restore it from the repository"
+        ) from None
     model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})
     return model.to(map_location).eval(), entry
 
@@ -198,12 +226,13 @@ def export_checkpoint(
         "file": file.name,
         "sha256": sha256_file(file),
         "model": kind,
-        "config": asdict(config) if is_dataclass(config) else dict(config),
+        "config": json.loads(json.dumps(asdict(config) if is_dataclass(config) else dict(config), default=str)),
         "dtype": "float16" if half else "float32",
         "metrics": metrics,
         "training": training,
         "notes": notes,
     }
+    entry["config_sha256"] = config_sha256(kind, entry["config"])
     if history is not None:
         hist = history.to_dict() if isinstance(history, History) else history
         _atomic_write(d / f"{name}.history.json", json.dumps(hist, indent=1))

@@ -82,6 +82,7 @@ __all__ = [
     "RECIPES",
     "make_recipe",
     "recipe_config",
+    "check_device_available",
 ]
 
 
@@ -205,6 +206,22 @@ class Recipe:
                 f"pick a matching model config ({type(config).__name__})"
             )
 
+    def validate(self) -> None:
+        """One-line ``ValueError`` for settings no run can use (checked by :func:`make_recipe`, before any data is
+        loaded): ``epochs``, ``batch_size`` and the subsets positive integers, ``lr`` a number >= 0 (0 keeps the
+        weights: e.g. to evaluate a start checkpoint through the loop), a known ``amp`` and a device name torch
+        knows."""
+        name = self.name or type(self).__name__
+        for key in ("epochs", "batch_size", "train_subset", "eval_subset"):
+            value = getattr(self, key)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ValueError(f"{name}: {key} must be a positive integer, got {value!r}")
+        if not isinstance(self.lr, (int, float)) or isinstance(self.lr, bool) or not self.lr >= 0:
+            raise ValueError(f"{name}: lr must be a number >= 0, got {self.lr!r}")
+        if self.amp not in (None, "bf16", "fp16"):
+            raise ValueError(f"{name}: amp must be null, 'bf16' or 'fp16', got {self.amp!r}")
+        _check_device(name, self.device)
+
     def describe(self, model: nn.Module) -> dict[str, Any]:
         """Model facts recorded in the run's history (parameter counts...)."""
         return {"parameters": sum(p.numel() for p in model.parameters())}
@@ -212,6 +229,34 @@ class Recipe:
     def config(self) -> dict[str, Any]:
         """The recipe's fields as plain JSON values (what the history records as ``config``)."""
         return json.loads(json.dumps(dataclasses.asdict(self), default=str))
+
+
+def _check_device(name: str, device: Any) -> None:
+    """``device`` is ``"auto"`` or a device name torch knows (``cpu``, ``cuda``, ``cuda:1``, ``mps``); whether this
+    machine has it is checked when a run starts (:func:`check_device_available`), so that a recipe recorded on a GPU
+    can still be rebuilt here (e.g. to evaluate its checkpoint)."""
+    if device == "auto":
+        return
+    try:
+        torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"{name}: device must be 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps', got {device!r}") from None
+
+
+def check_device_available(recipe: Recipe) -> None:
+    """One line when ``recipe.device`` names a device this machine does not have (before any data is loaded)."""
+    if recipe.device == "auto":
+        return
+    dev = torch.device(recipe.device)
+    have = {
+        "cpu": True,
+        "cuda": torch.cuda.is_available() and (dev.index is None or dev.index < torch.cuda.device_count()),
+        "mps": getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available(),
+    }
+    if not have.get(dev.type, False):
+        raise ValueError(
+            f"{recipe.name}: device {recipe.device!r} is not available on this machine (use 'auto' or 'cpu')"
+        )
 
 
 def _shard(recipe: Recipe, dist: DistInfo | None) -> dict[str, Any]:
@@ -958,16 +1003,41 @@ def _parse_value(text: str) -> Any:
         return text
 
 
+#: plain annotations whose values :func:`_check_type` checks (others, e.g. nested configs, are left to their class)
+_SCALARS = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)}
+
+
+def _check_type(owner: str, key: str, annotation: str, value: Any) -> None:
+    """One line when ``value`` does not fit a field annotated ``annotation`` (``int``, ``float | None``,
+    ``tuple[int, ...]``...): a command-line typo (``epochs=abc``, ``lr=fast``, ``epochs=1.5``) is refused before any
+    data is loaded instead of failing deep inside training."""
+    optional = annotation.endswith("|None")
+    base = annotation.removesuffix("|None")
+    if value is None:
+        if not optional:
+            raise ValueError(f"{owner}.{key} cannot be None (expected {base})")
+        return
+    if base in _SCALARS:
+        ok = isinstance(value, _SCALARS[base]) and (base == "bool" or not isinstance(value, bool))
+        if base == "int" and isinstance(value, float) and value.is_integer():
+            ok = False  # 2.0 for an integer field: say so rather than truncate silently
+        if not ok:
+            raise ValueError(f"{owner}.{key} must be {'an integer' if base == 'int' else 'a ' + base}, got {value!r}")
+    elif base.startswith("tuple[") and not isinstance(value, (tuple, list)):
+        raise ValueError(f"{owner}.{key} must be a list (JSON, e.g. [1, 2]), got {value!r}")
+
+
 def _set(obj: Any, key: str, value: Any) -> None:
     names = {f.name: f for f in dataclasses.fields(obj)}
     if key not in names:
         raise KeyError(f"{type(obj).__name__} has no field {key!r}; fields: {', '.join(names)}")
+    annotation = str(names[key].type).replace(" ", "")
     if isinstance(value, str):  # from the command line: JSON, except for string fields
-        annotation = str(names[key].type).replace(" ", "")
         if annotation in ("str", "str|None"):
             value = None if value == "null" and annotation == "str|None" else value
         else:
             value = _parse_value(value)
+    _check_type(type(obj).__name__, key, annotation, value)
     if isinstance(value, list) and isinstance(getattr(obj, key), tuple):
         value = tuple(value)
     setattr(obj, key, value)
@@ -993,6 +1063,7 @@ def make_recipe(name: str | Recipe, **overrides: Any) -> Recipe:
             _set(recipe.model, key[len("model.") :], value)
         else:
             _set(recipe, key, value)
+    recipe.validate()
     return recipe
 
 

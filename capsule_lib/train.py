@@ -20,14 +20,16 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from .data.datasets import check_labels, data_fingerprint
 from .distributed import setup as setup_distributed
-from .recipes import RECIPES, Recipe, make_recipe, recipe_config
+from .recipes import RECIPES, Recipe, check_device_available, make_recipe, recipe_config
 from .training import Trainer, select_device
 
 __all__ = ["train", "shipped_recipe", "hardware_string", "main"]
@@ -73,6 +75,19 @@ def _start_from(model: nn.Module, recipe: Recipe, name: str) -> dict[str, Any]:
     return {"checkpoint": name, "sha256": entry["sha256"], "epochs": epochs}
 
 
+def _check_training_data(model: nn.Module, loaders: Any) -> str | None:
+    """Refuse labels outside the model's classes; return the training data's content fingerprint (``None`` for a
+    training set without ``images`` and ``labels``, e.g. a stream made on the fly)."""
+    ds = loaders.train_set
+    if not (hasattr(ds, "images") and hasattr(ds, "labels")):
+        return None
+    cfg = getattr(model, "config", None)
+    n_classes = getattr(cfg, "n_classes", None) or getattr(cfg, "n_objs", None)
+    if n_classes is not None and ds.labels.dim() == 1:
+        check_labels(ds.labels, n_classes, f"training set {loaders.dataset!r}")
+    return data_fingerprint(ds.images, ds.labels)
+
+
 def train(
     recipe: str | Recipe,
     *,
@@ -102,6 +117,7 @@ def train(
     weights (of the same model configuration) the model starts from instead of its initialisation: the
     optimiser's state (momentum) and the schedule start afresh; the run records it (``meta["start_from"]``)."""
     r = make_recipe(recipe, **overrides)
+    check_device_available(r)
     dist = setup_distributed(select_device(r.device))  # a torchrun job, or this process alone
     device = dist.device
     torch.manual_seed(r.seed)
@@ -109,6 +125,7 @@ def train(
     model = r.build_model()
     start = _start_from(model, r, start_from) if start_from is not None else None
     r.check_data(model, loaders)
+    fingerprint = _check_training_data(model, loaders)
     optimizer = r.build_optimizer(model)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: r.lr_factor(step))
     meta = {
@@ -121,6 +138,8 @@ def train(
         "generated_data": loaders.generated_data,
         **r.describe(model),
     }
+    if fingerprint is not None:  # part of the run's identity: a resume onto other images is refused
+        meta["data_fingerprint"] = fingerprint
     if start is not None:
         meta["start_from"] = start
     if dist.distributed:  # recorded only for jobs of several processes
@@ -158,9 +177,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--set",
         nargs="*",
+        action="extend",
         default=[],
         metavar="KEY=VALUE",
-        help="override recipe fields (model.FIELD for the model config); values as JSON",
+        help="override recipe fields (model.FIELD for the model config); values as JSON; several --set add up",
     )
     p.add_argument("--fresh", action="store_true", help="start afresh instead of resuming the run in --out")
     p.add_argument("--threads", type=int, default=None)
@@ -177,25 +197,39 @@ def main(argv: list[str] | None = None) -> None:
         p.error("give a recipe name or --shipped CHECKPOINT (one of them)")
     if a.threads:
         torch.set_num_threads(a.threads)
+
+    def fail(message: str) -> None:  # one line (argparse's p.error would print the whole usage first)
+        print(f"{p.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
     overrides = {}
     for kv in a.set:
         if "=" not in kv:
-            p.error(f"--set wants KEY=VALUE, got {kv!r}")
+            fail(f"--set wants KEY=VALUE, got {kv!r}")
         k, v = kv.split("=", 1)
+        if k in overrides and overrides[k] != v:
+            fail(f"--set gives {k} twice ({overrides[k]!r} and {v!r}); give it once")
         overrides[k] = v
-    try:
+    if a.budget_minutes is not None and not a.budget_minutes > 0:
+        fail(f"--budget-minutes must be > 0, got {a.budget_minutes}")
+    try:  # every value checked before any data is loaded: one line, no traceback
         recipe = shipped_recipe(a.shipped, **overrides) if a.shipped else make_recipe(a.recipe, **overrides)
-    except KeyError as e:
-        p.error(str(e.args[0]))
-    _, trainer = train(
-        recipe,
-        out_dir=a.out,
-        data_root=a.data_root,
-        progress=False,
-        resume=not a.fresh,
-        budget_minutes=a.budget_minutes,
-        start_from=a.start_from,
-    )
+        check_device_available(recipe)
+    except (KeyError, ValueError) as e:
+        fail(str(e.args[0]) if e.args else str(e))
+    try:
+        _, trainer = train(
+            recipe,
+            out_dir=a.out,
+            data_root=a.data_root,
+            progress=False,
+            resume=not a.fresh,
+            budget_minutes=a.budget_minutes,
+            start_from=a.start_from,
+        )
+    except KeyboardInterrupt as e:  # TrainingInterrupted says where the run stopped and how to resume it
+        print(str(e) or "training interrupted (Ctrl-C)", file=sys.stderr)
+        raise SystemExit(130) from None
     if trainer.dist.distributed:
         import torch.distributed as torch_dist
 

@@ -7,10 +7,13 @@ never used to choose a checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import random
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -37,6 +40,7 @@ __all__ = [
     "History",
     "Trainer",
     "RunMismatchError",
+    "TrainingInterrupted",
     "load_history",
 ]
 
@@ -362,6 +366,30 @@ class RunMismatchError(ValueError):
     """``out_dir/last.pt`` belongs to another run than the one being trained."""
 
 
+class TrainingInterrupted(KeyboardInterrupt):
+    """Training stopped on Ctrl-C (SIGINT) after the batch in progress; ``str()`` says where the run can be resumed."""
+
+
+@contextlib.contextmanager
+def _stop_on_sigint(flag: dict[str, bool]):
+    """While training: the first Ctrl-C sets ``flag["stop"]`` (the loop stops after its batch, with a checkpoint);
+    a second one interrupts at once. Only in the main thread (signal handlers cannot be set elsewhere)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        if flag.get("stop"):
+            raise KeyboardInterrupt
+        flag["stop"] = True
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def _load_checkpoint(path: Path, device: torch.device | str) -> Any:
     """``torch.load`` with a one-line, actionable error for a truncated or corrupt run checkpoint."""
     try:
@@ -455,6 +483,8 @@ class Trainer:
         self._in_epoch: dict[str, Any] | None = None  # progress inside an epoch, from a mid-epoch checkpoint
         self._budget_end: float | None = None  # time.time() at which fit(budget_minutes=) stops training
         self._stopped: dict[str, Any] | None = None  # set by train_epoch when the budget ran out inside an epoch
+        self._interrupt: dict[str, bool] = {}  # {"stop": True} after a Ctrl-C (fit's SIGINT handler)
+        self._trained_now = False  # whether the latest fit() trained anything (finish() reuses a recorded test)
         self._last_save = 0.0
         self._epoch_lr, self._t_epoch = 0.0, 0.0
         self.out_dir = Path(out_dir) if out_dir is not None else None
@@ -475,8 +505,9 @@ class Trainer:
         ident: dict[str, Any] = {k: self._meta.get(k) for k in keys}
         ident["seed"] = self.seed
         ident["model"] = (self._meta.get("config") or {}).get("model")
-        if self._meta.get("start_from") is not None:  # only then: checkpoints written before it existed still match
-            ident["start_from"] = self._meta["start_from"]
+        for key in ("start_from", "data_fingerprint"):  # only when set: checkpoints written before they existed match
+            if self._meta.get(key) is not None:
+                ident[key] = self._meta[key]
         return json.loads(json.dumps(ident, default=str))
 
     def state_dict(self) -> dict[str, Any]:
@@ -499,6 +530,8 @@ class Trainer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         old, new = state.get("identity"), self.identity()
+        if old is not None and "data_fingerprint" not in old:  # written before runs recorded their data's content
+            new.pop("data_fingerprint", None)
         differ = [k for k in {**(old or {}), **new} if old is not None and old.get(k) != new.get(k)]  # absent = None
         if differ:
             diff = "; ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in differ)
@@ -532,6 +565,11 @@ class Trainer:
         if self.out_dir is None or not (self.out_dir / "last.pt").exists():
             return False
         self.load_state_dict(_load_checkpoint(self.out_dir / "last.pt", self.device))
+        saved = self.out_dir / "history.json"  # finish() records the test split there, after the last last.pt
+        if saved.exists() and "test" not in self.history.meta:
+            written = json.loads(saved.read_text())
+            if len(written.get("records", [])) == len(self.history) and "test" in written.get("meta", {}):
+                self.history.meta["test"] = written["meta"]["test"]
         return True
 
     # ---------------------------------------------------------------- loops
@@ -592,6 +630,20 @@ class Trainer:
                 bar.set_postfix(loss=f"{loss_sum / n:.4f}", acc=f"{correct / n:.4f}")
             position = getattr(loader, "position", None)
             unfinished = position is not None and position < len(loader)
+            if self._interrupt.get("stop"):
+                if resumable and unfinished:
+                    _atomic_save(self._in_epoch_state(loader, sums, loss_sum, correct, n), self.out_dir / "last.pt")
+                    where = f"after batch {position} of {len(loader)} of epoch {self.epoch + 1} (mid-epoch checkpoint)"
+                elif self._writes:
+                    where = f"at the end of epoch {self.epoch} (the last complete epoch)"
+                else:
+                    raise TrainingInterrupted(
+                        "training interrupted (Ctrl-C); this run keeps no checkpoint (no out_dir)"
+                    )
+                raise TrainingInterrupted(
+                    f"training interrupted (Ctrl-C) {where}; run the same command again to resume from "
+                    f"{self.out_dir / 'last.pt'}"
+                )
             if self._budget_end is not None and time.time() >= self._budget_end and unfinished:
                 # the budget ran out inside this epoch: fit() evaluates these weights and saves the position
                 in_epoch = {"loader": loader.state(), "sums": dict(sums), "loss_sum": loss_sum} if resumable else {}
@@ -600,20 +652,24 @@ class Trainer:
                 break
             due = self.checkpoint_minutes is not None and time.time() - self._last_save >= 60 * self.checkpoint_minutes
             if resumable and due and unfinished:
-                state = self.state_dict()
-                state["in_epoch"] = {
-                    "loader": loader.state(),
-                    "sums": sums,
-                    "loss_sum": loss_sum,
-                    "correct": correct,
-                    "n": n,
-                    "lr": self._epoch_lr,
-                    "elapsed": time.time() - self._t_epoch,
-                    "wall_time": self._wall_before + time.time() - self._t0,
-                }
-                _atomic_save(state, self.out_dir / "last.pt")
+                _atomic_save(self._in_epoch_state(loader, sums, loss_sum, correct, n), self.out_dir / "last.pt")
                 self._last_save = time.time()
         return self._record("train", loss_sum, correct, n, sums)
+
+    def _in_epoch_state(self, loader: Any, sums: dict[str, float], loss_sum: float, correct: float, n: int) -> dict:
+        """The run's state with its position inside the current epoch (a mid-epoch checkpoint)."""
+        state = self.state_dict()
+        state["in_epoch"] = {
+            "loader": loader.state(),
+            "sums": dict(sums),
+            "loss_sum": loss_sum,
+            "correct": correct,
+            "n": n,
+            "lr": self._epoch_lr,
+            "elapsed": time.time() - self._t_epoch,
+            "wall_time": self._wall_before + time.time() - self._t0,
+        }
+        return state
 
     def _record(self, prefix: str, loss_sum: float, correct: float, n: int, sums: dict[str, float]) -> dict:
         """Per-sample means of the summed loss, accuracy and loss parts, summed over all ranks first."""
@@ -662,7 +718,10 @@ class Trainer:
         if self.out_dir is not None:
             if self._writes:
                 self.out_dir.mkdir(parents=True, exist_ok=True)
-            if resume and self.resume() and self._meta.get("config") not in (None, self.history.meta.get("config")):
+            resumed = resume and self.resume()
+            if resumed:
+                self._say(self._resume_line(epochs))
+            if resumed and self._meta.get("config") not in (None, self.history.meta.get("config")):
                 # the run continues with a different recipe: record what changed and from which epoch on
                 changes = self.history.meta.setdefault("changes", [])
                 latest = changes[-1]["config"] if changes else self.history.meta.get("config")
@@ -689,6 +748,29 @@ class Trainer:
         self.history.meta.setdefault("device", str(self.device))
         self.history.meta.setdefault("seed", self.seed)
         self.history.meta.setdefault("amp", self.amp)
+        self._trained_now = self.epoch < epochs
+        if not self._trained_now:
+            self._say(f"{self.out_dir or 'run'}: already finished ({self.epoch} of {epochs} epochs); nothing to train")
+        self._interrupt = {}
+        # one process: Ctrl-C stops after the batch with a checkpoint; under torchrun every rank gets the signal and
+        # the launcher ends the job (resume from the last complete epoch)
+        stop = contextlib.nullcontext() if self.dist.distributed else _stop_on_sigint(self._interrupt)
+        with stop:
+            self._fit_epochs(train_loader, val_loader, test_loader, epochs)
+        return self.history
+
+    def _say(self, line: str) -> None:
+        """A one-line status message (rank 0 only)."""
+        if self.dist.is_main:
+            print(line, flush=True)
+
+    def _resume_line(self, epochs: int) -> str:
+        where = f"{self.out_dir / 'last.pt'}"
+        if self._in_epoch is not None:
+            return f"resuming {where}: inside epoch {self.epoch + 1} of {epochs} (mid-epoch checkpoint)"
+        return f"resuming {where}: {self.epoch} of {epochs} epochs done"
+
+    def _fit_epochs(self, train_loader: Any, val_loader: Any, test_loader: Any, epochs: int) -> None:
         while self.epoch < epochs:
             if self._budget_end is not None and time.time() >= self._budget_end:
                 break  # the budget ran out at an epoch boundary
@@ -722,7 +804,6 @@ class Trainer:
                 self.history.save(self.out_dir / "history.json")
             for cb in self.callbacks:
                 cb(self, rec)
-        return self.history
 
     def _append_and_select(self, rec: dict[str, Any]) -> None:
         """Append an evaluated record to the history and, if it improves ``select_metric``, keep its weights as the
@@ -774,6 +855,9 @@ class Trainer:
             return None
         loaders = test_loader if isinstance(test_loader, dict) else {"test": test_loader}
         rec = {"epoch": best["epoch"] if best else self.epoch, "selected_by": self.select_metric}
+        recorded = self.history.meta.get("test")
+        if not self._trained_now and recorded and recorded.get("epoch") == rec["epoch"]:
+            return recorded  # an already finished run: its test split was read once, when it finished
         for prefix, loader in loaders.items():
             rec.update(self.evaluate(loader, prefix))
         self.history.meta["test"] = rec

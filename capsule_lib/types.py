@@ -4,6 +4,7 @@ This module is at the bottom of the library: it imports nothing from ``capsule_l
 
 * :class:`RoutingTrace`: what every routing algorithm returns with ``return_routing=True``.
 * :class:`CapsuleOutput`: what every capsule classifier returns.
+* :class:`ImageContract`: what images a model reads (``model.input_contract``).
 * :data:`TRUNC_NORMAL_STD`: the standard deviation of a unit normal truncated to ``[-2, 2]`` (Keras'
   ``truncated_normal`` initialisers divide by it).
 """
@@ -15,7 +16,7 @@ from typing import Any, Literal
 
 import torch
 
-__all__ = ["RoutingTrace", "CapsuleOutput", "ScoreKind", "SCORE_KINDS", "TRUNC_NORMAL_STD"]
+__all__ = ["RoutingTrace", "CapsuleOutput", "ImageContract", "ScoreKind", "SCORE_KINDS", "TRUNC_NORMAL_STD"]
 
 #: Standard deviation of a standard normal truncated to [-2, 2] (Keras' ``VarianceScaling`` "truncated_normal").
 TRUNC_NORMAL_STD = 0.87962566103423978
@@ -122,3 +123,31 @@ class CapsuleOutput:
     def __post_init__(self) -> None:
         if self.kind not in SCORE_KINDS:
             raise ValueError(f"CapsuleOutput.kind must be one of {SCORE_KINDS}, got {self.kind!r}")
+
+
+@dataclass(frozen=True)
+class ImageContract:
+    """The images a model reads, declared once per model (its ``input_contract`` property) and checked in one place
+    (``capsule_lib._checks``: the shape by every ``forward``, the values by
+    :func:`~capsule_lib.evaluation.predict`).
+
+    Attributes
+    ----------
+    channels
+        image channels ``C``.
+    size
+        height and width (square images), or ``None`` for any size.
+    value_range
+        the range of the float pixel values, ``(0, 1)`` for every model trained on ``uint8 / 255``; ``None`` for
+        any finite values (standardised input). NaN and infinite pixels are always refused.
+    """
+
+    channels: int
+    size: int | None
+    value_range: tuple[float, float] | None = (0.0, 1.0)
+
+    @property
+    def spec(self) -> str:
+        """The shape in words, ``"[B, 1, 28, 28]"``, as errors quote it."""
+        s = self.size
+        return f"[B, {self.channels}, {s or 'H'}, {s or 'W'}]"

@@ -348,8 +348,9 @@ def test_gmr_method_auto_and_its_errors():
 
 
 def test_gmr_moments_path_never_forms_the_votes():
-    """The smallNORB model's first routing (W shared by all inputs): working memory of a forward + backward below
-    the size of the votes (which the votes path allocates several times over: about 17x more here)."""
+    """The smallNORB model's first routing (W shared by all inputs): working memory of a forward + backward about the
+    size of the float32 votes, though the moments path runs in float64 (#35; its ``[B, I, J]`` tensors take 8 bytes),
+    and far below the votes path's, which allocates the votes several times over (about 9x more here)."""
     from capsule_lib.cost import peak_memory
 
     m = GenerativeMatrixRouting(4, 4, 4, n_out=64)
@@ -362,7 +363,7 @@ def test_gmr_moments_path_never_forms_the_votes():
         return peak_memory(lambda: sum(o.sum() for o in m(a, mu)).backward(), torch.device("cpu"))
 
     moments, votes = step("moments"), step("votes")
-    assert moments < votes_bytes < 4 * votes_bytes < votes and votes > 10 * moments, (moments, votes)
+    assert moments < 1.5 * votes_bytes < 4 * votes_bytes < votes and votes > 5 * moments, (moments, votes)
 
 
 def test_gmr_moments_path_on_a_trained_network_in_float32():
@@ -799,7 +800,7 @@ def test_smallnorb_forward_96():
     assert out.scores.shape == (1, 5) and out.poses.shape == (1, 5, 16)
     assert out.extra["sigma2"].shape == (1, 5, 4, 4) and all_finite(out.scores, out.poses)
     assert out.trace is out.extra["traces"][1] and out.extra["traces"][0].coefficients[0].shape == (1, 5184, 64)
-    with pytest.raises(ValueError, match=r"images: expected shape \[B, 2, 96, 96\]"):
+    with pytest.raises(ValueError, match=r"^SmallNORBClassifier: images: expected shape \[B, 2, 96, 96\]"):
         m(torch.rand(1, 2, 64, 64))
 
 

@@ -32,12 +32,7 @@ from capsule_lib.routing.inverted import (
 matplotlib.use("Agg")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors (tests/conftest.py)
 
 
 def n_params(m: torch.nn.Module) -> int:
@@ -72,7 +67,7 @@ def test_input_normalisation_is_inside_the_model():
     x = torch.rand(2, 3, 32, 32)
     xn = (x - torch.tensor(CIFAR10_MEAN).view(1, 3, 1, 1)) / torch.tensor(CIFAR10_STD).view(1, 3, 1, 1)
     assert torch.allclose(a(x).scores, b(xn).scores, atol=1e-5)
-    assert a.input_range == (0.0, 1.0)
+    assert a.input_contract.value_range == (0.0, 1.0)
     with pytest.raises(ValueError, match="one value per input channel"):
         CapsModelConfig.cifar10_cpu(input_mean=(0.5, 0.5), input_std=(0.2, 0.2))
     with pytest.raises(ValueError, match="go together"):

@@ -20,7 +20,7 @@ import torch
 
 __all__ = [
     "ImageDataset", "DatasetUnavailableError", "get_dataset", "register_dataset", "available_datasets",
-    "data_root", "is_offline", "read_idx", "train_val_indices", "STANDINS",
+    "data_root", "is_offline", "read_idx", "train_val_indices", "STANDINS", "data_fingerprint", "check_labels",
 ]
 
 _REGISTRY: dict[str, Callable[..., "ImageDataset"]] = {}
@@ -81,6 +81,13 @@ class ImageDataset:
         return ImageDataset(self.name, self.split, self.images[index], self.labels[index], self.classes,
                             self.generated, self.description, extra, self.standin_for)
 
+    def fingerprint(self, samples: int = 256) -> str:
+        """A cheap content fingerprint (sha256, 16 hex digits) of this dataset: its size, image shape and dtype, every
+        label and ``samples`` images at evenly spaced indices. Two sets of the same name and size but other images
+        (another generator seed, altered files) differ; a run records it in its identity, so it never resumes onto
+        other data (:meth:`capsule_lib.training.Trainer.identity`)."""
+        return data_fingerprint(self.images, self.labels, samples)
+
     def float_images(self) -> torch.Tensor:
         return self.images.float() / 255.0 if self.images.dtype == torch.uint8 else self.images
 
@@ -88,6 +95,29 @@ class ImageDataset:
         """One line for chapter output: what data this is (loudly, when generated)."""
         kind = "GENERATED stand-in data" if self.generated else "real data"
         return f"[{kind}] {self.name}/{self.split}: {len(self)} images {tuple(self.images.shape[1:])}. {self.description}"
+
+
+def data_fingerprint(images: torch.Tensor, labels: torch.Tensor, samples: int = 256) -> str:
+    """:meth:`ImageDataset.fingerprint` for any ``images [N, ...]`` and ``labels [N, ...]``."""
+    import hashlib
+
+    n = images.shape[0]
+    h = hashlib.sha256(f"{tuple(images.shape)} {images.dtype} {tuple(labels.shape)}".encode())
+    h.update(labels.detach().cpu().contiguous().numpy().tobytes())
+    if n:
+        idx = torch.linspace(0, n - 1, min(samples, n)).round().long()
+        h.update(images[idx].detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def check_labels(labels: torch.Tensor, n_classes: int, name: str) -> None:
+    """One line when a label is outside ``0 .. n_classes - 1`` (a wrong dataset for the model, or corrupt labels)."""
+    if labels.numel() and labels.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        lo, hi = int(labels.min()), int(labels.max())
+        if lo < 0 or hi >= n_classes:
+            raise ValueError(
+                f"{name}: labels must be class indices 0..{n_classes - 1} for this model, got values in [{lo}, {hi}]"
+            )
 
 
 def register_dataset(name: str) -> Callable[[Callable[..., ImageDataset]], Callable[..., ImageDataset]]:

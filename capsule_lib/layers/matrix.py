@@ -91,7 +91,7 @@ class ConvCapsules(EMRoutingBase):
         return V, ac
 
     def forward(self, poses: torch.Tensor, acts: torch.Tensor, return_routing: bool = False):
-        check_module_input(poses, self, type(self).__name__, dtype=False)
+        check_module_input(poses, self, type(self).__name__)
         V, a = self.votes(poses, acts)  # [B, h, w, I, J, D], [B, h, w, I]
         out = self.route(V, a, return_routing)
         (mu, a_out), trace = out if return_routing else (out, None)

@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._checks import check_module_input, check_tensor
+from .._checks import check_model_input
+from ..types import ImageContract
 
 __all__ = ["BaselineCNNConfig", "BaselineCNN"]
 
@@ -34,9 +35,6 @@ class BaselineCNNConfig:
 class BaselineCNN(nn.Module):
     """``[B, C, H, W] -> logits [B, n_classes]``."""
 
-    #: Float images in [0, 1] are what this model reads (``predict`` converts uint8 and refuses other ranges).
-    input_range: tuple[float, float] | None = (0.0, 1.0)
-
     def __init__(self, config: BaselineCNNConfig | None = None, **overrides) -> None:
         super().__init__()
         cfg = config or BaselineCNNConfig()
@@ -53,15 +51,13 @@ class BaselineCNN(nn.Module):
         self.out = nn.Linear(cfg.hidden[1], cfg.n_classes)
         self.drop = nn.Dropout(cfg.dropout)
 
+    @property
+    def input_contract(self) -> ImageContract:
+        """Images ``[B, in_channels, image_size, image_size]`` in [0, 1] (``predict`` converts uint8)."""
+        return ImageContract(self.config.in_channels, self.config.image_size)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        check_module_input(x, self, type(self).__name__)
-        c = self.config
-        check_tensor(
-            x,
-            "x",
-            f"[B, {c.in_channels}, {c.image_size}, {c.image_size}]",
-            [None, c.in_channels, c.image_size, c.image_size],
-        )
+        check_model_input(x, self)
         h = F.max_pool2d(F.relu(self.conv1(x)), 2)  # [B, c1, H/2, W/2]
         h = F.max_pool2d(F.relu(self.conv2(h)), 2)  # [B, c2, H/4, W/4]
         h = F.relu(self.conv3(h)).flatten(1)  # [B, c3*H/4*W/4]

@@ -18,11 +18,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._checks import check_module_input, check_tensor
+from .._checks import check_images, check_model_input
 from ..functional import capsule_lengths
 from ..layers import FCDecoder, PrimaryCapsules, mask_capsules
 from ..routing.dynamic import DynamicRouting
-from ..types import CapsuleOutput
+from ..types import CapsuleOutput, ImageContract
 
 __all__ = ["CapsNetConfig", "CapsNet"]
 
@@ -69,9 +69,6 @@ class CapsNet(nn.Module):
     ``mask_k`` longest capsules.
     """
 
-    #: Float images in [0, 1] are what this model reads (``predict`` converts uint8 and refuses other ranges).
-    input_range: tuple[float, float] | None = (0.0, 1.0)
-
     def __init__(self, config: CapsNetConfig | None = None, **overrides) -> None:
         super().__init__()
         cfg = config or CapsNetConfig()
@@ -108,15 +105,14 @@ class CapsNet(nn.Module):
             else None
         )
 
+    @property
+    def input_contract(self) -> ImageContract:
+        """Images ``[B, in_channels, image_size, image_size]`` in [0, 1] (``predict`` converts uint8)."""
+        return ImageContract(self.config.in_channels, self.config.image_size)
+
     def primary_capsules(self, x: torch.Tensor) -> torch.Tensor:
         """``[B, C, H, W] -> [B, 1152, 8]`` (type-major order, see :class:`PrimaryCapsules`)."""
-        c = self.config
-        check_tensor(
-            x,
-            "x",
-            f"[B, {c.in_channels}, {c.image_size}, {c.image_size}]",
-            [None, c.in_channels, c.image_size, c.image_size],
-        )
+        check_images(x, self.input_contract)
         return self.primary(F.relu(self.conv1(x)))
 
     def reconstruct(self, poses: torch.Tensor, y: torch.Tensor | None = None, k: int | None = None) -> torch.Tensor:
@@ -126,7 +122,7 @@ class CapsNet(nn.Module):
         return self.decoder(mask_capsules(poses, y, k or self.config.mask_k))
 
     def forward(self, x: torch.Tensor, y: torch.Tensor | None = None, return_routing: bool = False) -> CapsuleOutput:
-        check_module_input(x, self, type(self).__name__)
+        check_model_input(x, self)
         u = self.primary_capsules(x)  # [B, 1152, 8]
         if return_routing:
             v, trace = self.digits(u, return_routing=True)  # [B, 10, 16]

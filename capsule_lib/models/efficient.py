@@ -53,11 +53,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._checks import check_module_input, check_tensor
+from .._checks import check_images, check_model_input, check_tensor
 from ..functional import capsule_lengths
 from ..layers import DepthwisePrimaryCapsules, FCDecoder, UpsampleConvDecoder, mask_capsules
 from ..routing.self_attention import SQUASH_EPS, SelfAttentionRouting, keras_fans, keras_he_normal_
-from ..types import TRUNC_NORMAL_STD, CapsuleOutput
+from ..types import TRUNC_NORMAL_STD, CapsuleOutput, ImageContract
 
 __all__ = ["EfficientCapsNetConfig", "EfficientCapsNet", "EFFICIENT_PRESETS"]
 
@@ -204,10 +204,11 @@ class EfficientCapsNet(nn.Module):
     """
 
     @property
-    def input_range(self) -> tuple[float, float] | None:
-        """Float images in [0, 1] for the MNIST presets (``predict`` converts uint8 and refuses other ranges),
-        ``None`` (standardised images) for the 2-channel smallNORB preset."""
-        return None if self.config.in_channels == 2 else (0.0, 1.0)
+    def input_contract(self) -> ImageContract:
+        """Images ``[B, in_channels, image_size, image_size]``: in [0, 1] for the MNIST presets (``predict``
+        converts uint8), any finite values (standardised images) for the 2-channel smallNORB preset."""
+        c = self.config
+        return ImageContract(c.in_channels, c.image_size, None if c.in_channels == 2 else (0.0, 1.0))
 
     def __init__(self, config: EfficientCapsNetConfig | None = None, **overrides) -> None:
         super().__init__()
@@ -310,13 +311,7 @@ class EfficientCapsNet(nn.Module):
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         """Backbone: ``[B, C, H, W] -> [B, 128, h, w]`` (9x9 for MNIST)."""
-        c = self.config
-        check_tensor(
-            x,
-            "x",
-            f"[B, {c.in_channels}, {c.image_size}, {c.image_size}]",
-            [None, c.in_channels, c.image_size, c.image_size],
-        )
+        check_images(x, self.input_contract)
         return self.backbone(x)
 
     def primary_capsules(self, x: torch.Tensor) -> torch.Tensor:
@@ -358,7 +353,7 @@ class EfficientCapsNet(nn.Module):
         return out.view(B, idx.shape[1], *out.shape[1:])
 
     def forward(self, x: torch.Tensor, y: torch.Tensor | None = None, return_routing: bool = False) -> CapsuleOutput:
-        check_module_input(x, self, type(self).__name__)
+        check_model_input(x, self)
         u = self.primary_capsules(x)  # [B, 16, 8]
         if return_routing:
             v, trace = self.digits(u, return_routing=True)  # [B, K, 16]

@@ -40,11 +40,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._checks import check_module_input, check_tensor
+from .._checks import check_model_input
 from ..layers import ClassCapsules, ConvCapsules, MatrixPrimaryCapsules
 from ..layers.matrix import grid_centers
 from ..routing.em import em_routing, inverse_temperature_schedule
-from ..types import CapsuleOutput
+from ..types import CapsuleOutput, ImageContract
 
 __all__ = ["EMCapsNetConfig", "EMCapsNet", "receptive_field_centers", "class_centers"]
 
@@ -207,7 +207,7 @@ class EMCapsNet(nn.Module):
     def class_inputs(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The class layer's children for images ``x``: ConvCaps2 poses ``[B, D, h, w, 16]`` and activations
         ``[B, D, h, w]`` (everything below the class capsules, run once)."""
-        self._check_input(x)
+        check_model_input(x, self)
         p0, a0 = self.primary_caps(self.stem(x))
         p1, a1 = self.conv_caps1(p0, a0)
         return self.conv_caps2(p1, a1)
@@ -240,18 +240,13 @@ class EMCapsNet(nn.Module):
             return_routing=True,
         )
 
-    def _check_input(self, x: torch.Tensor) -> None:
-        check_module_input(x, self, type(self).__name__)
-        c = self.config
-        check_tensor(
-            x,
-            "x",
-            f"[B, {c.in_channels}, {c.image_size}, {c.image_size}]",
-            [None, c.in_channels, c.image_size, c.image_size],
-        )
+    @property
+    def input_contract(self) -> ImageContract:
+        """Images ``[B, in_channels, image_size, image_size]`` in [0, 1] (``predict`` converts uint8)."""
+        return ImageContract(self.config.in_channels, self.config.image_size)
 
     def forward(self, x: torch.Tensor, return_routing: bool = False) -> CapsuleOutput:
-        self._check_input(x)
+        check_model_input(x, self)
         p0, a0 = self.primary_caps(self.stem(x))  # [B, B_, 14, 14, 16], [B, B_, 14, 14]
         traces = {}
         if return_routing:

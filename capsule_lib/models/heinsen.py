@@ -29,10 +29,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .._checks import check_module_input, check_tensor
+from .._checks import check_images, check_model_input, check_tensor
 from ..functional import add_coordinate_channels
 from ..routing.heinsen import GenerativeMatrixRouting
-from ..types import CapsuleOutput
+from ..types import CapsuleOutput, ImageContract
 
 __all__ = [
     "SmallNORBConfig",
@@ -129,11 +129,16 @@ class SmallNORBClassifier(nn.Module):
                 nn.init.kaiming_normal_(m.weight)
                 nn.init.zeros_(m.bias)
 
+    @property
+    def input_contract(self) -> ImageContract:
+        """Images ``[B, in_channels, image_size, image_size]`` (any size when ``image_size`` is ``None``) in [0, 1]
+        (``predict`` converts uint8)."""
+        return ImageContract(self.config.in_channels, self.config.image_size)
+
     def part_capsules(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``[B, 2, H, W]`` -> ``(a [B, n_parts * h * w], mu [B, n_parts * h * w, 4, 4])`` (part-major, then y, x)."""
         c = self.config
-        s = c.image_size
-        check_tensor(images, "images", f"[B, {c.in_channels}, {s or 'H'}, {s or 'W'}]", [None, c.in_channels, s, s])
+        check_images(images, self.input_contract, f"{type(self).__name__}: images")
         x = add_coordinate_channels(images) if c.coord_channels else images  # [B, 4, 96, 96]
         x = self.convolve(x)  # [B, 64, 9, 9]
         Bsz, _, h, w = x.shape
@@ -143,7 +148,7 @@ class SmallNORBClassifier(nn.Module):
         return a, mu
 
     def forward(self, images: torch.Tensor, return_routing: bool = False) -> CapsuleOutput:
-        check_module_input(images, self, type(self).__name__)
+        check_model_input(images, self, "images")
         a, mu = self.part_capsules(images)
         traces = []
         for routing in self.routings:

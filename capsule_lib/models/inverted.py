@@ -40,10 +40,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._checks import check_module_input, check_tensor
+from .._checks import check_images, check_model_input
 from ..layers import InvertedPrimaryCapsules
 from ..routing.inverted import EXPANSIONS, InvertedConvCapsules, InvertedFCCapsules
-from ..types import CapsuleOutput, RoutingTrace
+from ..types import CapsuleOutput, ImageContract, RoutingTrace
 
 __all__ = [
     "CapsLayerSpec",
@@ -149,13 +149,18 @@ def build_backbone(cfg) -> nn.Module:
 
 
 def _register_input_norm(module: nn.Module, cfg) -> None:
-    """Buffers ``input_mean`` / ``input_std`` ``[1, C, 1, 1]`` (or ``None``) and ``input_range = (0, 1)``."""
+    """Buffers ``input_mean`` / ``input_std`` ``[1, C, 1, 1]`` (or ``None``)."""
     if cfg.input_mean is None:
         module.input_mean = module.input_std = None
         return
     module.register_buffer("input_mean", torch.tensor(cfg.input_mean).view(1, -1, 1, 1), persistent=False)
     module.register_buffer("input_std", torch.tensor(cfg.input_std).view(1, -1, 1, 1), persistent=False)
-    module.input_range = (0.0, 1.0)  # predict() refuses already-normalised or 0-255 float input
+
+
+def _input_contract(cfg) -> ImageContract:
+    """Images in [0, 1] (normalised inside when the config has ``input_mean``: ``predict`` refuses already-normalised
+    or 0-255 float input)."""
+    return ImageContract(cfg.in_channels, cfg.image_size)
 
 
 def _normalise(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -347,15 +352,14 @@ class CapsModel(nn.Module):
     def class_capsules(self) -> InvertedFCCapsules:
         return self.capsule_layers[-1]
 
+    @property
+    def input_contract(self) -> ImageContract:
+        """Images ``[B, in_channels, image_size, image_size]`` in [0, 1] (see ``_input_contract``)."""
+        return _input_contract(self.config)
+
     def primary_capsules(self, x: torch.Tensor) -> torch.Tensor:
         """``[B, 3, 32, 32] -> [B, 32, 16, 16, d]`` (post-LayerNorm primary poses ``P_0``)."""
-        c = self.config
-        check_tensor(
-            x,
-            "x",
-            f"[B, {c.in_channels}, {c.image_size}, {c.image_size}]",
-            [None, c.in_channels, c.image_size, c.image_size],
-        )
+        check_images(x, self.input_contract)
         return self.primary(self.backbone(_normalise(self, x)))
 
     def route(
@@ -423,7 +427,7 @@ class CapsModel(nn.Module):
     ) -> CapsuleOutput:
         """``x [B, C, H, W]`` in [0, 1] (normalised inside when the config says so) -> :class:`CapsuleOutput`;
         ``iterations`` / ``sequential`` override the config for this call (see :meth:`route`)."""
-        check_module_input(x, self, type(self).__name__)
+        check_model_input(x, self)
         p0 = self.primary_capsules(x)  # [B, 32, 16, 16, d]
         seq = self.config.sequential_routing if sequential is None else bool(sequential)
         if return_routing:
@@ -477,14 +481,12 @@ class BackboneClassifier(nn.Module):
         self.head = nn.Linear(cfg.backbone_channels, cfg.n_classes)
         _register_input_norm(self, cfg)
 
+    @property
+    def input_contract(self) -> ImageContract:
+        """Images ``[B, in_channels, image_size, image_size]`` in [0, 1] (see ``_input_contract``)."""
+        return _input_contract(self.config)
+
     def forward(self, x: torch.Tensor) -> CapsuleOutput:
-        c = self.config
-        check_module_input(x, self, type(self).__name__)
-        check_tensor(
-            x,
-            "x",
-            f"[B, {c.in_channels}, {c.image_size}, {c.image_size}]",
-            [None, c.in_channels, c.image_size, c.image_size],
-        )
+        check_model_input(x, self)
         feats = self.backbone(_normalise(self, x)).mean(dim=(2, 3))  # [B, C]
         return CapsuleOutput(scores=self.head(feats), kind="logits", poses=None, reconstruction=None, trace=None)

@@ -32,11 +32,11 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from .._checks import check_module_input
+from .._checks import check_model_input
 from ..functional import capsule_lengths, squash_efficient, squash_hinton
 from ..routing.em import inverse_temperature_schedule
 from ..routing.kinds import DEFAULT_ITERATIONS, ROUTING_KINDS, build_routing
-from ..types import CapsuleOutput
+from ..types import CapsuleOutput, ImageContract
 
 __all__ = ["RoutingClassifierConfig", "RoutingClassifier"]
 
@@ -117,6 +117,11 @@ class RoutingClassifier(nn.Module):
         # heinsen_2022 and inverted output poses with no presence signal: one linear readout shared by the classes
         self.readout = nn.Linear(d, 1) if kind in ("heinsen_2022", "inverted") else None
 
+    @property
+    def input_contract(self) -> ImageContract:
+        """Images ``[B, in_channels, image_size, image_size]`` in [0, 1] (``predict`` converts uint8)."""
+        return ImageContract(self.config.in_channels, self.config.image_size)
+
     def primary_capsules(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``x [B, C, H, W] -> (poses [B, N, d], activation logits [B, N])``, capsule ``i = (t*g + y)*g + x``."""
         cfg = self.config
@@ -127,7 +132,7 @@ class RoutingClassifier(nn.Module):
         return h[..., :d], h[..., d]  # [B, N, d], [B, N]
 
     def forward(self, x: torch.Tensor, return_routing: bool = False, iterations: int | None = None) -> CapsuleOutput:
-        check_module_input(x, self, type(self).__name__)
+        check_model_input(x, self)
         kind = self.config.routing
         if iterations is not None and kind == "self_attention":
             raise ValueError("self_attention routing has no iterations to override")

@@ -29,14 +29,40 @@ def autocast_outputs(result: Any, device_type: str) -> Any:
     return cast(result)
 
 
-def fused_path_ok(*tensors: torch.Tensor) -> bool:
-    """Whether a routing layer's hand-written fused function computes exactly what its plain path would: every
-    tensor float32 or float64 and of one dtype, no autocast on their device (which would run the plain path's
-    products in half precision), and not being traced by ``torch.compile`` (which compiles the plain path)."""
-    dtype = tensors[0].dtype
-    return (
-        dtype in (torch.float32, torch.float64)
-        and all(t.dtype == dtype for t in tensors)
-        and not torch.is_autocast_enabled(tensors[0].device.type)
-        and not torch.compiler.is_compiling()
-    )
+#: Devices on which the hand-written fused and blocked kernels (``_CapsuleVotes``, ``_FusedRouting``,
+#: ``_EMRoutingFunction``, ``_AttendMatrix``, ``_FusedSelfAttention``, Heinsen's moments path) were measured faster
+#: than their plain paths (``benchmarks/bench.py``): the CPU only. They walk cache-sized blocks with many small
+#: operations, which on a GPU become as many kernel launches (the blocked EM routing: ~34,000 CUDA kernels per
+#: training step on an H200, 340 ms against 16 ms for the plain path), so on CUDA (and MPS) every routing takes its
+#: vectorised plain path, whose number of operations per iteration does not grow with the number of capsules.
+KERNEL_DEVICES: tuple[str, ...] = ("cpu",)
+
+
+def kernel_device(t: torch.Tensor) -> bool:
+    """Whether ``t``'s device is one where the fused kernels are used (:data:`KERNEL_DEVICES`)."""
+    return t.device.type in KERNEL_DEVICES
+
+
+def use_kernel(
+    *tensors: torch.Tensor,
+    trace: bool = False,
+    dtypes: tuple[torch.dtype, ...] | None = (torch.float32, torch.float64),
+    autocast: bool = False,
+) -> bool:
+    """The one rule by which a routing replaces its plain path with a hand-written kernel. A kernel is used only
+
+    * on a device of :data:`KERNEL_DEVICES` (the CPU; measured there, and slower on a GPU);
+    * without a trace (``return_routing=True``: the trace's tensors come from the plain path);
+    * not while ``torch.compile`` traces (it compiles the plain path and fuses it itself);
+    * with every tensor of one dtype in ``dtypes`` (``None``: any; the kernel upcasts itself);
+    * outside autocast on that device unless ``autocast`` (the kernel handles autocast itself); otherwise the plain
+      path's products would run in half precision and the kernel's not.
+
+    Each kernel is tested equal to its plain path in float64 (values and gradients, mixed-scale inputs:
+    ``tests/test_fused_kernels.py``)."""
+    t0 = tensors[0]
+    if trace or torch.compiler.is_compiling() or not kernel_device(t0):
+        return False
+    if not autocast and torch.is_autocast_enabled(t0.device.type):
+        return False
+    return dtypes is None or (t0.dtype in dtypes and all(t.dtype == t0.dtype for t in tensors))

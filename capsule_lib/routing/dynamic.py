@@ -41,10 +41,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .._checks import check_module_input, check_tensor
+from .._checks import check_module_input, check_nonempty, check_tensor
 from ..functional import squash
 from ..types import RoutingTrace
-from ._common import fused_path_ok
+from ._common import use_kernel
 
 __all__ = ["dynamic_routing", "DynamicRouting", "capsule_votes", "DYNAMIC_PRESETS"]
 
@@ -77,13 +77,13 @@ def capsule_votes(u: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """Votes ``u_hat_{j|i} = W_ij^T u_i``: ``u [B, n_inp, d_inp]``, ``W [n_inp, n_out, d_inp, d_out]``
     -> ``[B, n_inp, n_out, d_out]``.
 
-    For float32/float64 (no autocast, not under ``torch.compile``) the result is a ``[B, I, J, E]`` view of
+    On the CPU, for float32/float64 (no autocast, not under ``torch.compile``) the result is a ``[B, I, J, E]`` view of
     parent-major ``[B, J, I, E]`` memory, the layout :func:`dynamic_routing` routes in, so the routing needs no
     copy of the votes; it is formed block by block over the children, each block's product transposed while it is
     still in cache (``_CapsuleVotes``; its backward reads the votes' gradient the same way). Otherwise (and
     equal in value) a plain einsum."""
     shapes_match = u.dim() == 3 and weight.dim() == 4 and tuple(weight.shape[::2]) == tuple(u.shape[1:])
-    if shapes_match and fused_path_ok(u, weight):  # (mismatched shapes: the einsum says what does not match)
+    if shapes_match and use_kernel(u, weight):  # (mismatched shapes: the einsum says what does not match)
         return _CapsuleVotes.apply(u, weight)
     return torch.einsum("bid,ijde->bije", u, weight)  # [B, I, J, E]
 
@@ -278,8 +278,8 @@ def dynamic_routing(
     logits and agreements are computed in the votes' dtype (float32 for float16/bfloat16 votes). Internally the
     votes are laid out parent-major, ``[B, J, I, E]`` (one copy), so that both per-iteration contractions
     are contiguous batched matrix products; the trace's tensors are ``[B, I, J]`` views of that layout. When
-    gradients are needed (and no trace is asked for, and not under ``torch.compile``), the backward forms the
-    votes' gradient in one batched product (``_FusedRouting``); the values and gradients are the same.
+    gradients are needed on the CPU (and no trace is asked for, and not under ``torch.compile``), the backward
+    forms the votes' gradient in one batched product (``_FusedRouting``); the values and gradients are the same.
 
     Parameters
     ----------
@@ -303,6 +303,7 @@ def dynamic_routing(
         ``votes``.
     """
     check_tensor(votes, "votes", "[B, n_inp, n_out, d_out]", [None, None, None, None])
+    check_nonempty(votes, "votes", "[B, n_inp, n_out, d_out]")
     if iterations < 1:
         raise ValueError(f"iterations must be >= 1, got {iterations}")
     if coupling not in _COUPLING:
@@ -313,7 +314,7 @@ def dynamic_routing(
     if bias is not None:
         check_tensor(bias, "bias", f"[n_out={J}, d_out={E}]", [J, E])
     needs_grad = torch.is_grad_enabled() and (votes.requires_grad or (bias is not None and bias.requires_grad))
-    if needs_grad and not return_routing and not torch.compiler.is_compiling():
+    if needs_grad and use_kernel(votes, trace=return_routing, dtypes=None, autocast=True):
         return _FusedRouting.apply(votes, bias, iterations, leaky, coupling, squash_kind, detach)
     vj = votes.transpose(1, 2).contiguous()  # [B, J, I, E]
     v, st = _route(vj, iterations, bias, leaky, coupling, squash_kind, detach, return_routing)
@@ -379,11 +380,13 @@ class DynamicRouting(nn.Module):
 
     def votes(self, u: torch.Tensor) -> torch.Tensor:
         """``[B, n_inp, d_inp] -> [B, n_inp, n_out, d_out]``."""
-        check_tensor(u, "u", f"[B, n_inp={self.n_inp}, d_inp={self.d_inp}]", [None, self.n_inp, self.d_inp])
+        spec = f"[B, n_inp={self.n_inp}, d_inp={self.d_inp}]"
+        check_tensor(u, "u", spec, [None, self.n_inp, self.d_inp])
+        check_nonempty(u, "u", spec)
         return capsule_votes(u, self.weight)
 
     def forward(self, u: torch.Tensor, return_routing: bool = False):
-        check_module_input(u, self, type(self).__name__, dtype=False)
+        check_module_input(u, self, type(self).__name__)
         return dynamic_routing(
             self.votes(u),
             self.iterations,

@@ -71,6 +71,7 @@ from torch import nn
 
 from .._checks import check_module_input, check_tensor
 from ..types import RoutingTrace
+from ._common import use_kernel
 
 __all__ = [
     "check_activations",
@@ -236,13 +237,16 @@ def em_routing(
 
     Notes
     -----
-    Two implementations of the same arithmetic: without the trace, in eager mode, a custom autograd function
+    Two implementations of the same arithmetic: without the trace, in eager mode on the CPU
+    (``routing/_common.use_kernel``), a custom autograd function
     (``_EMRoutingFunction``) routes blocks of a few conv positions / samples at a time, so that the
     votes-sized temporaries ``(V - mu)^2`` stay in the CPU cache, and computes the gradients of all iterations
     with a hand-derived backward (it keeps only ``[.., n_out, n_inp]``- and ``[.., n_out, d]``-sized tensors
     per iteration, and recomputes ``V - mu``). With ``return_routing=True`` or under ``torch.compile`` the
     routing is written as plain differentiable tensor code (the trace tensors carry gradients; inductor fuses
-    it). Both give the same forward results and agree to rounding in the gradients (``tests/test_routing_em.py``).
+    it); on CUDA, where the blocked function would launch thousands of small kernels, the plain code runs too. Both
+    give the same forward results and agree to rounding in the gradients (``tests/test_routing_em.py``,
+    ``tests/test_fused_kernels.py``).
     The custom function is once differentiable: a double backward (``create_graph=True``) through it raises;
     route with ``return_routing=True`` for that.
     """
@@ -262,10 +266,10 @@ def em_routing(
         lead = V.shape[:-3]  # [B] or [B, h, w]: independent routings, flattened to N
         V, a = V.view(-1, J, I, D), a.reshape(-1, I)  # [N, J, I, D], [N, I]
         opts = (tuple(lams), normalize_over_outputs, scale, eps)
-        if return_routing or torch.compiler.is_compiling():
-            (mu, a_out), trace = _em_routing_autograd(V, a, bu, ba, *opts, return_routing)
-        else:
+        if use_kernel(V, trace=return_routing, dtypes=None, autocast=True):  # the blocked kernel (the CPU)
             (mu, a_out), trace = _EMRoutingFunction.apply(V, a, bu, ba, *opts), None
+        else:
+            (mu, a_out), trace = _em_routing_autograd(V, a, bu, ba, *opts, return_routing)
     mu, a_out = mu.view(*lead, J, D).to(votes.dtype), a_out.view(*lead, J).to(votes.dtype)
     if trace is None:
         return mu, a_out
@@ -399,10 +403,11 @@ class _EMRoutingFunction(torch.autograd.Function):
         g_maha   = -g_lp / 2 ;  g_logsig2 = sum_i g_maha + g_cost mass scale / 2           [N, J]
         g_sigma2 = g_logsig2 w - w^2 sum_i g_maha e^2                                    [N, J, D]
         g_mu     = g_mu_out - 2 g_sigma2 sum_i c e - 2 w sum_i g_maha e                   [N, J, D]
-                   (sum_i c e = mu eps / (mass + eps) exactly)
+                   (sum_i c e summed from the recomputed e, not taken as its exact value mu eps / (mass + eps))
         g_V     += c (g_mu + 2 g_sigma2 e) + g_maha 2 w e                                 [N, J, I, D]
-        g_c      = sum_d (g_sigma2 e^2 + g_mu V)                                          [N, J, I]
-        then through c = R'/(mass + eps), mass = sum_i R', (R' normalised over j), R' = R a
+        g_c      = sum_d (g_sigma2 e^2 + g_mu e)   (+ g_mu mu, constant over i: see below)  [N, J, I]
+        then through c = R'/(mass + eps), mass = sum_i R', (R' normalised over j), R' = R a; a term K
+        constant over i reaches R' only as K eps / (mass + eps)^2
     """
 
     @staticmethod
@@ -466,7 +471,7 @@ class _EMRoutingFunction(torch.autograd.Function):
             Vb, ab, gVb = V[blk], a[blk].unsqueeze(-2), g_V[blk]  # [n, J, I, D], [n, 1, I], [n, J, I, D]
             n = Vb.shape[0]
             eb, e2b = e[:n], e2[:n]  # [n, J, I, D]
-            ef, e2f, Vt = eb.view(n * J, I, D), e2b.view(n * J, I, D), Vb.view(n * J, I, D).transpose(1, 2)
+            ef, e2f = eb.view(n * J, I, D), e2b.view(n * J, I, D)
             g_aR = torch.zeros_like(saved[0][0])  # [n, J, I]  sum_t g_R' R  (-> g_a)
             g_R = None  # dL/dR_{t+1}
             for t in reversed(range(T)):
@@ -500,15 +505,21 @@ class _EMRoutingFunction(torch.autograd.Function):
                     sum_ge2 = torch.bmm(g_m, e2f).view(n, J, D)  # [n, J, D]  sum_i g_maha e^2
                     g_sigma2 = torch.addcmul(g_sigma2, sum_ge2, w.square(), value=-1.0)  # [n, J, D]
                     sum_ge = torch.bmm(g_m, ef).view(n, J, D)  # [n, J, D]  sum_i g_maha e
-                # g_mu = g_mu_out - 2 g_sigma2 sum_i c e - 2 w sum_i g_maha e, with sum_i c e = mu eps inv_m
-                g_mu = (g_sigma2 * mu) * ((-2.0 * eps) * inv_m).unsqueeze(-1)  # [n, J, D]
+                # g_mu = g_mu_out - 2 g_sigma2 sum_i c e - 2 w sum_i g_maha e. sum_i c e is mu eps / (mass + eps) in
+                # exact arithmetic, but it must be summed from the same rounded e as the g_V term c 2 g_sigma2 e below:
+                # the rounding of mu (|V| ulp, large next to e when the votes span many scales) then cancels.
+                sum_ce = torch.bmm(c.view(n * J, 1, I), ef).view(n, J, D)  # [n, J, D]  sum_i c e
+                g_mu = (-2.0 * g_sigma2) * sum_ce  # [n, J, D]
                 if g_R is None:
                     g_mu += g_mu_out[blk]
                 else:
                     g_mu.addcmul_(w, sum_ge, value=-2.0)
-                # g_c = sum_d (g_sigma2 e^2 + g_mu V)
+                # g_c = sum_d (g_sigma2 e^2 + g_mu V), taken centred: g_mu V = g_mu e + g_mu mu, whose constant part
+                # (over i) reaches R' only as g_mu mu eps / (mass + eps)^2 (the sum over i of g_c c cancels the rest;
+                # summing g_mu V would lose everything but |V| ulp when the votes are large next to their spread)
                 g_c = torch.bmm(g_sigma2.view(n * J, 1, D), e2f.transpose(1, 2))  # [nJ, 1, I]
-                g_c = g_c.baddbmm_(g_mu.view(n * J, 1, D), Vt).view(n, J, I)  # [n, J, I]
+                g_c = g_c.baddbmm_(g_mu.view(n * J, 1, D), ef.transpose(1, 2)).view(n, J, I)  # [n, J, I]
+                g_c_const = (g_mu * mu).sum(dim=-1)  # [n, J]
                 # g_V (+)= c (g_mu + 2 g_sigma2 e) + g_maha (2 w e)
                 torch.addcmul(g_mu.unsqueeze(-2), eb, (2.0 * g_sigma2).unsqueeze(-2), out=e2b)  # [n, J, I, D]
                 if t == T - 1:
@@ -519,6 +530,7 @@ class _EMRoutingFunction(torch.autograd.Function):
                     gVb.addcmul_(eb.mul_((2.0 * w).unsqueeze(-2)), g_maha.unsqueeze(-1))  # [n, J, I, D]
                 # ---- c = R' / (mass + eps), mass = sum_i R', R' = R a (normalised over j) ----
                 g_mass = torch.addcmul(g_mass, (g_c * c).sum(dim=-1), inv_m, value=-1.0)  # [n, J]
+                g_mass.addcmul_(g_c_const, inv_m.square(), value=eps)  # [n, J]
                 g_Rp = torch.addcmul(g_mass.unsqueeze(-1), g_c, inv_m.unsqueeze(-1))  # [n, J, I]
                 if normalize_over_outputs:
                     Rq = R * ab  # [n, J, I]
@@ -720,7 +732,7 @@ class EMRouting(EMRoutingBase):
         return matrix_votes(poses, self.weight)
 
     def forward(self, poses: torch.Tensor, a_in: torch.Tensor, return_routing: bool = False):
-        check_module_input(poses, self, type(self).__name__, dtype=False)
+        check_module_input(poses, self, type(self).__name__)
         return self.route(self.votes(poses), a_in, return_routing)
 
     def extra_repr(self) -> str:

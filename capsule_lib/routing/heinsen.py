@@ -44,7 +44,7 @@ from torch import nn
 
 from .._checks import check_module_input, check_tensor
 from ..types import RoutingTrace
-from ._common import autocast_outputs
+from ._common import autocast_outputs, kernel_device
 
 __all__ = [
     "generative_matrix_routing",
@@ -152,6 +152,7 @@ def _shared_weight_routing(
     iterations: int,
     p_model: str,
     eps: float,
+    acc: torch.dtype,
 ):
     """The 2019 loop when ``W``, ``B`` and the betas are shared by every input, without forming the votes.
 
@@ -165,17 +166,26 @@ def _shared_weight_routing(
     ``K_j = mu_out_j - B'_j``. So every sum over the inputs needs only the ``D_use``-weighted moments
     ``sum_i D_ij x_i`` and ``sum_i D_ij x_i[c] (x) x_i[c]``, and ``log p_ij`` is a quadratic form in
     ``(x_i, x_i (x) x_i)``: all are ``[..., I, 16 or 64] x [..., 16 or 64, J]`` matrix products. Same function
-    as the votes path (float64 agrees to ~1e-12); in float32 the expanded variance can lose digits when a
-    Gaussian is far tighter than the spread of the inputs around their mean, so it is clamped at 0 before
-    ``+ eps``.
+    as the votes path (float64 agrees to ~1e-12).
+
+    The expanded squares (``sigma2`` from the moments, the quadratic forms of ``log p``) cancel when a Gaussian is
+    far tighter than the spread of the inputs around their mean (inputs spanning many scales, a spike): in float32
+    that lost every digit of ``sigma2`` and ``log p`` (relative errors up to 1e4 on a 1e5 spike where the votes path
+    in float32 stays within 1e-2). :func:`generative_matrix_routing` therefore runs this function in float64
+    (``mu`` and the parameters upcast; ``acc`` is where the cancelling terms are formed, float64 too: keeping the
+    ``[..., I, J]`` shares in float32 saved 6 % of the smallNORB training step and lost the accuracy again). The
+    float64 loop costs the smallNORB model's CPU training step about 1.6x (156 -> 247 ms at batch 32, 2 cores), still
+    far below the votes path. The expanded variance is still clamped at 0 before ``+ eps``.
     """
     I, C, D = mu.shape[-3:]
     J = W.shape[0]
+    ct = mu.dtype
     f_sum = f_a_inp.sum(dim=-2)  # [..., 1]
     weights = (f_a_inp / (f_sum.unsqueeze(-1) + eps)).detach()  # [..., I, 1]  inputs with f = 0 do not count
     centre = torch.einsum("...i,...icd->...cd", weights.squeeze(-1), mu.detach()).unsqueeze(-3)  # [..., 1, C, D]
-    x = mu - centre  # [..., I, C, D]  (centred on the f-weighted mean; the result does not depend on it)
-    B_c = torch.matmul(centre, W) + B  # [..., J, C, E]  V_ij = x_i W_j + B_c_j
+    x = (mu - centre).to(acc)  # [..., I, C, D]  (centred on the f-weighted mean; the result does not depend on it)
+    Wa, Ba = W.to(acc), B.to(acc)  # [J, D, E], [J, C, E]
+    B_c = torch.matmul(centre.to(acc), Wa) + Ba  # [..., J, C, E]  V_ij = x_i W_j + B_c_j
     X = x.flatten(-2)  # [..., I, C*D]
     XX = (x.unsqueeze(-1) * x.unsqueeze(-2)).flatten(-3)  # [..., I, C*D*D]  x_i[c, d] x_i[c, f]
     a_out = mu_out = sigma2 = log_p = None
@@ -184,36 +194,36 @@ def _shared_weight_routing(
         if t == 0:
             R = mu.new_full((*mu.shape[:-3], I, J), 1.0 / J)  # [..., I, J]
         else:
-            R = torch.softmax(F.logsigmoid(a_out).unsqueeze(-2) + log_p, dim=-1)  # [..., I, J]
+            R = torch.softmax(F.logsigmoid(a_out.to(ct)).unsqueeze(-2) + log_p, dim=-1)  # [..., I, J]
 
         # D-step.
         D_use = f_a_inp * R  # [..., I, J]
         D_sum = D_use.sum(dim=-2)  # [..., J]  sum_i D_use_ij
 
-        # M-step from the weighted moments of the inputs.
+        # M-step from the weighted moments of the inputs (in acc).
         a_out = b_use * D_sum - b_ign * (f_sum - D_sum)  # [..., J]  (sum_i D_ign_ij = sum_i f_i - D_sum_j)
-        over = (1.0 / (D_sum + eps))[..., None, None]  # [..., J, 1, 1]
-        D_t = D_use.transpose(-1, -2)  # [..., J, I]
-        MW = torch.einsum("...jcd,jde->...jce", (D_t @ X).unflatten(-1, (C, D)), W)  # [..., J, C, E]  sum_i D x_i W
-        S = D_sum[..., None, None]  # [..., J, 1, 1]
+        D_t = D_use.transpose(-1, -2).to(acc)  # [..., J, I]
+        S = D_sum.to(acc)[..., None, None]  # [..., J, 1, 1]
+        over = 1.0 / (S + eps)  # [..., J, 1, 1]
+        MW = torch.einsum("...jcd,jde->...jce", (D_t @ X).unflatten(-1, (C, D)), Wa)  # [..., J, C, E]  sum_i D x_i W
         mu_out = (MW + B_c * S) * over  # [..., J, C, E]
         K = mu_out - B_c  # [..., J, C, E]  V_ij - mu_out_j = x_i W_j - K_j
         Q = (D_t @ XX).unflatten(-1, (C, D, D))  # [..., J, C, D, D]  sum_i D x_i[c] (x) x_i[c]
-        sum_sq = torch.einsum("...jcdf,jde,jfe->...jce", Q, W, W)  # [..., J, C, E]  sum_i D (x_i W_j)^2
+        sum_sq = torch.einsum("...jcdf,jde,jfe->...jce", Q, Wa, Wa)  # [..., J, C, E]  sum_i D (x_i W_j)^2
         sigma2 = (sum_sq - 2.0 * K * MW + K.square() * S).clamp_min(0.0) * over + eps  # [..., J, C, E]
 
         # Agreements for the next E-step: -sum_{c,e} lam_jce (x_i W_j - K_j)^2_ce as a quadratic form in x_i.
         if t < iterations - 1:
             lam = 0.5 / sigma2 if p_model == "gaussian" else torch.ones_like(sigma2)  # [..., J, C, E]
-            A = torch.einsum("jde,jfe,...jce->...jcdf", W, W, lam).flatten(-3)  # [..., J, C*D*D]
-            G = torch.einsum("jde,...jce->...jcd", W, K * lam).flatten(-2)  # [..., J, C*D]
+            A = torch.einsum("jde,jfe,...jce->...jcdf", Wa, Wa, lam).flatten(-3)  # [..., J, C*D*D]
+            G = torch.einsum("jde,...jce->...jcd", Wa, K * lam).flatten(-2)  # [..., J, C*D]
             const = (K.square() * lam).sum(dim=(-2, -1))  # [..., J]
             quad = XX @ A.transpose(-1, -2) - 2.0 * (X @ G.transpose(-1, -2)) + const.unsqueeze(-2)  # [..., I, J]
             if p_model == "gaussian":
-                log_p = -quad - 0.5 * torch.log(sigma2).sum(dim=(-2, -1)).unsqueeze(-2)  # [..., I, J]
+                log_p = (-quad - 0.5 * torch.log(sigma2).sum(dim=(-2, -1)).unsqueeze(-2)).to(ct)  # [..., I, J]
             else:
-                log_p = torch.log_softmax(-quad, dim=-1)  # [..., I, J]  soft k-means
-    return a_out, mu_out, sigma2
+                log_p = torch.log_softmax(-quad, dim=-1).to(ct)  # [..., I, J]  soft k-means
+    return a_out, mu_out.to(ct), sigma2.to(ct)
 
 
 def generative_matrix_routing(
@@ -264,8 +274,9 @@ def generative_matrix_routing(
     method
         ``"votes"`` forms the votes ``V [..., I, J, C, E]`` and runs the loop on them; ``"moments"`` (only when
         ``W``, ``B`` and the betas are shared by all inputs, first size 1, and without a trace) runs the same
-        loop on weighted moments of the inputs without forming the votes (much faster and smaller for many
-        inputs; see ``_shared_weight_routing``); ``"auto"`` (default) picks ``"moments"`` when it applies.
+        loop on weighted moments of the inputs, in float64, without forming the votes (much faster and smaller
+        for many inputs on the CPU; see ``_shared_weight_routing``); ``"auto"`` (default) picks ``"moments"`` when
+        it applies on the CPU, ``"votes"`` elsewhere.
     return_routing
         also return a :class:`RoutingTrace` (``algorithm="heinsen"``) holding, per iteration,
         ``coefficients`` R ``[..., I, J]`` (t = 0 is the uniform 1/J), ``agreements`` log p_ij ``[..., I, J]``
@@ -298,8 +309,8 @@ def generative_matrix_routing(
     ct = _compute_dtype(out_dtype)
     trace = RoutingTrace("heinsen") if return_routing else None
     shared = all(p.shape[0] == 1 for p in (W, B, beta_use, beta_ign))
-    if method == "auto":
-        method = "moments" if shared and trace is None else "votes"
+    if method == "auto":  # the moments path was measured faster on the CPU only (routing/_common.KERNEL_DEVICES)
+        method = "moments" if shared and trace is None and kernel_device(mu_inp) else "votes"
     elif method == "moments" and not (shared and trace is None):
         raise ValueError(
             "method='moments' needs W, B, beta_use and beta_ign shared by all inputs (first size 1) "
@@ -309,8 +320,10 @@ def generative_matrix_routing(
         mu = mu_inp.to(ct)
         f_a_inp = torch.sigmoid(a_inp.to(ct)).unsqueeze(-1)  # [..., I, 1]
         if method == "moments":
-            W0, B0, bu0, bi0 = (p[0].to(ct) for p in (W, B, beta_use, beta_ign))  # [J, D, E], [J, C, E], [J] x2
-            out = _shared_weight_routing(f_a_inp, mu, W0, B0, bu0, bi0, iterations, p_model, eps)
+            # the expanded squares in float64: they cancel when inputs span many scales (_shared_weight_routing)
+            acc = ct if mu.device.type == "mps" else torch.float64  # (MPS has no float64)
+            W0, B0, bu0, bi0 = (p[0].to(acc) for p in (W, B, beta_use, beta_ign))  # [J, D, E], [J, C, E], [J] x2
+            out = _shared_weight_routing(f_a_inp.to(acc), mu.to(acc), W0, B0, bu0, bi0, iterations, p_model, eps, acc)
             return tuple(o.to(out_dtype) for o in out)
         V = heinsen_votes(mu, W.to(ct), B.to(ct))  # [..., I, J, C, E]
         b_use = beta_use.to(ct).expand(I, J)  # [I, J]

@@ -48,7 +48,7 @@ from torch.autograd.function import once_differentiable
 
 from .._checks import check_module_input, check_tensor
 from ..types import RoutingTrace
-from ._common import autocast_outputs
+from ._common import autocast_outputs, use_kernel
 
 __all__ = [
     "fc_matrix_votes",
@@ -154,7 +154,6 @@ def _attend(votes: torch.Tensor, prev_pose: torch.Tensor):
 
 
 _BLOCK_BYTES = 1 << 20  # votes held at once by the fused update on CPU (1 MiB: stays in cache between passes)
-_BLOCK_BYTES_ACCELERATOR = 64 << 20  # on GPUs: fewer, larger blocks (kernel launches, not caches, set the cost)
 _BLOCK_CHILDREN = 16  # children per block (at least): long position runs make the per-child products larger
 
 
@@ -315,21 +314,21 @@ def _attend_matrix(P: torch.Tensor, W: torch.Tensor, Q: torch.Tensor, blocks: tu
 
     Notes
     -----
-    The votes are never materialised whole: ``_AttendMatrix`` forms them block by block, in the forward
-    and again in the backward. Under ``torch.compile`` the unfused autograd version is traced instead.
+    On the CPU the votes are never materialised whole: ``_AttendMatrix`` forms them block by block, in the forward
+    and again in the backward. On CUDA and under ``torch.compile`` the unfused autograd version runs instead
+    (``routing/_common.use_kernel``).
     """
     dtype = P.dtype
     dev = P.device.type
     if torch.is_autocast_enabled(dev) and dtype != torch.float64:
         dtype = torch.get_autocast_dtype(dev)  # what the votes' matmul would produce under autocast
     P, W, Q = P.to(dtype), W.to(dtype), Q.to(dtype)
-    if torch.compiler.is_compiling():
+    if not use_kernel(P, dtypes=None, autocast=True):  # CUDA, torch.compile: the plain, vectorised update
         return _attend_matrix_unfused(P, W, Q)
     I, p, s, _ = P.shape
     M = W.shape[-1]
     if blocks is None:
-        budget = _BLOCK_BYTES if dev == "cpu" else _BLOCK_BYTES_ACCELERATOR
-        blocks = _attend_blocks(I, p, M, s * s, P.element_size(), budget)
+        blocks = _attend_blocks(I, p, M, s * s, P.element_size())
     pc, ic = blocks
     return _AttendMatrix.apply(P, W, Q, pc, ic)
 
@@ -510,7 +509,7 @@ class InvertedFCCapsules(nn.Module):
         return fc_matrix_votes(P_in, self.weight)
 
     def forward(self, P_in: torch.Tensor, P_out_prev: torch.Tensor | None = None, return_routing: bool = False):
-        check_module_input(P_in, self, type(self).__name__, dtype=False)
+        check_module_input(P_in, self, type(self).__name__)
         return autocast_outputs(
             inverted_fc_update(
                 P_in,
@@ -581,7 +580,7 @@ class InvertedConvCapsules(nn.Module):
         return conv_matrix_votes(conv_windows(P_in, self.kernel_size, self.stride, self.expansion), self.weight)
 
     def forward(self, P_in: torch.Tensor, P_out_prev: torch.Tensor | None = None, return_routing: bool = False):
-        check_module_input(P_in, self, type(self).__name__, dtype=False)
+        check_module_input(P_in, self, type(self).__name__)
         return autocast_outputs(
             inverted_conv_update(
                 P_in,

@@ -21,7 +21,7 @@ The row sum is computed as ``<u_hat_{j,i}, sum_k u_hat_{j,k}>`` (``O(I D)`` per 
 self-consistent and the two paths can be compared.
 
 The layer (:class:`SelfAttentionRouting`) runs votes, routing and squash as one autograd function with a
-hand-written backward when it can (float32/float64, no autocast, no trace, not under ``torch.compile``): the
+hand-written backward when it can (on the CPU, float32/float64, no autocast, no trace, not under ``torch.compile``): the
 votes are laid out ``[I, D, J, B]`` so that every sum over ``D`` and over ``I`` is a sum over an outer axis
 (contiguous rows, vectorised) instead of over the 16-wide innermost axis, and the whole step is some 40
 small kernels instead of autograd's graph of about 70. The values and gradients are those of the plain path
@@ -43,7 +43,7 @@ from torch import nn
 from .._checks import check_module_input, check_tensor
 from ..functional import squash_efficient
 from ..types import TRUNC_NORMAL_STD, RoutingTrace
-from ._common import fused_path_ok
+from ._common import use_kernel
 
 __all__ = [
     "self_attention_routing",
@@ -276,8 +276,8 @@ class SelfAttentionRouting(nn.Module):
         return self_attention_votes(u, self.weight)
 
     def forward(self, u: torch.Tensor, return_routing: bool = False):
-        check_module_input(u, self, type(self).__name__, dtype=False)
-        if not return_routing and fused_path_ok(u, self.weight, self.log_prior):
+        check_module_input(u, self, type(self).__name__)
+        if use_kernel(u, self.weight, self.log_prior, trace=return_routing):
             self._check_input(u)
             return _FusedSelfAttention.apply(u, self.weight, self.log_prior, self.eps)
         return self_attention_routing(self.votes(u), self.prior(), eps=self.eps, return_routing=return_routing)

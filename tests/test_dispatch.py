@@ -1,0 +1,112 @@
+"""Where the hand-written kernels run (#36): one rule, ``routing/_common.use_kernel``, picks them on the CPU only;
+on CUDA every routing takes its plain, vectorised path. Tested without a GPU by taking the CPU off
+``KERNEL_DEVICES``, which makes the CPU run exactly the code a CUDA tensor runs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import capsule_lib.routing._common as common
+from capsule_lib.layers import ConvCapsules
+from capsule_lib.routing import dynamic, em, inverted, self_attention
+from capsule_lib.routing.heinsen import generative_matrix_routing
+
+#: the plain EM ConvCapsules forward + backward below issues 367 top-level operators (torch 2.14, CPU) whatever the
+#: batch and grid; the bound leaves room for other torch versions. The blocked CPU kernel issues ~3,700 at batch 8
+#: on a 14 x 14 grid and ~14,000 at batch 32 (one set per cache-sized block): on a GPU each is a kernel launch.
+EM_OPS_BOUND = 450
+
+
+@pytest.fixture
+def cuda_rule(monkeypatch):
+    """Run the routings as they run on CUDA: no device takes the kernels."""
+    monkeypatch.setattr(common, "KERNEL_DEVICES", ())
+
+
+def test_kernels_are_chosen_for_the_cpu_only():
+    assert common.KERNEL_DEVICES == ("cpu",)
+    x = torch.zeros(2, 3)
+    assert common.use_kernel(x) and common.kernel_device(x)
+    assert not common.use_kernel(torch.zeros(2, 3, device="meta"))  # any other device: the plain path
+    assert not common.use_kernel(x, trace=True)
+    assert not common.use_kernel(x.half()) and common.use_kernel(x.half(), dtypes=None)
+    assert not common.use_kernel(x, x.double())  # mixed dtypes
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not common.use_kernel(x) and common.use_kernel(x, autocast=True)
+
+
+def _forbid(monkeypatch, cls):
+    def refuse(*a, **k):
+        raise AssertionError(f"{cls.__name__} ran on the CUDA path")
+
+    monkeypatch.setattr(cls, "apply", refuse)
+
+
+def test_no_fused_kernel_runs_on_the_cuda_path(cuda_rule, monkeypatch):
+    """Every kernel class refuses to run; every routing still computes forward and backward (its plain path)."""
+    for cls in (
+        dynamic._CapsuleVotes,
+        dynamic._FusedRouting,
+        em._EMRoutingFunction,
+        inverted._AttendMatrix,
+        self_attention._FusedSelfAttention,
+    ):
+        _forbid(monkeypatch, cls)
+    u = torch.rand(2, 12, 8, requires_grad=True)
+    dynamic.DynamicRouting(12, 4, 8, 16)(u).sum().backward()
+    self_attention.SelfAttentionRouting(12, 4, 8, 16)(u).sum().backward()
+    mu, a = em.EMRouting(12, 4)(torch.rand(2, 12, 16, requires_grad=True), torch.rand(2, 12))
+    (mu.sum() + a.sum()).backward()
+    layer = inverted.InvertedConvCapsules(4, 4, 16, kernel_size=3)
+    layer(torch.rand(2, 4, 5, 5, 16, requires_grad=True)).sum().backward()
+    shared = [torch.rand(1, 3, 4, 4), torch.rand(1, 3, 4, 4), torch.rand(1, 3), torch.rand(1, 3)]
+    calls = []
+    real = generative_matrix_routing.__globals__["_shared_weight_routing"]
+    monkeypatch.setitem(
+        generative_matrix_routing.__globals__, "_shared_weight_routing", lambda *a: calls.append(1) or real(*a)
+    )
+    generative_matrix_routing(torch.rand(2, 9), torch.rand(2, 9, 4, 4), *shared)
+    assert calls == []  # Heinsen's moments path is CPU-only too: the votes path ran
+
+
+def test_the_kernels_run_on_the_cpu(monkeypatch):
+    """The converse: on the CPU the same calls take the kernels (the rule is not vacuous)."""
+    seen = []
+    for cls in (
+        dynamic._CapsuleVotes,
+        dynamic._FusedRouting,
+        em._EMRoutingFunction,
+        self_attention._FusedSelfAttention,
+    ):
+        real = cls.apply
+        monkeypatch.setattr(cls, "apply", lambda *a, _c=cls, _r=real: seen.append(_c.__name__) or _r(*a))
+    u = torch.rand(2, 12, 8, requires_grad=True)
+    dynamic.DynamicRouting(12, 4, 8, 16)(u).sum().backward()
+    self_attention.SelfAttentionRouting(12, 4, 8, 16)(u).sum().backward()
+    em.EMRouting(12, 4)(torch.rand(2, 12, 16), torch.rand(2, 12))
+    assert sorted(set(seen)) == ["_CapsuleVotes", "_EMRoutingFunction", "_FusedRouting", "_FusedSelfAttention"]
+
+
+def _top_level_ops(batch: int, grid: int) -> int:
+    """Top-level ``aten::`` operators (not called by another one) of one EM ConvCapsules forward + backward."""
+    torch.manual_seed(0)
+    layer = ConvCapsules(8, 8, 3, 2)
+    poses, acts = torch.randn(batch, 8, grid, grid, 16, requires_grad=True), torch.rand(batch, 8, grid, grid)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        mu, a = layer(poses, acts)
+        (mu.sum() + a.sum()).backward()
+    ops = [e for e in prof.events() if e.name.startswith("aten::")]
+    return sum(1 for e in ops if e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"))
+
+
+@pytest.mark.slow
+def test_em_operator_count_on_the_cuda_path_is_bounded_and_does_not_grow(monkeypatch):
+    """On the CUDA path one EM ConvCapsules step issues a fixed number of operators (each a kernel launch on a GPU),
+    whatever the batch and grid, below EM_OPS_BOUND; the CPU kernel's count grows with its blocks."""
+    monkeypatch.setattr(common, "KERNEL_DEVICES", ())
+    small, large = _top_level_ops(2, 7), _top_level_ops(32, 14)
+    assert small == large <= EM_OPS_BOUND, (small, large)
+    monkeypatch.setattr(common, "KERNEL_DEVICES", ("cpu",))
+    assert _top_level_ops(32, 14) > 10 * EM_OPS_BOUND  # what the bound guards against
