@@ -1,6 +1,7 @@
 # Capsule Networks, an interactive book. Two commands (see README.md):
 #   make book   create .venv if needed and build the HTML book into _build/html
-#   make test   unit tests, nbval, papermill, strict book build (.ci/make_test.sh)
+#   make test   lint, unit tests, every chapter on both data paths, strict book build (.ci/make_test.sh)
+#   make check  the inner loop (about 2-5 minutes): lint, the fast unit tests, one chapter in smoke mode
 SHELL := /bin/bash
 .DEFAULT_GOAL := book
 
@@ -15,7 +16,10 @@ endif
 export CAPSULE_DATA
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: venv book test screenshots clean
+.PHONY: venv book test check screenshots clean
+
+JOBS    ?= $(shell nproc)
+CHAPTER ?= book/primer.ipynb
 
 ## venv: create .venv and install requirements.txt + capsule_lib (editable); redone when they change
 venv: $(STAMP)
@@ -39,6 +43,14 @@ book: $(STAMP)
 ## test: pytest tests, nbval, papermill, book build with -W (see .ci/make_test.sh)
 test: $(STAMP)
 	@bash .ci/make_test.sh
+
+## check: lint, the unit tests not marked slow (JOBS workers), CHAPTER (default: the primer) under nbval in smoke mode
+check: $(STAMP)
+	@t0=$$(date +%s); \
+	ruff check . && ruff format --check . && \
+	python -m pytest -q -n $(JOBS) --dist loadfile -m "not slow" tests && \
+	CAPSULE_SMOKE=1 python -m pytest -q --nbval-lax -p no:cacheprovider $(CHAPTER) && \
+	echo "make check: passed in $$(( $$(date +%s) - t0 )) s"
 
 ## screenshots: full-page screenshots of the built pages into _build/screenshots (headless chromium)
 screenshots: $(STAMP)

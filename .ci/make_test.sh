@@ -1,30 +1,35 @@
 #!/usr/bin/env bash
-# `make test`: the project's whole check, in five steps (see book/appendix/building.md).
+# `make test`: the project's whole check, in four steps (see book/appendix/building.md).
 #
-#   0. lint                  ruff check . && ruff format --check .   (configured in pyproject.toml)
-#   1. unit tests            pytest tests
-#   2. notebooks, nbval      CAPSULE_SMOKE=1 pytest --nbval-lax book/
-#   3. notebooks, papermill  papermill <chapter> _build/papermill/<chapter> -p SMOKE True, with an empty
-#                            data root and CAPSULE_OFFLINE=1 (the offline path, generated stand-ins)
-#   4. book build            jupyter-book build . --all -W -n --keep-going (chapters executed, TRAIN off;
-#                            book/_tools/build_report.py fails it if a notebook raised;
-#                            book/_ext/offline_book.py fails it if a page would fetch from the network), then
-#                            book/_tools/screenshots.py opens every page in Chromium (no request may leave the
-#                            machine, math typeset, images/widgets rendered; screenshots in _build/screenshots)
+#   0. lint          ruff check . && ruff format --check .   (configured in pyproject.toml)
+#   1. unit tests    pytest -n JOBS --dist loadfile tests   (pytest-xdist: one worker per core, each test file on one
+#                    worker; each worker runs torch with one intra-op thread, see tests/conftest.py)
+#   2. notebooks     book/_tools/execute.py: every chapter executed once per data path, JOBS at a time:
+#                    (a) as the book shows it (TRAIN off) on the data under CAPSULE_DATA, stored in the book's
+#                    execution cache for step 3; (b) under papermill with -p SMOKE True, an empty data root and
+#                    CAPSULE_OFFLINE=1 (the offline path: generated stand-ins; executed copies in _build/papermill/)
+#   3. book build    jupyter-book build . --all -W -n --keep-going, on step 2's executions (a chapter is executed
+#                    again only if it failed there; book/_tools/build_report.py fails the step if a notebook raised,
+#                    book/_ext/offline_book.py if a page would fetch from the network), then book/_tools/screenshots.py
+#                    opens every page in Chromium (no request may leave the machine, math typeset, images/widgets
+#                    rendered; screenshots in _build/screenshots)
 #
 # Every step runs even if an earlier one failed, so one run shows every problem; the exit status is non-zero
-# if any step failed. Logs go to _build/test-logs/. The last line printed is the unit tests' pytest summary
-# line (step 1), so CI parsers read the unit-test counts last.
+# if any step failed. Logs go to _build/test-logs/; the step and notebook times to _build/test-logs/ci_times.json
+# (benchmarks/ci_times.py adds a clean-clone run's to benchmarks/results/ci_times.json). The last line printed is
+# the unit tests' pytest summary line (step 1), so CI parsers read the unit-test counts last.
 #
 # Environment (exported by the Makefile): CAPSULE_DATA (data root). If it holds no MNIST, CAPSULE_OFFLINE=1
-# is set here so every chapter runs on generated stand-ins (and says so).
+# is set here so every chapter runs on generated stand-ins (and says so). JOBS: parallel jobs (default: the CPUs).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 BIN="$ROOT/.venv/bin"
 export PATH="$BIN:$PATH"
 LOGS="$ROOT/_build/test-logs"
-mkdir -p "$LOGS" "$ROOT/_build/papermill"
+mkdir -p "$LOGS"
+JOBS="${JOBS:-$(nproc)}"
+T_START=$SECONDS
 
 : "${CAPSULE_DATA:=$ROOT/data}"
 export CAPSULE_DATA
@@ -46,8 +51,6 @@ if ! command -v chromium >/dev/null 2>&1; then
     fi
 fi
 
-mapfile -t NOTEBOOKS < <(find book -name '*.ipynb' -not -path '*/.ipynb_checkpoints/*' | sort)
-
 declare -a NAMES=() RCS=() SECS=()
 run_step() {  # run_step <name> <log> <command...>
     local name=$1 log=$2; shift 2
@@ -60,30 +63,9 @@ run_step() {  # run_step <name> <log> <command...>
     return 0
 }
 
-papermill_all() {
-    # The offline path, on every run: an empty data root and CAPSULE_OFFLINE=1, so every chapter runs on the
-    # generated stand-ins (nbval, step 2, runs them on the data under CAPSULE_DATA).
-    local rc=0 nb out empty
-    empty=$(mktemp -d)
-    export CAPSULE_DATA="$empty" CAPSULE_OFFLINE=1
-    echo "papermill: offline path: CAPSULE_DATA=$empty (empty), CAPSULE_OFFLINE=1"
-    for nb in "${NOTEBOOKS[@]}"; do
-        out="_build/papermill/${nb#book/}"
-        mkdir -p "$(dirname "$out")"
-        echo "papermill $nb -> $out"
-        if ! papermill "$nb" "$out" -p SMOKE True --cwd "$(dirname "$nb")" --kernel python3 \
-                --no-progress-bar --execution-timeout 900 --log-level WARNING; then
-            echo "papermill: FAILED $nb"
-            rc=1
-        fi
-    done
-    echo "papermill: ${#NOTEBOOKS[@]} notebook(s), $([ $rc = 0 ] && echo 'all executed' || echo 'some FAILED')"
-    return $rc
-}
-
 build_book() {
-    # --all: a fresh Sphinx environment, so every page is re-read and every warning reported again;
-    # executed notebooks still come from the (guarded) jupyter-cache.
+    # --all: a fresh Sphinx environment, so every page is re-read and every warning reported again; the executed
+    # notebooks come from the (guarded) jupyter-cache that step 2 filled.
     python book/_tools/cache_guard.py && python book/_tools/build_report.py --clean || return 1
     local rc=0
     jupyter-book build . --all -W -n --keep-going || rc=1
@@ -100,22 +82,33 @@ build_book() {
 lint() { ruff check . && ruff format --check .; }
 
 run_step "0 lint (ruff check, ruff format --check)" "$LOGS/0-lint.log" lint
-run_step "1 unit tests (pytest tests)" "$LOGS/1-pytest.log" python -m pytest tests
-run_step "2 nbval (CAPSULE_SMOKE=1)" "$LOGS/2-nbval.log" \
-    env CAPSULE_SMOKE=1 python -m pytest --nbval-lax --nbval-cell-timeout=900 -p no:cacheprovider "${NOTEBOOKS[@]}"
-run_step "3 papermill (-p SMOKE True, offline)" "$LOGS/3-papermill.log" papermill_all
-run_step "4 book build (--all -W -n --keep-going)" "$LOGS/4-book.log" build_book
+run_step "1 unit tests (pytest -n $JOBS)" "$LOGS/1-pytest.log" python -m pytest -n "$JOBS" --dist loadfile tests
+run_step "2 notebooks (book + offline paths)" "$LOGS/2-notebooks.log" \
+    python book/_tools/execute.py --jobs "$JOBS" --times "$LOGS/notebook_times.json"
+run_step "3 book build (--all -W -n --keep-going)" "$LOGS/3-book.log" build_book
+TOTAL=$((SECONDS - T_START))
 
 echo
 echo "================================ make test: summary ================================"
 failed=0
+steps_json=""
 for i in "${!NAMES[@]}"; do
     status=ok; [ "${RCS[$i]}" = 0 ] || { status="FAILED (exit ${RCS[$i]})"; failed=1; }
     printf '  %-40s %5ss  %s\n' "${NAMES[$i]}" "${SECS[$i]}" "$status"
+    steps_json+="${steps_json:+, }\"${NAMES[$i]}\": ${SECS[$i]}"
 done
-echo "  logs: $LOGS/"
-[ $failed = 0 ] && echo "make test: all steps passed" || echo "make test: FAILED"
+printf '  %-40s %5ss\n' "total" "$TOTAL"
 summary=$(grep -E '^=+ .*(passed|failed|error|skipped|no tests ran|deselected).* in [0-9.]+s.* =+$' "$LOGS/1-pytest.log" | tail -n 1)
+python - "$LOGS" "$TOTAL" "$failed" "$summary" "{${steps_json}}" <<'PY' || true
+import json, sys, pathlib
+logs, total, failed, summary, steps = pathlib.Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3] != "0", sys.argv[4], json.loads(sys.argv[5])
+nb = logs / "notebook_times.json"
+out = {"steps_s": steps, "total_s": total, "passed": not failed, "unit_tests": summary.strip("= ")}
+out["notebooks_s"] = json.loads(nb.read_text()) if nb.exists() else {}
+(logs / "ci_times.json").write_text(json.dumps(out, indent=1) + "\n")
+PY
+echo "  logs: $LOGS/ (times: $LOGS/ci_times.json)"
+[ $failed = 0 ] && echo "make test: all steps passed" || echo "make test: FAILED"
 if [ -n "$summary" ]; then
     echo "$summary"
 else

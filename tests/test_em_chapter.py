@@ -18,13 +18,7 @@ from capsule_lib.models.em_capsnet import EMCapsNet, EMCapsNetConfig, class_cent
 from capsule_lib.routing.em import EMRouting, compare_with_naive, em_routing, em_routing_naive
 from capsule_lib.training import SpreadObjective, StepOutput, TensorLoader, Trainer
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors (tests/conftest.py)
 
 
 def _tiny(**kw):

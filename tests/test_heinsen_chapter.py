@@ -12,13 +12,7 @@ import torch
 from capsule_lib.models.heinsen import SequenceClassifierHead, SmallNORBClassifier
 from capsule_lib.pretrained import load_heinsen_2019
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors (tests/conftest.py)
 
 
 def _bn(prefix: str, c: int, g: torch.Generator) -> dict[str, torch.Tensor]:

@@ -27,13 +27,7 @@ from capsule_lib.routing.self_attention import SelfAttentionRouting
 PRESETS = ["mnist", "multimnist", "smallnorb"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one intra-op thread avoids oversubscription on small shared CPUs (restored after)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors (tests/conftest.py)
 
 
 def _model(name="mnist", seed=0, **kw):

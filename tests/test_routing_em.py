@@ -14,14 +14,7 @@ from capsule_lib.losses import spread_loss
 from capsule_lib.models.em_capsnet import EMCapsNet, EMCapsNetConfig, receptive_field_centers
 from capsule_lib.routing.em import EMRouting, em_routing, inverse_temperature_schedule, matrix_votes
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one intra-op thread is faster and does not fight other jobs for the cores."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors (tests/conftest.py)
 
 
 def _tiny_cfg(**kw):

@@ -13,14 +13,7 @@ from capsule_lib.routing.self_attention import (
     self_attention_votes,
 )
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one intra-op thread avoids oversubscription on small shared CPUs (restored after)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors (tests/conftest.py)
 
 
 def _layer(n_inp=16, n_out=10, d_inp=8, d_out=16, seed=0, prior_std=0.0, dtype=torch.float32):
