@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 from datetime import datetime, timezone
@@ -23,25 +22,24 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 RECORD = HERE / "results" / "ci_times.json"
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+sys.path.insert(0, str(HERE.parent))
 
 
 def machine() -> dict[str, object]:
+    """The CPU (``capsule_lib.cost.machine_info``), its cores and whether it has AVX-512 and native bf16."""
+    from capsule_lib.cost import machine_info
+
     flags = ""
     try:
         flags = next(ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags"))
     except (OSError, StopIteration):
         pass
-    return {"cpu": cpu_model(), "cores": os.cpu_count(), "avx512": "avx512f" in flags, "bf16": "avx512_bf16" in flags}
+    return {
+        "cpu": machine_info("cpu")["device_name"],
+        "cores": os.cpu_count(),
+        "avx512": "avx512f" in flags,
+        "bf16": "avx512_bf16" in flags or "amx_bf16" in flags,
+    }
 
 
 def commit(repo: Path) -> str:

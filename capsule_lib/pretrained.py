@@ -276,6 +276,7 @@ def export_run(
         "efficient": "efficient_capsnet",
         "baseline_cnn": "baseline_cnn",
         "efficient_multimnist": "efficient_capsnet",
+        "capsnet_multimnist": "capsnet",
         "em_norb": "em_capsnet",
         "baseline_cnn_norb": "baseline_cnn",
         "heinsen_norb": "heinsen_smallnorb",

@@ -12,6 +12,7 @@ name                               recipe
 ``baseline_cnn``                   :class:`BaselineCNNRecipe` (the CNN baseline on CapsNet's budget)
 ``efficient``                      :class:`EfficientCapsNetRecipe` (Mazzia et al. 2021, MNIST)
 ``efficient_multimnist``           :class:`EfficientMultiMNISTRecipe` (Mazzia et al. 2021, MultiMNIST pairs)
+``capsnet_multimnist``             :class:`CapsNetMultiMNISTRecipe` (Sabour et al. 2017, MultiMNIST pairs)
 ``em_norb``                        :class:`EMNorbRecipe` (Hinton et al. 2018, smallNORB novel-viewpoint protocol)
 ``baseline_cnn_norb``              :class:`NorbCNNRecipe` (a CNN of EM's size, same protocol, data and budget)
 ``heinsen_norb``                   :class:`HeinsenNorbRecipe` (Heinsen 2019, same protocol, 48 x 48 full views)
@@ -65,7 +66,9 @@ __all__ = [
     "CapsNetRecipe",
     "BaselineCNNRecipe",
     "EfficientCapsNetRecipe",
+    "MultiMNISTRecipe",
     "EfficientMultiMNISTRecipe",
+    "CapsNetMultiMNISTRecipe",
     "MultiMNISTLoader",
     "ViewpointRecipe",
     "EMNorbRecipe",
@@ -448,36 +451,20 @@ class MultiMNISTLoader:
 
 
 @dataclass
-class EfficientMultiMNISTRecipe(Recipe):
-    """Efficient-CapsNet on MultiMNIST (Mazzia et al. 2021, Efficient-CapsNet variant of the pairs: 36x36,
-    shifts up to +-6 px, partners of a different class). Margin loss on the two-hot target + 0.196 x MSE of
-    each digit decoded separately; Adam, lr x ``lr_decay`` per epoch. Pairs are regenerated every epoch
-    from the training split of ``dataset``; validation pairs come from the validation split (fixed), and
-    the test pairs from the test split. The official run trains 10 x 60,000 pairs per epoch for many epochs.
-    The history's accuracy is "both digits right"."""
+class MultiMNISTRecipe(Recipe):
+    """What the MultiMNIST recipes share: pairs of digits of different classes from the splits of ``dataset``,
+    ``variant`` ``"sabour"`` (36x36, shifts up to +-4 px) or ``"efficient"`` (+-6 px), regenerated every epoch
+    for training (``pairs_per_epoch``; the official streams are endless), fixed for validation (from the
+    validation split) and test (from the test split). Batches ``(merged, labels [B, 2], source_a, source_b)``
+    for :class:`~capsule_lib.training.MultiDigitObjective`: margin loss on the two-hot target plus
+    ``recon_weight`` x the reconstruction error of each digit decoded alone. The history's accuracy is "both
+    digits right" (Sabour et al.'s metric)."""
 
-    name: ClassVar[str] = "efficient_multimnist"
-
-    epochs: int = 10
     batch_size: int = 64
     pairs_per_epoch: int = 60000
-    lr_decay: float = 0.95
-    lr_min: float = 5e-5
-    adam_eps: float = 1e-7
-    recon_weight: float = 0.196
     variant: str = "efficient"
     val_pairs: int = 5000
     test_pairs: int = 10000
-    model: EfficientCapsNetConfig = field(default_factory=EfficientCapsNetConfig.multimnist)
-
-    def build_model(self) -> nn.Module:
-        return EfficientCapsNet(self.model)
-
-    def build_objective(self) -> Any:
-        return MultiDigitObjective(self.recon_weight)
-
-    def lr_factor(self, step: int) -> float:
-        return _epoch_decay(self, step)
 
     def loaders(
         self,
@@ -519,8 +506,70 @@ class EfficientMultiMNISTRecipe(Recipe):
     def check_data(self, model: nn.Module, loaders: Loaders) -> None:
         return None  # pairs are built at the model's size
 
+
+@dataclass
+class EfficientMultiMNISTRecipe(MultiMNISTRecipe):
+    """Efficient-CapsNet on MultiMNIST (Mazzia et al. 2021, Efficient-CapsNet variant of the pairs: 36x36,
+    shifts up to +-6 px, partners of a different class). Margin loss on the two-hot target + 0.196 x MSE of
+    each digit decoded separately; Adam, lr x ``lr_decay`` per epoch. The official run trains 10 x 60,000 pairs
+    per epoch for many epochs."""
+
+    name: ClassVar[str] = "efficient_multimnist"
+
+    epochs: int = 10
+    lr_decay: float = 0.95
+    lr_min: float = 5e-5
+    adam_eps: float = 1e-7
+    recon_weight: float = 0.196
+    model: EfficientCapsNetConfig = field(default_factory=EfficientCapsNetConfig.multimnist)
+
+    def build_model(self) -> nn.Module:
+        return EfficientCapsNet(self.model)
+
+    def build_objective(self) -> Any:
+        return MultiDigitObjective(self.recon_weight)
+
+    def lr_factor(self, step: int) -> float:
+        return _epoch_decay(self, step)
+
     def describe(self, model: nn.Module) -> dict[str, Any]:
         return {**_efficient_describe(model), "accuracy": "both digits among the two longest capsules"}
+
+
+def _capsnet_multimnist_config() -> CapsNetConfig:
+    return CapsNetConfig(image_size=36, mask_k=2)
+
+
+@dataclass
+class CapsNetMultiMNISTRecipe(MultiMNISTRecipe):
+    """Sabour et al. (2017) CapsNet on MultiMNIST: the MNIST network at 36x36 (primary grid 10x10, 3,200 primary
+    capsules), Sabour's pairs (shifts up to +-4 px), margin loss on the two-hot target + 0.0005 x the summed
+    squared error of each digit decoded alone from its capsule (the paper's segmentation), Adam lr 1e-3 x0.96
+    every 2,000 steps as for MNIST. The paper trains on 60 million generated pairs; ``pairs_per_epoch`` x
+    ``epochs`` sets how many this run sees (a GPU recipe)."""
+
+    name: ClassVar[str] = "capsnet_multimnist"
+    scheduler_step: ClassVar[str] = "batch"
+
+    epochs: int = 50
+    batch_size: int = 128
+    variant: str = "sabour"
+    lr_decay: float = 0.96
+    lr_decay_steps: int = 2000
+    recon_weight: float = 0.0005
+    model: CapsNetConfig = field(default_factory=_capsnet_multimnist_config)
+
+    def build_model(self) -> nn.Module:
+        return CapsNet(self.model)
+
+    def build_objective(self) -> Any:
+        return MultiDigitObjective(self.recon_weight, recon_reduction="sum")
+
+    def lr_factor(self, step: int) -> float:
+        return self.lr_decay ** (step / self.lr_decay_steps)
+
+    def describe(self, model: nn.Module) -> dict[str, Any]:
+        return {"parameters": sum(p.numel() for p in model.parameters()), "accuracy": "both digits right"}
 
 
 @dataclass
@@ -982,6 +1031,7 @@ RECIPES: dict[str, type[Recipe]] = {
         BaselineCNNRecipe,
         EfficientCapsNetRecipe,
         EfficientMultiMNISTRecipe,
+        CapsNetMultiMNISTRecipe,
         EMNorbRecipe,
         NorbCNNRecipe,
         HeinsenNorbRecipe,

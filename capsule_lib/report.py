@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["markdown_table", "show_table", "pct"]
+__all__ = ["markdown_table", "show_table", "pct", "duration", "budget_rows", "show_budgets", "BUDGET_HEADERS"]
 
 
 def pct(x: float | None, digits: int = 2) -> str:
@@ -29,3 +29,41 @@ def show_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]):
     from IPython.display import Markdown
 
     return Markdown(markdown_table(headers, rows))
+
+
+def duration(seconds: float) -> str:
+    """``324 -> "5.4 min"``, ``15840 -> "4.4 h"``."""
+    return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+BUDGET_HEADERS = ("checkpoint", "hardware", "epochs run (selected)", "wall time", "validation", "test")
+
+
+def budget_rows(names: Sequence[str]) -> list[list[str]]:
+    """What each shipped checkpoint's training budget bought, one row per name, read from the registry: the
+    hardware, the epochs run (fractional when a time budget stopped the run inside an epoch) and the one selected
+    on validation, the training wall time, and the validation and test accuracy of the shipped weights (columns
+    :data:`BUDGET_HEADERS`)."""
+    from .pretrained import registry
+
+    reg, rows = registry(), []
+    for name in names:
+        e = reg[name]
+        t, m = e["training"], e["metrics"]
+        epochs = f"{t['epochs']:.2f}".rstrip("0").rstrip(".")
+        rows.append(
+            [
+                f"`{name}`",
+                t["hardware"],
+                f"{epochs} ({m['selected_epoch']})",
+                duration(t["wall_time_s"]),
+                pct(m.get("val_acc")),
+                pct(m.get("test_acc")),
+            ]
+        )
+    return rows
+
+
+def show_budgets(names: Sequence[str]):
+    """:func:`budget_rows` as a table in a notebook."""
+    return show_table(BUDGET_HEADERS, budget_rows(names))

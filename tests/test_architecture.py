@@ -245,6 +245,7 @@ def test_make_recipe_applies_overrides_and_names_unknown_fields():
         "baseline_cnn",
         "efficient",
         "efficient_multimnist",
+        "capsnet_multimnist",
         "em_norb",
         "baseline_cnn_norb",
         "heinsen_norb",

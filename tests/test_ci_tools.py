@@ -122,3 +122,26 @@ def test_gpu_check_runs_on_the_cpu_quick(tmp_path):
     assert set(data["agreement"]) == set(ROUTING_KINDS)
     for kind, row in data["agreement"].items():  # float32 against float64 on the CPU
         assert row["tolerance_met"] is not None and row["tolerance_met"] <= 1e-3, (kind, row)
+
+
+def test_the_appendix_gpu_epoch_times_come_from_the_shipped_histories():
+    """The running appendix quotes the H200 epoch times of the GPU-trained checkpoints: they must be the medians of
+    the epoch times their shipped histories record."""
+    import re
+    import statistics
+
+    from capsule_lib.pretrained import load_pretrained_history
+
+    text = (REPO / "book" / "appendix" / "running.md").read_text()
+    quoted = re.search(
+        r"([\d.]+) s for CapsNet at batch (\d+) and ([\d.]+) s for\s+Efficient-CapsNet at batch (\d+)", text
+    )
+    assert quoted, "the appendix no longer quotes the GPU epoch times"
+    for name, seconds, batch in (
+        ("capsnet_mnist_gpu", quoted[1], quoted[2]),
+        ("efficient_capsnet_mnist_gpu", quoted[3], quoted[4]),
+    ):
+        h = load_pretrained_history(name)
+        times = [r["epoch_time"] for r in h.records if not r.get("partial")]
+        assert f"{statistics.median(times):.1f}" == seconds and h.meta["config"]["batch_size"] == int(batch), name
+        assert h.meta["hardware"] == "NVIDIA H200"

@@ -110,3 +110,23 @@ def test_em_operator_count_on_the_cuda_path_is_bounded_and_does_not_grow(monkeyp
     assert small == large <= EM_OPS_BOUND, (small, large)
     monkeypatch.setattr(common, "KERNEL_DEVICES", ("cpu",))
     assert _top_level_ops(32, 14) > 10 * EM_OPS_BOUND  # what the bound guards against
+
+
+@pytest.mark.slow
+def test_a_recipe_can_compile_its_training_step(tmp_path, monkeypatch):
+    """``train(compile=...)`` / ``--compile reduce-overhead`` (CUDA graphs on a GPU) for launch-bound models: the
+    training step runs compiled, evaluation and the checkpoint use the plain model, and an unknown mode is refused
+    before any data is read."""
+    from capsule_lib.models import EfficientCapsNetConfig
+    from capsule_lib.train import train
+
+    monkeypatch.setenv("CAPSULE_OFFLINE", "1")
+    tiny = EfficientCapsNetConfig.mnist()
+    run = dict(epochs=1, train_subset=64, eval_subset=32, batch_size=16, device="cpu", augment=False, model=tiny)
+    model, trainer = train("efficient", compile="default", data_root=str(tmp_path), progress=False, test=False, **run)
+    assert type(trainer.net).__name__ == "OptimizedModule" and trainer.net._orig_mod is model
+    assert trainer.history.records[-1]["train_loss"] == trainer.history.records[-1]["train_loss"]  # finite, not NaN
+    assert not any(k.startswith("_orig_mod") for k in model.state_dict())
+    assert trainer.history.meta["compile"] == "default"
+    with pytest.raises(ValueError, match=r"compile must be one of \(None, 'default', 'reduce-overhead'"):
+        train("efficient", compile="fast", data_root=str(tmp_path), **run)

@@ -59,3 +59,21 @@ def test_show_table_returns_markdown():
     assert isinstance(md, Markdown)
     assert md.data == "| k | v |\n|---|---|\n| acc | 50.00 % |"
     assert md._repr_markdown_() == md.data
+
+
+def test_budget_rows_are_the_registry_records():
+    """The chapters' "what each budget bought" tables (#36): every number is the registry's."""
+    from capsule_lib.pretrained import registry
+    from capsule_lib.report import BUDGET_HEADERS, budget_rows, duration, pct
+
+    names = ["capsnet_mnist_gpu", "capsnet_mnist", "efficient_capsnet_mnist_gpu", "efficient_capsnet_mnist"]
+    rows = budget_rows(names)
+    assert len(BUDGET_HEADERS) == len(rows[0]) and [r[0] for r in rows] == [f"`{n}`" for n in names]
+    for name, row in zip(names, rows):
+        e = registry()[name]
+        t, m = e["training"], e["metrics"]
+        assert row[1] == t["hardware"] and row[3] == duration(t["wall_time_s"])
+        assert row[2].endswith(f"({m['selected_epoch']})") and float(row[2].split()[0]) == round(t["epochs"], 2)
+        assert row[4] == pct(m["val_acc"]) and row[5] == pct(m["test_acc"])
+    assert rows[0][1] == "NVIDIA H200" and rows[0][5] == "99.62 %" and rows[2][5] == "99.54 %"
+    assert duration(324.2) == "5.4 min" and duration(15840) == "4.4 h"

@@ -48,7 +48,7 @@ class CapsNetConfig:
     init_std: float = 0.01
     decoder: bool = True
     decoder_hidden: tuple[int, ...] = (512, 1024)
-    mask_k: int = 1  # capsules kept for reconstruction at test time (2 for MultiMNIST)
+    mask_k: int = 1  # capsules kept for reconstruction (2 for MultiMNIST: each is also decoded alone)
     primary_conv: str = "standard"  # "bf16_gemm": faster CPU training of the primary-capsule conv (bf16 numerics)
 
     @property
@@ -121,6 +121,15 @@ class CapsNet(nn.Module):
             raise ValueError("this CapsNet was built with decoder=False")
         return self.decoder(mask_capsules(poses, y, k or self.config.mask_k))
 
+    def reconstruct_each(self, poses: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
+        """Decode each selected capsule on its own (Sabour et al.'s MultiMNIST segmentation): ``[B, K, D] ->
+        [B, k, C, H, W]``, for ``y`` labels ``[B, k]`` (``[B]``: k = 1) or, without ``y``, the ``mask_k`` longest
+        capsules, longest first."""
+        if y is None:
+            y = capsule_lengths(poses).topk(self.config.mask_k, dim=1).indices  # [B, k]
+        y = y.view(-1, 1) if y.dim() == 1 else y  # [B, k]
+        return torch.stack([self.reconstruct(poses, y[:, j]) for j in range(y.shape[1])], dim=1)
+
     def forward(self, x: torch.Tensor, y: torch.Tensor | None = None, return_routing: bool = False) -> CapsuleOutput:
         check_model_input(x, self)
         u = self.primary_capsules(x)  # [B, 1152, 8]
@@ -129,5 +138,9 @@ class CapsNet(nn.Module):
         else:
             v, trace = self.digits(u), None
         lengths = capsule_lengths(v)  # [B, 10]
-        recon = self.reconstruct(v, y) if self.decoder is not None else None
-        return CapsuleOutput(lengths, "lengths", v, recon, trace)
+        recon, extra = None, {}
+        if self.decoder is not None:
+            recon = self.reconstruct(v, y)
+            if self.config.mask_k > 1:  # MultiMNIST: each kept capsule decoded alone (MultiDigitObjective)
+                extra["reconstructions"] = self.reconstruct_each(v, y)  # [B, k, C, H, W]
+        return CapsuleOutput(lengths, "lengths", v, recon, trace, extra)
