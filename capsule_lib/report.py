@@ -32,10 +32,12 @@ def show_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]):
 
 
 def duration(seconds: float) -> str:
-    """``324 -> "5.4 min"``, ``15840 -> "4.4 h"``."""
-    return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+    """``324 -> "5.4 min"``, ``15840 -> "4.4 h"`` (a non-breaking space before the unit: table cells do not wrap
+    inside it)."""
+    return f"{seconds / 60:.1f}\u00a0min" if seconds < 7200 else f"{seconds / 3600:.1f}\u00a0h"
 
 
+#: the columns of :func:`budget_rows`
 BUDGET_HEADERS = ("checkpoint", "hardware", "epochs run (selected)", "wall time", "validation", "test")
 
 
@@ -43,7 +45,7 @@ def budget_rows(names: Sequence[str]) -> list[list[str]]:
     """What each shipped checkpoint's training budget bought, one row per name, read from the registry: the
     hardware, the epochs run (fractional when a time budget stopped the run inside an epoch) and the one selected
     on validation, the training wall time, and the validation and test accuracy of the shipped weights (columns
-    :data:`BUDGET_HEADERS`)."""
+    ``BUDGET_HEADERS``)."""
     from .pretrained import registry
 
     reg, rows = registry(), []
@@ -57,8 +59,8 @@ def budget_rows(names: Sequence[str]) -> list[list[str]]:
                 t["hardware"],
                 f"{epochs} ({m['selected_epoch']})",
                 duration(t["wall_time_s"]),
-                pct(m.get("val_acc")),
-                pct(m.get("test_acc")),
+                pct(m.get("val_acc")).replace(" ", "\u00a0"),
+                pct(m.get("test_acc")).replace(" ", "\u00a0"),
             ]
         )
     return rows

@@ -110,3 +110,22 @@ def test_shipped_histories_record_recipe_changes_where_the_lr_shows_them():
                 assert rec["lr"] == pytest.approx(want, rel=1e-4), (name, rec["epoch"], change["from_epoch"])
             checked += 1
     assert checked >= 1
+
+
+@pytest.mark.slow
+@pytest.mark.realdata
+@pytest.mark.parametrize("name", ["capsnet_mnist_gpu", "efficient_capsnet_mnist_gpu"])
+def test_gpu_trained_checkpoints_reevaluate_to_their_registry_figures(name, real_data):
+    """The checkpoints trained on an H200 (#36), evaluated here on the real MNIST test set, make exactly the number of
+    errors their registry entries record (99.62 % and 99.54 %), and their entries keep the GPU run's history."""
+    from capsule_lib.data import get_dataset
+    from capsule_lib.evaluation import predict
+
+    model, entry = load_pretrained(name)
+    test = get_dataset("mnist", real_data, "test", standin=False)
+    errors = int((predict(model, test.images, batch_size=500)["scores"].argmax(1) != test.labels).sum())
+    assert errors == entry["metrics"]["test_errors"] and len(test) == entry["metrics"]["test_size"] == 10_000
+    assert entry["training"]["hardware"] == "NVIDIA H200"
+    history = load_pretrained_history(name)
+    assert history.meta["test"]["test_acc"] == pytest.approx(entry["metrics"]["test_acc"], abs=1e-6)
+    assert history.best("val_acc")["epoch"] == entry["metrics"]["selected_epoch"]

@@ -74,6 +74,7 @@ def test_budget_rows_are_the_registry_records():
         t, m = e["training"], e["metrics"]
         assert row[1] == t["hardware"] and row[3] == duration(t["wall_time_s"])
         assert row[2].endswith(f"({m['selected_epoch']})") and float(row[2].split()[0]) == round(t["epochs"], 2)
-        assert row[4] == pct(m["val_acc"]) and row[5] == pct(m["test_acc"])
-    assert rows[0][1] == "NVIDIA H200" and rows[0][5] == "99.62 %" and rows[2][5] == "99.54 %"
-    assert duration(324.2) == "5.4 min" and duration(15840) == "4.4 h"
+        nb = "\u00a0"  # no line break inside a number and its unit
+        assert row[4] == pct(m["val_acc"]).replace(" ", nb) and row[5] == pct(m["test_acc"]).replace(" ", nb)
+    assert rows[0][1] == "NVIDIA H200" and rows[0][5] == "99.62\u00a0%" and rows[2][5] == "99.54\u00a0%"
+    assert duration(324.2) == "5.4\u00a0min" and duration(15840) == "4.4\u00a0h"

@@ -171,11 +171,14 @@ def _shared_weight_routing(
     The expanded squares (``sigma2`` from the moments, the quadratic forms of ``log p``) cancel when a Gaussian is
     far tighter than the spread of the inputs around their mean (inputs spanning many scales, a spike): in float32
     that lost every digit of ``sigma2`` and ``log p`` (relative errors up to 1e4 on a 1e5 spike where the votes path
-    in float32 stays within 1e-2). :func:`generative_matrix_routing` therefore runs this function in float64
-    (``mu`` and the parameters upcast; ``acc`` is where the cancelling terms are formed, float64 too: keeping the
-    ``[..., I, J]`` shares in float32 saved 6 % of the smallNORB training step and lost the accuracy again). The
-    float64 loop costs the smallNORB model's CPU training step about 1.6x (156 -> 247 ms at batch 32, 2 cores), still
-    far below the votes path. The expanded variance is still clamped at 0 before ``+ eps``.
+    in float32 stays within 1e-2), and the ratio of the expanded terms to what they leave reached 1e5-1e6 on the
+    shipped smallNORB network's own inputs. :func:`generative_matrix_routing` therefore runs this function in
+    float64 (``mu`` and the parameters upcast; ``acc`` is where the cancelling terms are formed; keeping the
+    ``[..., I, J]`` shares in float32 saved 6 % and lost the accuracy again). That costs the CPU training step of
+    the smallNORB network 1.6x at the book's 48 x 48 (156 -> 247 ms, batch 32, 2 cores) and about 3x at the paper's
+    96 x 96 (``benchmarks/bench.py`` case ``model_heinsen_smallnorb``: about 0.55 -> 1.6-2.0 s at batch 20), still
+    7.5x faster than the author's code there (``benchmarks/README.md``). The expanded variance is still clamped at 0
+    before ``+ eps``.
     """
     I, C, D = mu.shape[-3:]
     J = W.shape[0]
