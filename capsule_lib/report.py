@@ -38,14 +38,14 @@ def duration(seconds: float) -> str:
 
 
 #: the columns of :func:`budget_rows`
-BUDGET_HEADERS = ("checkpoint", "hardware", "epochs run (selected)", "wall time", "validation", "test")
+BUDGET_HEADERS = ("checkpoint", "hardware", "epochs (best)", "time", "val.", "test")  # short: six fit the page
 
 
 def budget_rows(names: Sequence[str]) -> list[list[str]]:
     """What each shipped checkpoint's training budget bought, one row per name, read from the registry: the
-    hardware, the epochs run (fractional when a time budget stopped the run inside an epoch) and the one selected
-    on validation, the training wall time, and the validation and test accuracy of the shipped weights (columns
-    ``BUDGET_HEADERS``)."""
+    hardware, the epochs run (fractional when a time budget stopped the run inside an epoch) and, in brackets, the
+    one selected on validation, the training wall time, and the validation and test accuracy of the shipped weights
+    (columns ``BUDGET_HEADERS``)."""
     from .pretrained import registry
 
     reg, rows = registry(), []
