@@ -44,6 +44,7 @@ PAPERMILL_OUT = BUILD / "papermill"
 TIMES = REPO / "benchmarks" / "results" / "ci_times.json"
 TIMEOUT_S = 900  # per cell, as execute.timeout in _config.yml and the papermill step
 PATHS = ("book", "offline")
+sys.path.insert(0, str(Path(__file__).parent))  # build_report, cache_guard: the book build's own tools
 
 
 @dataclass
@@ -113,7 +114,6 @@ def _run_offline(job: Job, threads: int, log: Path, empty_root: Path) -> None:
 
 
 def _summary(text: str) -> str:
-    sys.path.insert(0, str(Path(__file__).parent))
     from build_report import summarize  # the book build's report format
 
     return summarize(text)
@@ -160,7 +160,6 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--jobs must be >= 1, got {a.jobs}")
     notebooks = [n.resolve() for n in a.notebooks] or chapters()
     if "book" in paths:
-        sys.path.insert(0, str(Path(__file__).parent))
         import cache_guard
 
         cache_guard.main([])

@@ -152,7 +152,6 @@ def _shared_weight_routing(
     iterations: int,
     p_model: str,
     eps: float,
-    acc: torch.dtype,
 ):
     """The 2019 loop when ``W``, ``B`` and the betas are shared by every input, without forming the votes.
 
@@ -173,8 +172,8 @@ def _shared_weight_routing(
     that lost every digit of ``sigma2`` and ``log p`` (relative errors up to 1e4 on a 1e5 spike where the votes path
     in float32 stays within 1e-2), and the ratio of the expanded terms to what they leave reached 1e5-1e6 on the
     shipped smallNORB network's own inputs. :func:`generative_matrix_routing` therefore runs this function in
-    float64 (``mu`` and the parameters upcast; ``acc`` is where the cancelling terms are formed; keeping the
-    ``[..., I, J]`` shares in float32 saved 6 % and lost the accuracy again). That costs the CPU training step of
+    float64 (``mu`` and the parameters upcast; keeping the ``[..., I, J]`` shares in float32 saved 6 % and lost the
+    accuracy again). That costs the CPU training step of
     the smallNORB network 1.6x at the book's 48 x 48 (156 -> 247 ms, batch 32, 2 cores) and about 3x at the paper's
     96 x 96 (``benchmarks/bench.py`` case ``model_heinsen_smallnorb``: about 0.55 -> 1.6-2.0 s at batch 20), still
     7.5x faster than the author's code there (``benchmarks/README.md``). The expanded variance is still clamped at 0
@@ -182,13 +181,11 @@ def _shared_weight_routing(
     """
     I, C, D = mu.shape[-3:]
     J = W.shape[0]
-    ct = mu.dtype
     f_sum = f_a_inp.sum(dim=-2)  # [..., 1]
     weights = (f_a_inp / (f_sum.unsqueeze(-1) + eps)).detach()  # [..., I, 1]  inputs with f = 0 do not count
     centre = torch.einsum("...i,...icd->...cd", weights.squeeze(-1), mu.detach()).unsqueeze(-3)  # [..., 1, C, D]
-    x = (mu - centre).to(acc)  # [..., I, C, D]  (centred on the f-weighted mean; the result does not depend on it)
-    Wa, Ba = W.to(acc), B.to(acc)  # [J, D, E], [J, C, E]
-    B_c = torch.matmul(centre.to(acc), Wa) + Ba  # [..., J, C, E]  V_ij = x_i W_j + B_c_j
+    x = mu - centre  # [..., I, C, D]  (centred on the f-weighted mean; the result does not depend on it)
+    B_c = torch.matmul(centre, W) + B  # [..., J, C, E]  V_ij = x_i W_j + B_c_j
     X = x.flatten(-2)  # [..., I, C*D]
     XX = (x.unsqueeze(-1) * x.unsqueeze(-2)).flatten(-3)  # [..., I, C*D*D]  x_i[c, d] x_i[c, f]
     a_out = mu_out = sigma2 = log_p = None
@@ -197,36 +194,36 @@ def _shared_weight_routing(
         if t == 0:
             R = mu.new_full((*mu.shape[:-3], I, J), 1.0 / J)  # [..., I, J]
         else:
-            R = torch.softmax(F.logsigmoid(a_out.to(ct)).unsqueeze(-2) + log_p, dim=-1)  # [..., I, J]
+            R = torch.softmax(F.logsigmoid(a_out).unsqueeze(-2) + log_p, dim=-1)  # [..., I, J]
 
         # D-step.
         D_use = f_a_inp * R  # [..., I, J]
         D_sum = D_use.sum(dim=-2)  # [..., J]  sum_i D_use_ij
 
-        # M-step from the weighted moments of the inputs (in acc).
+        # M-step from the weighted moments of the inputs.
         a_out = b_use * D_sum - b_ign * (f_sum - D_sum)  # [..., J]  (sum_i D_ign_ij = sum_i f_i - D_sum_j)
-        D_t = D_use.transpose(-1, -2).to(acc)  # [..., J, I]
-        S = D_sum.to(acc)[..., None, None]  # [..., J, 1, 1]
+        D_t = D_use.transpose(-1, -2)  # [..., J, I]
+        S = D_sum[..., None, None]  # [..., J, 1, 1]
         over = 1.0 / (S + eps)  # [..., J, 1, 1]
-        MW = torch.einsum("...jcd,jde->...jce", (D_t @ X).unflatten(-1, (C, D)), Wa)  # [..., J, C, E]  sum_i D x_i W
+        MW = torch.einsum("...jcd,jde->...jce", (D_t @ X).unflatten(-1, (C, D)), W)  # [..., J, C, E]  sum_i D x_i W
         mu_out = (MW + B_c * S) * over  # [..., J, C, E]
         K = mu_out - B_c  # [..., J, C, E]  V_ij - mu_out_j = x_i W_j - K_j
         Q = (D_t @ XX).unflatten(-1, (C, D, D))  # [..., J, C, D, D]  sum_i D x_i[c] (x) x_i[c]
-        sum_sq = torch.einsum("...jcdf,jde,jfe->...jce", Q, Wa, Wa)  # [..., J, C, E]  sum_i D (x_i W_j)^2
+        sum_sq = torch.einsum("...jcdf,jde,jfe->...jce", Q, W, W)  # [..., J, C, E]  sum_i D (x_i W_j)^2
         sigma2 = (sum_sq - 2.0 * K * MW + K.square() * S).clamp_min(0.0) * over + eps  # [..., J, C, E]
 
         # Agreements for the next E-step: -sum_{c,e} lam_jce (x_i W_j - K_j)^2_ce as a quadratic form in x_i.
         if t < iterations - 1:
             lam = 0.5 / sigma2 if p_model == "gaussian" else torch.ones_like(sigma2)  # [..., J, C, E]
-            A = torch.einsum("jde,jfe,...jce->...jcdf", Wa, Wa, lam).flatten(-3)  # [..., J, C*D*D]
-            G = torch.einsum("jde,...jce->...jcd", Wa, K * lam).flatten(-2)  # [..., J, C*D]
+            A = torch.einsum("jde,jfe,...jce->...jcdf", W, W, lam).flatten(-3)  # [..., J, C*D*D]
+            G = torch.einsum("jde,...jce->...jcd", W, K * lam).flatten(-2)  # [..., J, C*D]
             const = (K.square() * lam).sum(dim=(-2, -1))  # [..., J]
             quad = XX @ A.transpose(-1, -2) - 2.0 * (X @ G.transpose(-1, -2)) + const.unsqueeze(-2)  # [..., I, J]
             if p_model == "gaussian":
-                log_p = (-quad - 0.5 * torch.log(sigma2).sum(dim=(-2, -1)).unsqueeze(-2)).to(ct)  # [..., I, J]
+                log_p = -quad - 0.5 * torch.log(sigma2).sum(dim=(-2, -1)).unsqueeze(-2)  # [..., I, J]
             else:
-                log_p = torch.log_softmax(-quad, dim=-1).to(ct)  # [..., I, J]  soft k-means
-    return a_out, mu_out.to(ct), sigma2.to(ct)
+                log_p = torch.log_softmax(-quad, dim=-1)  # [..., I, J]  soft k-means
+    return a_out, mu_out, sigma2
 
 
 def generative_matrix_routing(
@@ -326,7 +323,7 @@ def generative_matrix_routing(
             # the expanded squares in float64: they cancel when inputs span many scales (_shared_weight_routing)
             acc = ct if mu.device.type == "mps" else torch.float64  # (MPS has no float64)
             W0, B0, bu0, bi0 = (p[0].to(acc) for p in (W, B, beta_use, beta_ign))  # [J, D, E], [J, C, E], [J] x2
-            out = _shared_weight_routing(f_a_inp.to(acc), mu.to(acc), W0, B0, bu0, bi0, iterations, p_model, eps, acc)
+            out = _shared_weight_routing(f_a_inp.to(acc), mu.to(acc), W0, B0, bu0, bi0, iterations, p_model, eps)
             return tuple(o.to(out_dtype) for o in out)
         V = heinsen_votes(mu, W.to(ct), B.to(ct))  # [..., I, J, C, E]
         b_use = beta_use.to(ct).expand(I, J)  # [I, J]

@@ -157,11 +157,10 @@ _BLOCK_BYTES = 1 << 20  # votes held at once by the fused update on CPU (1 MiB: 
 _BLOCK_CHILDREN = 16  # children per block (at least): long position runs make the per-child products larger
 
 
-def _attend_blocks(I: int, p: int, M: int, d: int, itemsize: int, budget: int | None = None) -> tuple[int, int]:
-    """Block sizes ``(positions, children)`` for ``_AttendMatrix``: votes blocks of about ``budget``
-    bytes (default ``_BLOCK_BYTES``), as many positions as fit next to ``_BLOCK_CHILDREN`` children, then as
-    many children as fit next to those positions."""
-    budget = _BLOCK_BYTES if budget is None else budget
+def _attend_blocks(I: int, p: int, M: int, d: int, itemsize: int) -> tuple[int, int]:
+    """Block sizes ``(positions, children)`` for ``_AttendMatrix``: votes blocks of about ``_BLOCK_BYTES``, as many
+    positions as fit next to ``_BLOCK_CHILDREN`` children, then as many children as fit next to those positions."""
+    budget = _BLOCK_BYTES
     per = M * d * itemsize  # the votes of one child at one position
     pc = min(p, max(1, budget // (min(I, _BLOCK_CHILDREN) * per)))
     return pc, min(I, max(1, budget // (pc * per)))
