@@ -12,7 +12,7 @@
 #                    again only if it failed there; book/_tools/build_report.py fails the step if a notebook raised,
 #                    book/_ext/offline_book.py if a page would fetch from the network), then book/_tools/screenshots.py
 #                    opens every page in Chromium (no request may leave the machine, math typeset, images/widgets
-#                    rendered; screenshots in _build/screenshots)
+#                    rendered, tables and figures within the content column; screenshots in _build/screenshots)
 #
 # Every step runs even if an earlier one failed, so one run shows every problem; the exit status is non-zero
 # if any step failed. Logs go to _build/test-logs/; the step and notebook times to _build/test-logs/ci_times.json

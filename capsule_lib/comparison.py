@@ -33,6 +33,8 @@ from .recipes import Recipe, make_recipe
 from .routing.kinds import ROUTING_KINDS
 
 __all__ = [
+    "RUN_BUDGET_HEADERS",
+    "run_budget_rows",
     "CONTESTANTS",
     "LABELS",
     "SHORT_LABELS",
@@ -129,3 +131,43 @@ def measure_costs(
         objective = contestant_recipe(name, dataset).build_objective()
         out[name] = model_costs(model, objective, images, labels, **kw)
     return out
+
+
+#: the columns of :func:`run_budget_rows`
+RUN_BUDGET_HEADERS = (  # short: eight columns fit the page
+    "data",
+    "model",
+    "budget",
+    "epochs (stopped by)",
+    "images seen",
+    "images/s",
+    "best epoch",
+    "val. (%)",
+)
+
+
+def run_budget_rows(histories: dict[tuple[str, str], Any]) -> list[list[str]]:
+    """What each contestant's run did with its budget, one row per ``(dataset, contestant) -> History``: the
+    budget, the epochs reached (fractional when stopped inside an epoch) and whether the budget or the epoch cap
+    stopped the run, the training images seen and their rate, and the epoch selected on validation with its accuracy
+    (columns :data:`RUN_BUDGET_HEADERS`)."""
+    rows = []
+    for (dataset, name), history in histories.items():
+        meta, recs = history.meta, history.records
+        best = max((r for r in recs if "val_acc" in r), key=lambda r: r["val_acc"])
+        seen = recs[-1]["epoch"] * meta["train_images"] if "train_images" in meta else None
+        rate = seen / recs[-1]["wall_time"] if seen is not None else None
+        cap = meta["config"]["epochs"]
+        rows.append(
+            [
+                dataset,
+                SHORT_LABELS[name],
+                f"{meta['budget_minutes']:g}\u00a0min" if "budget_minutes" in meta else "-",
+                f"{recs[-1]['epoch']:.2f} ({'epoch cap' if recs[-1]['epoch'] >= cap else 'budget'})",
+                f"{seen:,.0f}" if seen is not None else "-",
+                f"{rate:.0f}" if rate else "-",
+                f"{best['epoch']:g}",
+                f"{100 * best['val_acc']:.2f}",
+            ]
+        )
+    return rows

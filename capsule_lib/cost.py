@@ -32,6 +32,8 @@ from torch import nn
 from .routing.kinds import DEFAULT_ITERATIONS, ROUTING_KINDS, build_routing
 
 __all__ = [
+    "scaling_summary",
+    "count_parameters",
     "saved_bytes",
     "time_forward_backward",
     "peak_memory",
@@ -42,6 +44,11 @@ __all__ = [
     "model_costs",
     "loglog_slope",
 ]
+
+
+def count_parameters(module: torch.nn.Module, trainable_only: bool = False) -> int:
+    """The number of parameter values of ``module`` (all of them, or only those with ``requires_grad``)."""
+    return sum(p.numel() for p in module.parameters() if p.requires_grad or not trainable_only)
 
 
 def saved_bytes(fn: Callable[[], Any], exclude: Sequence[torch.Tensor] = ()) -> tuple[Any, int]:
@@ -308,3 +315,29 @@ def loglog_slope(x: Sequence[float], y: Sequence[float]) -> float:
     lx, ly = [math.log(v) for v in x], [math.log(v) for v in y]
     mx, my = statistics.fmean(lx), statistics.fmean(ly)
     return sum((a - mx) * (b - my) for a, b in zip(lx, ly)) / sum((a - mx) ** 2 for a in lx)
+
+
+def scaling_summary(rows: Sequence[dict[str, Any]], n_inp: int = 1024, n_out: int = 16) -> dict[str, dict[str, float]]:
+    """Per routing kind, from :func:`routing_scaling` rows (the ``"size"`` sweep): time (``ms``) and peak memory
+    (``peak_mib``) at ``n_inp -> n_out`` in fp32 and under bf16 autocast (``bf16_ms``, ``bf16_peak_mib``), and the
+    log-log slopes of the fp32 time and memory against the number of input capsules at ``n_out`` outputs
+    (``ms_slope``, ``peak_mib_slope``; 1 = linear growth)."""
+    size = [r for r in rows if r["sweep"] == "size"]
+    out: dict[str, dict[str, float]] = {}
+    for kind in dict.fromkeys(r["kind"] for r in size):
+        at = {r["amp"]: r for r in size if r["kind"] == kind and (r["n_inp"], r["n_out"]) == (n_inp, n_out)}
+        pts = sorted(
+            (r["n_inp"], r["ms"], r["peak_mib"])
+            for r in size
+            if r["kind"] == kind and r["amp"] is None and r["n_out"] == n_out
+        )
+        x = [p[0] for p in pts]
+        out[kind] = {
+            "ms": at[None]["ms"],
+            "bf16_ms": at["bf16"]["ms"],
+            "peak_mib": at[None]["peak_mib"],
+            "bf16_peak_mib": at["bf16"]["peak_mib"],
+            "ms_slope": loglog_slope(x, [p[1] for p in pts]),
+            "peak_mib_slope": loglog_slope(x, [p[2] for p in pts]),
+        }
+    return out

@@ -20,15 +20,27 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
-from .data.datasets import data_root, is_offline, repository_root
+from .data.datasets import announce_standins, data_root, is_offline, repository_root
 
-__all__ = ["Settings", "settings", "env_flag", "in_colab", "chapter_dataset", "chapter_device", "display_path"]
+__all__ = [
+    "Settings",
+    "settings",
+    "env_flag",
+    "in_colab",
+    "chapter_dataset",
+    "chapter_device",
+    "display_path",
+    "train_or_load",
+    "try_dataset",
+]
 
 _TRUE = ("1", "true", "yes", "on")
 
@@ -93,6 +105,7 @@ def settings(
     smoke_epochs: int = 1,
     style: bool = True,
     quiet: bool = False,
+    data: Sequence[str] = (),
 ) -> Settings:
     """Turn a chapter's parameters into effective settings and apply them.
 
@@ -104,6 +117,10 @@ def settings(
     * ``CAPSULE_OFFLINE=1``: no downloads; missing datasets are replaced by generated stand-ins.
     * ``DEVICE``: ``"auto"`` (cuda, then mps, then cpu) or any ``torch.device`` string; a device that is not
       available here falls back to the CPU with one printed line (:func:`chapter_device`).
+
+    * ``data``: the datasets the page evaluates on (e.g. ``("mnist",)``). Those that are neither under the data
+      root nor downloadable are named in one ``[GENERATED stand-in data]`` notice printed here, at the top of the
+      page; the page's later dataset loads then say nothing more (one notice per page).
 
     Seeds Python, NumPy and torch with ``seed``, sets the book's matplotlib style (``style=False`` keeps
     yours) and prints :meth:`Settings.banner` unless ``quiet``.
@@ -133,7 +150,40 @@ def settings(
         set_style()
     if not quiet:
         print(cfg.banner())
+    announce_standins(True)  # a new page
+    missing = [name for name in data if not _dataset_here(name, cfg)]
+    if missing:
+        _page_notice(cfg, ", ".join(missing))
     return cfg
+
+
+_PAGE: dict[str, Settings | None] = {"cfg": None}  # the page (its settings) that has shown the stand-in notice
+
+
+def _page_notice(cfg: Settings, names: str) -> None:
+    """The page's one stand-in notice; afterwards the data layer's own stand-in lines are off for this page."""
+    from .data.datasets import STANDIN_MARK
+
+    if _PAGE["cfg"] is not cfg:
+        why = "offline mode" if cfg.offline else "not under the data root and could not be downloaded"
+        print(
+            f"{STANDIN_MARK} {names} is not here ({why}): this page runs on generated stand-ins. Its text describes "
+            f"the results on the real data; the numbers and figures below are computed on the stand-ins (their "
+            f"tables say so) and differ from them."
+        )
+        _PAGE["cfg"] = cfg
+    announce_standins(False)
+
+
+def _dataset_here(name: str, cfg: Settings) -> bool:
+    """Whether the real ``name`` can be had (its test split loads from the data root, or downloads)."""
+    from .data import DatasetUnavailableError, get_dataset
+
+    try:
+        get_dataset(name, cfg.data_root, "test", download=not cfg.offline, standin=False)
+    except DatasetUnavailableError:
+        return False
+    return True
 
 
 def chapter_device(preference: str | torch.device | None = "auto") -> torch.device:
@@ -158,8 +208,8 @@ def chapter_dataset(name: str, split: str, cfg: Settings, *, n_smoke: int = 512,
     ``standin=True``.
 
     Real data is used whenever it is present (or downloadable); otherwise the generated stand-in registered in
-    :data:`~capsule_lib.data.datasets.STANDINS` is loaded and a line starting with ``[GENERATED stand-in data]`` is
-    printed (datasets without a stand-in raise the clear
+    :data:`~capsule_lib.data.datasets.STANDINS` is loaded and, unless the page has said so already, a line starting
+    with ``[GENERATED stand-in data]`` is printed (once per page; datasets without a stand-in raise the clear
     :class:`~capsule_lib.data.DatasetUnavailableError`). In smoke mode at most ``n_smoke`` samples are kept.
     Prints the dataset's one-line banner and returns the :class:`~capsule_lib.data.ImageDataset`.
     """
@@ -167,13 +217,115 @@ def chapter_dataset(name: str, split: str, cfg: Settings, *, n_smoke: int = 512,
 
     if cfg.smoke:
         kwargs.setdefault("n", n_smoke)  # generated sets: make only what is kept (real loaders ignore ``n``)
-    ds = get_dataset(name, cfg.data_root, split, standin=True, **kwargs)
+    said = announce_standins(False)  # the page's own notice below replaces the data layer's line
+    try:
+        ds = get_dataset(name, cfg.data_root, split, standin=True, **kwargs)
+    finally:
+        announce_standins(said)
     if cfg.smoke and len(ds) > n_smoke:
         ds = ds.subset(n_smoke)
     print(ds.banner())
-    if ds.standin_for:
-        print(
-            f"[GENERATED stand-in data] The text of this page describes the results on the real {ds.standin_for}; "
-            f"the numbers and figures below are computed on the stand-in and differ from them."
-        )
+    if ds.standin_for:  # said once per page: at the top when settings(data=...) named it, else here
+        _page_notice(cfg, ds.standin_for)
+    return ds
+
+
+def train_or_load(
+    checkpoints: str | Sequence[str],
+    cfg: Settings,
+    *,
+    retrain: Sequence[str] | None = None,
+    train: bool | None = None,
+    smoke: tuple[int, int] = (512, 256),
+    budget: bool = False,
+    start_from: str | None = None,
+    run_suffix: str = "",
+    **overrides: Any,
+):
+    """A chapter's models: trained here when ``TRAIN`` is on, else the shipped checkpoints, in one call.
+
+    Parameters
+    ----------
+    checkpoints
+        A shipped checkpoint's name, or several.
+    cfg
+        The chapter's :class:`Settings`.
+    retrain
+        The checkpoints to retrain when training is on (default: all); the others are loaded.
+    train
+        Overrides ``cfg.train`` (e.g. a run that only makes sense on a GPU).
+    smoke
+        ``(train_subset, eval_subset)`` in smoke mode.
+    budget
+        Train for the shipped run's wall-clock budget (``budget_minutes`` of its history; the comparison chapter's
+        contestants) instead of its epochs; in smoke mode at most 0.05 minutes.
+    start_from
+        Start the training from this shipped checkpoint's weights (:func:`~capsule_lib.train.train`).
+    run_suffix
+        Appended to the run folder ``runs/<checkpoint>`` (a smoke run adds ``_smoke``: it never resumes a full
+        run).
+    overrides
+        Keyword arguments: recipe fields on top of the shipped run's recipe (``epochs`` defaults to ``cfg.epochs``).
+
+    Returns
+    -------
+    tuple
+        For one name ``(model, history)``; for several ``(models, histories)``, dicts keyed by checkpoint. Every
+        model is on ``cfg.device`` in eval mode. Training retrains the shipped run's recipe
+        (:func:`~capsule_lib.train.shipped_recipe`) with a live plot and resumable checkpoints under ``runs/``;
+        the history is then the new run's.
+    """
+    from .pretrained import load_pretrained, load_pretrained_history
+    from .train import shipped_recipe
+    from .train import train as train_recipe
+    from .viz import LivePlot
+
+    names = [checkpoints] if isinstance(checkpoints, str) else list(checkpoints)
+    do_train = cfg.train if train is None else bool(train)
+    retrain = names if retrain is None else list(retrain)
+    models: dict[str, nn.Module] = {}
+    histories: dict[str, Any] = {}
+    for name in names:
+        if do_train and name in retrain:
+            minutes = load_pretrained_history(name).meta.get("budget_minutes") if budget else None
+            if cfg.smoke and minutes is not None:
+                minutes = min(minutes, 0.05)
+            sub = {"train_subset": smoke[0], "eval_subset": smoke[1]} if cfg.smoke else {}
+            recipe = shipped_recipe(name, **{"epochs": cfg.epochs, "device": str(cfg.device), **overrides})
+            run_dir = f"runs/{name}{run_suffix}" + ("_smoke" if cfg.smoke else "")
+            models[name], trainer = train_recipe(
+                recipe,
+                out_dir=run_dir,
+                data_root=str(cfg.data_root),
+                standin=True,
+                budget_minutes=minutes,
+                start_from=start_from,
+                callbacks=(LivePlot(),),
+                **sub,
+            )
+            histories[name] = trainer.history
+        else:
+            models[name] = load_pretrained(name, map_location=cfg.device)[0]
+            histories[name] = load_pretrained_history(name)
+        models[name].to(cfg.device).eval()
+    if isinstance(checkpoints, str):
+        return models[names[0]], histories[names[0]]
+    return models, histories
+
+
+def try_dataset(name: str, cfg: Settings, split: str = "test", **kwargs: Any):
+    """The real dataset ``name`` if it is under the data root (no download, no stand-in), else ``None``.
+
+    Prints the dataset's banner, or that it is not here with the reason and the command that fetches it (the data
+    root shown as :func:`display_path` shows it). For pages that show what each dataset looks like.
+    """
+    from .data import DatasetUnavailableError, get_dataset
+
+    try:
+        ds = get_dataset(name, cfg.data_root, split, download=False, standin=False, **kwargs)
+    except (DatasetUnavailableError, FileNotFoundError) as e:
+        why = str(e).split(". ", 1)[-1].replace(str(cfg.data_root), display_path(cfg.data_root).rstrip("/"))
+        print(f"{name}: not available here. {why}")
+        return None
+    print(ds.banner())
     return ds

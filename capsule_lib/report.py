@@ -5,7 +5,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["markdown_table", "show_table", "pct", "duration", "budget_rows", "show_budgets", "BUDGET_HEADERS"]
+__all__ = [
+    "HISTORY_HEADERS",
+    "history_rows",
+    "show_histories",
+    "train_cost",
+    "metrics_summary",
+    "markdown_table",
+    "show_table",
+    "pct",
+    "duration",
+    "budget_rows",
+    "show_budgets",
+    "BUDGET_HEADERS",
+]
 
 
 def pct(x: float | None, digits: int = 2) -> str:
@@ -69,3 +82,91 @@ def budget_rows(names: Sequence[str]) -> list[list[str]]:
 def show_budgets(names: Sequence[str]):
     """:func:`budget_rows` as a table in a notebook."""
     return show_table(BUDGET_HEADERS, budget_rows(names))
+
+
+def metrics_summary(metrics: dict[str, Any]) -> str:
+    """A registry entry's test result in one cell: ``familiar .., novel ..`` for the viewpoint protocol, the
+    bit-exact and whole test split where a copy marks bit-exact images, else the test accuracy (a non-breaking
+    space before each ``%``: a table cell wraps between the numbers, not inside one)."""
+
+    def p(x: float) -> str:
+        return pct(x).replace(" ", "\u00a0")
+
+    if "test_familiar_acc" in metrics:
+        return f"familiar {p(metrics['test_familiar_acc'])}, novel {p(metrics['test_novel_acc'])}"
+    if "test_exact_acc" in metrics:
+        return f"{p(metrics['test_exact_acc'])} (bit-exact test images), {p(metrics['test_acc'])} (all)"
+    return p(metrics["test_acc"])
+
+
+def train_cost(epochs: int, cpu: Sequence[str] = (), gpu: Sequence[str] = (), budget: Sequence[str] = ()) -> str:
+    """What ``TRAIN = True`` costs in a chapter, measured from the shipped runs' histories, for its parameters cell.
+
+    Parameters
+    ----------
+    epochs
+        The chapter's ``EPOCHS``.
+    cpu, gpu
+        Shipped runs the chapter retrains, trained on a CPU / on a GPU: each contributes its mean wall time per
+        epoch (validation included) times ``epochs``; the runs of one kind are summed.
+    budget
+        Shipped runs that train for a wall-clock budget instead (their ``budget_minutes``, summed).
+
+    Returns
+    -------
+    str
+        E.g. ``"≈ 8.4 h on a CPU, ≈ 2.5 min on an NVIDIA H200 (15 epochs, from the shipped runs)"``.
+    """
+    from .pretrained import load_pretrained_history
+
+    def per_epoch(name: str) -> float:
+        recs = load_pretrained_history(name).records
+        return recs[-1]["wall_time"] / recs[-1]["epoch"]
+
+    if budget:
+        minutes = sum(load_pretrained_history(n).meta["budget_minutes"] for n in budget)
+        text = f"≈ {duration(60 * minutes)} on any hardware ({len(budget)} runs, each stops at its time budget)"
+    else:
+        parts = []
+        if cpu:
+            parts.append(f"≈ {duration(epochs * sum(per_epoch(n) for n in cpu))} on a CPU")
+        if gpu:
+            names = sorted({load_pretrained_history(n).meta["hardware"] for n in gpu})
+            parts.append(f"≈ {duration(epochs * sum(per_epoch(n) for n in gpu))} on an {' / '.join(names)}")
+        else:
+            parts.append("GPU not measured")
+        text = f"{', '.join(parts)} ({epochs} epochs, from the shipped runs)"
+    return text.replace("\u00a0", " ")  # a code comment, not a table cell
+
+
+#: the columns of :func:`history_rows` (``"params"`` is added after ``"run"`` when models are given)
+HISTORY_HEADERS = ("run", "epochs (best)", "val.", "time (per epoch)", "hardware")
+
+
+def history_rows(histories: dict[str, Any], models: dict[str, Any] | None = None) -> list[list[str]]:
+    """One row per training run, from its :class:`~capsule_lib.training.History` (a shipped one, or one trained on
+    the page): the epochs run and, in brackets, the one selected on validation, its validation accuracy, the
+    training wall time (validation included) and per epoch, and the hardware (columns :data:`HISTORY_HEADERS`).
+    With ``models`` (same keys), a ``params`` column after the run's name."""
+    rows = []
+    for name, h in histories.items():
+        best, last = h.best("val_acc"), h.records[-1]
+        row = [
+            f"`{name}`",
+            f"{last['epoch']:g} ({best['epoch']:g})",
+            pct(best["val_acc"]).replace(" ", "\u00a0"),
+            f"{duration(last['wall_time'])} ({duration(last['wall_time'] / last['epoch'])}/epoch)",
+            str(h.meta.get("hardware", "—")),
+        ]
+        if models is not None:
+            row.insert(1, f"{sum(p.numel() for p in models[name].parameters()):,}")
+        rows.append(row)
+    return rows
+
+
+def show_histories(histories: dict[str, Any], models: dict[str, Any] | None = None):
+    """:func:`history_rows` as a table in a notebook."""
+    headers = list(HISTORY_HEADERS)
+    if models is not None:
+        headers.insert(1, "params")
+    return show_table(headers, history_rows(histories, models))

@@ -20,6 +20,9 @@ def pytest_configure(config):
 def _seed():
     torch.manual_seed(0)
     yield
+    from capsule_lib.data.datasets import announce_standins
+
+    announce_standins(True)  # a page that said "stand-ins" once (notebook.settings) ends with its test
 
 
 @pytest.fixture(scope="module")
@@ -38,3 +41,80 @@ def real_data() -> Path:
     if not (REAL_DATA / "mnist" / "MNIST" / "raw").exists():
         pytest.skip(f"real MNIST not present under CAPSULE_DATA={REAL_DATA}")
     return REAL_DATA
+
+
+@pytest.fixture
+def readable_figures(monkeypatch, request):
+    """Every figure a test makes must be readable at the size the book shows it
+    (:func:`capsule_lib.viz.readability.check_figure_readable`: text >= 8 px, <= 3 chart panels per row).
+
+    For the modules whose tests draw the book's figures (``pytestmark = pytest.mark.usefixtures(
+    "readable_figures")``): the test runs under the book's style (:data:`~capsule_lib.viz.plots.BOOK_STYLE`);
+    each figure is checked when it is closed (an explorer's redraw, :class:`~capsule_lib.viz.plots.LivePlot`),
+    when it becomes a page-mode explorer frame (:func:`capsule_lib.viz.page.figure_png`, at the frame's dpi) and
+    at the end of the test (the figures still open, then closed). Problems fail the test at teardown.
+    ``CAPSULE_FIGURES_OUT=dir`` saves every checked figure there as the book would show it (PNG), to look at."""
+    import matplotlib
+    import matplotlib.pyplot as plt
+
+    from capsule_lib.viz.plots import BOOK_STYLE
+    from capsule_lib.viz.readability import check_figure_readable
+
+    problems: list[str] = []
+    checked: set[int] = set()
+
+    def check(fig, dpi=None, where=""):
+        if id(fig) in checked or not fig.axes:
+            return
+        checked.add(id(fig))
+        found = check_figure_readable(fig, dpi=dpi)
+        if os.environ.get("CAPSULE_FIGURES_OUT"):
+            out = Path(os.environ["CAPSULE_FIGURES_OUT"])
+            out.mkdir(parents=True, exist_ok=True)
+            name = f"{request.node.name[:80]}-{len(checked)}{'-page' if dpi else ''}.png".replace("/", "_")
+            fig.savefig(out / name, dpi=dpi or fig.dpi, bbox_inches="tight")
+        if found:
+            title = fig._suptitle.get_text() if fig._suptitle is not None else ""
+            name = title or next((ax.get_title() for ax in fig.axes if ax.get_title()), "") or "untitled"
+            more = [f"... and {len(found) - 6} more"] if len(found) > 6 else []
+            problems.append(f"{where}figure {name[:60]!r}:\n    " + "\n    ".join(found[:6] + more))
+
+    close = plt.close
+
+    def checked_close(fig=None):
+        figs = [fig] if isinstance(fig, matplotlib.figure.Figure) else []
+        if fig is None:
+            figs = [plt.gcf()] if plt.get_fignums() else []
+        elif fig == "all":
+            figs = [plt.figure(n) for n in plt.get_fignums()]
+        elif not figs and plt.fignum_exists(fig):
+            figs = [plt.figure(fig)]
+        for f in figs:
+            check(f)
+        close(fig)
+
+    monkeypatch.setattr(plt, "close", checked_close)
+    try:
+        from capsule_lib.viz import page
+    except ImportError:  # no ipywidgets: no page-mode explorers
+        page = None
+    if page is not None:
+        figure_png = page.figure_png
+
+        def checked_png(fig, dpi=60):
+            check(fig, dpi, f"page-mode frame at {dpi} dpi: ")
+            return figure_png(fig, dpi)
+
+        monkeypatch.setattr(page, "figure_png", checked_png)
+    with matplotlib.rc_context(BOOK_STYLE):
+        yield
+        for n in plt.get_fignums():
+            check(plt.figure(n))
+    close("all")
+    if problems:
+        more = [f"... and {len(problems) - 8} more figures"] if len(problems) > 8 else []
+        pytest.fail(
+            f"{len(problems)} figure(s) a reader cannot read at the book's size:\n  "
+            + "\n  ".join(problems[:8] + more),
+            pytrace=False,
+        )

@@ -41,6 +41,8 @@ LAYERS = [
     "train",
     "comparison",
     "report",
+    "published",
+    "results",
     "viz",
     "notebook",
 ]

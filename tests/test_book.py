@@ -157,6 +157,102 @@ def test_notebook_conventions(path):
                         assert m == "tqdm.auto", f"{name}: progress bars come from tqdm.auto (found {m})"
 
 
+# ---------------------------------------------------------------------------------- a chapter reads like a book
+#: the longest code cell a page may show: the idea and the call; formatting lives in capsule_lib
+MAX_CELL_LINES = 12
+
+
+def long_cells(nb: dict, limit: int = MAX_CELL_LINES) -> list[str]:
+    """Code cells of more than ``limit`` lines (trailing blank lines not counted), as "cell i: n lines, <first>"."""
+    out = []
+    for i, cell in enumerate(code_cells(nb)):
+        lines = src(cell).rstrip("\n").splitlines()
+        if len(lines) > limit:
+            out.append(f"code cell {i}: {len(lines)} lines, {lines[0][:60]!r}")
+    return out
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=nb_id)
+def test_code_cells_are_short(path):
+    """No code cell above MAX_CELL_LINES lines, hidden ones included (split the cell, or move the formatting into
+    capsule_lib.report and the like)."""
+    long = long_cells(nb_json(path))
+    assert not long, f"{nb_id(path)}: code cells above {MAX_CELL_LINES} lines:\n" + "\n".join(long)
+
+
+def test_the_cell_length_check_finds_a_long_cell():
+    nb = {"cells": [{"cell_type": "code", "source": "x = 1\n" * 13}, {"cell_type": "code", "source": "y = 2\n" * 12}]}
+    assert long_cells(nb) == ["code cell 0: 13 lines, 'x = 1'"]
+
+
+DISPLAYS = ("show_table", "show_budgets")
+
+
+def undisplayed_tables(nb: dict) -> list[str]:
+    """Cells that build a table with show_table/show_budgets as a statement other than the cell's last top-level
+    expression (earlier, or inside an if/for block): the returned Markdown is thrown away, the reader sees nothing."""
+    out = []
+    for i, cell in enumerate(code_cells(nb)):
+        body = ast.parse(python_of(cell)).body
+        shown = body[-1] if body and isinstance(body[-1], ast.Expr) else None
+        for node in ast.walk(ast.Module(body=body, type_ignores=[])):
+            call = node.value if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) else None
+            name = getattr(call.func, "id", getattr(call.func, "attr", None)) if call is not None else None
+            if name in DISPLAYS and node is not shown:
+                out.append(f"code cell {i}, line {node.lineno}: {name}(...) is not the cell's last expression")
+    return out
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=nb_id)
+def test_every_table_a_cell_builds_is_shown(path):
+    lost = undisplayed_tables(nb_json(path))
+    assert not lost, f"{nb_id(path)}: tables that are never displayed:\n" + "\n".join(lost)
+
+
+def test_the_table_check_finds_a_lost_table():
+    nb = {
+        "cells": [
+            {"cell_type": "code", "source": "show_table(h, rows)\nprint(1)"},
+            {"cell_type": "code", "source": "print(1)\nshow_table(h, rows)"},
+            {"cell_type": "code", "source": "if rows:\n    show_table(h, rows)"},
+        ]
+    }
+    assert undisplayed_tables(nb) == [
+        "code cell 0, line 1: show_table(...) is not the cell's last expression",
+        "code cell 2, line 2: show_table(...) is not the cell's last expression",
+    ]
+
+
+#: the shipped runs whose retraining each chapter's TRAIN switch repeats (capsule_lib.report.train_cost)
+TRAIN_RUNS = {
+    "dynamic_routing": dict(cpu=["capsnet_mnist"], gpu=["capsnet_mnist_gpu"]),
+    "efficient_capsnet": dict(cpu=["efficient_capsnet_mnist"], gpu=["efficient_capsnet_mnist_gpu"]),
+    "em_routing": dict(cpu=["em_norb_seed0", "baseline_cnn_norb_seed0"]),
+    "heinsen_routing": dict(cpu=["heinsen_norb_seed0", "baseline_cnn_norb48_seed0"]),
+    "tsai_inverted": dict(cpu=["tsai_cifar10_cpu_seed0", "baseline_backbone_cifar10_cpu_seed0"]),
+    "routing_compared": dict(budget="contestants"),
+}
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=nb_id)
+def test_parameters_cell_says_what_training_costs(path):
+    """The comment under TRAIN is what capsule_lib.report.train_cost computes from the shipped histories now."""
+    from capsule_lib.comparison import CONTESTANTS, shipped_name
+    from capsule_lib.report import train_cost
+
+    cell = next(c for c in code_cells(nb_json(path)) if "parameters" in tags(c))
+    said = [line for line in src(cell).splitlines() if line.startswith("# TRAIN = True costs")]
+    if path.stem not in TRAIN_RUNS:
+        assert not said and "trains nothing" in src(cell), f"{nb_id(path)}: add it to TRAIN_RUNS"
+        return
+    kw = dict(TRAIN_RUNS[path.stem])
+    if kw.get("budget") == "contestants":
+        kw["budget"] = [shipped_name(n, d) for d in ("mnist", "norb") for n in CONTESTANTS]
+    epochs = int(re.search(r"^EPOCHS: int = (\d+)", src(cell), re.M).group(1))
+    want = f"# TRAIN = True costs {train_cost(epochs, **kw)}"
+    assert said == [want], f"{nb_id(path)}: the parameters cell should say\n{want}\nfound {said}"
+
+
 # ---------------------------------------------------------------------------------- table of contents
 def toc_files() -> list[str]:
     files = [TOC["root"]]
@@ -509,6 +605,17 @@ def test_build_report_summarises_the_stand_in_pages(tmp_path, capsys):
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1 and "built on generated stand-in data for: mnist (book/a, book/b)" in out[0]
     assert "python data_scripts/mnist.py" in out[0]
+
+
+def test_build_report_reads_a_pages_one_notice(tmp_path):
+    """The page's own notice (capsule_lib.notebook: several datasets in one line) counts like the data layer's."""
+    mod = _load(BOOK / "_tools" / "build_report.py", "build_report")
+    ex = tmp_path / "book"
+    ex.mkdir()
+    line = "[GENERATED stand-in data] mnist, cifar10 is not here (offline mode): this page runs on generated stand-ins."
+    nb = {"cells": [{"cell_type": "code", "outputs": [{"output_type": "stream", "name": "stdout", "text": [line]}]}]}
+    (ex / "p.ipynb").write_text(json.dumps(nb))
+    assert mod.standin_pages(tmp_path) == {"cifar10": ["book/p"], "mnist": ["book/p"]}
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=nb_id)

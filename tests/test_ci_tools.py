@@ -43,6 +43,24 @@ def test_the_executor_executes_every_chapter_of_the_toc():
     assert set(execute.chapters()) == listed and len(listed) >= 8
 
 
+def test_a_page_with_two_stand_in_notices_fails_the_offline_step(tmp_path, monkeypatch):
+    """One notice per page: the offline execution of a page fails when its outputs say twice that data is missing
+    (dataset banners do not count)."""
+    notice = "[GENERATED stand-in data] mnist is not here (offline mode): this page runs on generated stand-ins."
+    banner = "[GENERATED stand-in data] glyph_digits/test: 64 images (1, 28, 28). synthetic digits"
+    layer = "[GENERATED stand-in data] mnist is not available here (offline mode): using 'glyph_digits' instead."
+    (tmp_path / "book").mkdir()
+    one = _notebook(tmp_path / "book" / "one.ipynb", f"print({notice!r})", f"print({banner!r})")
+    two = _notebook(tmp_path / "book" / "two.ipynb", f"print({notice!r})", f"print({layer!r})")
+    monkeypatch.setattr(execute, "PAPERMILL_OUT", tmp_path / "out")
+    monkeypatch.setattr(execute, "REPO", tmp_path)
+    jobs = {nb.stem: execute.Job("offline", nb) for nb in (one, two)}
+    for job in jobs.values():
+        execute._run_offline(job, 1, tmp_path / f"{job.notebook.stem}.log", tmp_path)
+    assert jobs["one"].ok, jobs["one"].error
+    assert not jobs["two"].ok and jobs["two"].error.startswith("2 stand-in notices on one page")
+
+
 @pytest.mark.slow
 def test_a_book_execution_is_what_the_book_build_reads_from_its_cache(tmp_path, monkeypatch):
     """The executed notebook lands in the jupyter-cache under the key myst-nb looks it up by (a cache hit, so the

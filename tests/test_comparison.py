@@ -164,6 +164,7 @@ def test_committed_cost_benchmark_covers_every_contestant():
 
 
 # -------------------------------------------------------------------------------------------- figures
+@pytest.mark.usefixtures("readable_figures")  # readable at the book's size (conftest.py)
 def test_budget_curves_mark_a_partial_epoch():
     h = History(
         [
@@ -178,6 +179,7 @@ def test_budget_curves_mark_a_partial_epoch():
     assert list(ax.get_lines()[0].get_xdata()) == [1.0, 1.5]
 
 
+@pytest.mark.usefixtures("readable_figures")  # readable at the book's size (conftest.py)
 def test_iteration_sweeps_and_routing_costs_draw_every_series():
     rows = [{"iterations": t, "accuracy": 0.9 + 0.01 * t, "ms_per_image": 0.1 * t} for t in (1, 2, 3)]
     fig = plot_iteration_sweeps({"x": rows, "y": rows}, trained={"x": 2})
@@ -194,3 +196,14 @@ def test_iteration_sweeps_and_routing_costs_draw_every_series():
 def test_contestant_recipe_takes_the_recipe_dataset_as_an_override():
     r = contestant_recipe("em", "norb", dataset="rendered_norb", train_subset=8)
     assert (r.dataset, r.train_subset, r.model.routing, r.model.in_channels) == ("rendered_norb", 8, "em", 2)
+
+
+def test_run_budget_rows_say_what_each_budget_bought():
+    from capsule_lib.comparison import RUN_BUDGET_HEADERS, run_budget_rows
+
+    h = History(meta={"budget_minutes": 8.0, "train_images": 1000, "config": {"epochs": 30}})
+    h.append({"epoch": 1, "val_acc": 0.9, "wall_time": 100.0})
+    h.append({"epoch": 1.5, "val_acc": 0.95, "wall_time": 480.0, "partial": True})
+    (row,) = run_budget_rows({("mnist", "cnn"): h})
+    assert len(row) == len(RUN_BUDGET_HEADERS)
+    assert row == ["mnist", SHORT_LABELS["cnn"], "8\u00a0min", "1.50 (budget)", "1,500", "3", "1.5", "95.00"]

@@ -85,6 +85,7 @@ def test_model_costs_measure_without_changing_the_model():
         model_costs(m, ScoreObjective(), images, labels, train_batch=8, latency_batches=(64,), repeats=1, peak=False)
 
 
+@pytest.mark.usefixtures("readable_figures")  # readable at the book's size (conftest.py)
 def test_pareto_front_and_comparison_figures():
     import matplotlib
 
@@ -103,3 +104,25 @@ def test_pareto_front_and_comparison_figures():
     assert len(fig.axes) == 2 and all(ax.get_xscale() == "log" for ax in fig.axes)
     fig = plot_robustness(rows, "accuracy", "shifted")
     assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["a", "b", "c", "d"]
+
+
+def test_count_parameters():
+    from capsule_lib.cost import count_parameters
+
+    m = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))  # 16 + 10
+    assert count_parameters(m) == 26
+    m[0].weight.requires_grad_(False)
+    assert count_parameters(m) == 26 and count_parameters(m, trainable_only=True) == 14
+
+
+def test_scaling_summary_reads_the_size_sweep():
+    from capsule_lib.cost import scaling_summary
+
+    rows = [
+        {"sweep": "size", "kind": "k", "amp": amp, "n_inp": n, "n_out": 16, "ms": n / 64 * f, "peak_mib": n * n * f}
+        for n in (64, 256, 1024)
+        for amp, f in ((None, 1.0), ("bf16", 0.5))
+    ] + [{"sweep": "iterations", "kind": "k", "amp": None, "n_inp": 1024, "n_out": 16, "ms": 1e9, "peak_mib": 1e9}]
+    s = scaling_summary(rows, n_inp=1024, n_out=16)["k"]
+    assert (s["ms"], s["bf16_ms"], s["peak_mib"], s["bf16_peak_mib"]) == (16.0, 8.0, 1024.0**2, 0.5 * 1024**2)
+    assert s["ms_slope"] == pytest.approx(1.0) and s["peak_mib_slope"] == pytest.approx(2.0)

@@ -10,6 +10,8 @@ import torch  # noqa: E402
 from capsule_lib.data import get_dataset  # noqa: E402
 from capsule_lib.viz import data as vd  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("readable_figures")  # figures readable at the book's size (conftest.py)
+
 
 @pytest.fixture(autouse=True)
 def _close():

@@ -18,7 +18,7 @@ from capsule_lib.models.em_capsnet import EMCapsNet, EMCapsNetConfig, class_cent
 from capsule_lib.routing.em import EMRouting, compare_with_naive, em_routing, em_routing_naive
 from capsule_lib.training import SpreadObjective, StepOutput, TensorLoader, Trainer
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("one_thread", "readable_figures")  # tiny tensors; readable figures (conftest.py)
 
 
 def _tiny(**kw):

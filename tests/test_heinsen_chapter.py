@@ -12,7 +12,7 @@ import torch
 from capsule_lib.models.heinsen import SequenceClassifierHead, SmallNORBClassifier
 from capsule_lib.pretrained import load_heinsen_2019
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("one_thread", "readable_figures")  # tiny tensors; readable figures (conftest.py)
 
 
 def _bn(prefix: str, c: int, g: torch.Generator) -> dict[str, torch.Tensor]:

@@ -7,7 +7,7 @@ import torch
 
 from capsule_lib.data import DatasetUnavailableError, get_dataset
 from capsule_lib.data.datasets import data_root
-from capsule_lib.notebook import Settings, chapter_dataset, env_flag, in_colab, settings
+from capsule_lib.notebook import Settings, chapter_dataset, env_flag, in_colab, settings, train_or_load, try_dataset
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -117,8 +117,8 @@ def test_chapter_dataset_falls_back_to_standin_in_smoke_mode(tmp_path, monkeypat
     ds = chapter_dataset("mnist", "train", cfg, n_smoke=64)
     out = capsys.readouterr().out
     assert ds.generated and len(ds) == 64 and ds.name == "glyph_digits"
-    assert "[GENERATED stand-in data] mnist is not available" in out
-    assert "NOT mnist results" in out
+    assert out.count("[GENERATED stand-in data] mnist is not here (offline mode)") == 1
+    assert "The text" not in out and "NOT mnist results" not in out  # the page's notice, not the data layer's line
 
 
 def _no_network(monkeypatch):
@@ -141,11 +141,9 @@ def test_chapter_dataset_falls_back_when_the_download_fails_outside_offline_mode
     ds = chapter_dataset("mnist", "test", cfg)
     out = capsys.readouterr().out
     assert ds.generated and ds.name == "glyph_digits" and len(ds) == 2000 and ds.standin_for == "mnist"
-    assert "The text of this page describes the results on the real mnist" in out
-    assert (
-        "[GENERATED stand-in data] mnist is not available here (not under the data root and could not be "
-        "downloaded)" in out
-    )
+    assert out.count("[GENERATED stand-in data]") == 2  # the notice, and the banner of the stand-in
+    assert "[GENERATED stand-in data] mnist is not here (not under the data root and could not be downloaded)" in out
+    assert "Its text describes the results on the real data" in out
     multi = chapter_dataset("multimnist", "test", cfg, n=16)
     assert multi.generated and "glyph_digits (NOT MNIST)" in multi.description
 
@@ -185,3 +183,72 @@ def test_chapter_dataset_uses_real_data_when_present(real_data, capsys):
     ds = chapter_dataset("mnist", "test", cfg, n_smoke=32)
     assert not ds.generated and len(ds) == 32
     assert "[real data]" in capsys.readouterr().out
+
+
+def test_a_page_says_once_that_it_runs_on_stand_ins(tmp_path, monkeypatch, capsys):
+    """settings(..., data=...) says it at the top of the page; the page's later loads (its own, and the data
+    layer's for training) say nothing more; the next page says it again."""
+    monkeypatch.setenv("CAPSULE_OFFLINE", "1")
+    cfg = settings(SMOKE=True, DATA_ROOT=str(tmp_path), data=("mnist",))
+    top = capsys.readouterr().out
+    assert top.count("[GENERATED stand-in data]") == 1 and "mnist is not here (offline mode)" in top
+    chapter_dataset("mnist", "test", cfg, n_smoke=32)
+    chapter_dataset("affine_mnist", "test", cfg, n_smoke=32, size=28)
+    get_dataset("mnist", tmp_path, "train", n=32)  # e.g. a training run on the page
+    later = capsys.readouterr().out
+    assert "is not here" not in later and "is not available here" not in later
+    settings(SMOKE=True, DATA_ROOT=str(tmp_path), data=("mnist",))  # a new page
+    assert capsys.readouterr().out.count("mnist is not here") == 1
+
+
+def test_a_page_with_its_data_prints_no_notice(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("CAPSULE_OFFLINE", "1")
+    settings(SMOKE=True, DATA_ROOT=str(tmp_path), data=())
+    assert "GENERATED" not in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------ a chapter's models in one call
+def _page(tmp_path, train: bool) -> Settings:
+    return Settings(
+        smoke=True, train=train, epochs=1, device=torch.device("cpu"), data_root=tmp_path, offline=True, seed=0
+    )
+
+
+def test_train_or_load_loads_the_shipped_checkpoints_when_train_is_off(tmp_path):
+    from capsule_lib.pretrained import load_pretrained_history
+
+    model, history = train_or_load("baseline_cnn_mnist", _page(tmp_path, train=False))
+    assert not model.training and next(model.parameters()).device.type == "cpu"
+    assert history.records == load_pretrained_history("baseline_cnn_mnist").records
+    models, histories = train_or_load(["baseline_cnn_mnist", "compare_mnist_cnn"], _page(tmp_path, train=False))
+    assert list(models) == list(histories) == ["baseline_cnn_mnist", "compare_mnist_cnn"]
+
+
+@pytest.mark.slow
+def test_train_or_load_retrains_the_shipped_recipe_when_train_is_on(tmp_path, monkeypatch):
+    """TRAIN on: the named runs are retrained from their shipped recipe (here with the shipped run's time budget,
+    capped in smoke mode), the others loaded; runs go to runs/<checkpoint>_smoke under the working folder."""
+    from capsule_lib.pretrained import load_pretrained_history
+
+    monkeypatch.setenv("CAPSULE_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    models, histories = train_or_load(
+        ["compare_mnist_cnn", "baseline_cnn_mnist"],
+        _page(tmp_path, train=True),
+        retrain=["compare_mnist_cnn"],
+        budget=True,
+        smoke=(64, 32),
+    )
+    new, shipped = histories["compare_mnist_cnn"], load_pretrained_history("compare_mnist_cnn")
+    assert new.meta["recipe"] == shipped.meta["recipe"] and new.meta["generated_data"]
+    assert new.meta["budget_minutes"] == 0.05 and new.meta["train_images"] == 64
+    assert (tmp_path / "runs" / "compare_mnist_cnn_smoke").is_dir()
+    assert histories["baseline_cnn_mnist"].records == load_pretrained_history("baseline_cnn_mnist").records
+    assert all(not m.training for m in models.values())
+
+
+def test_try_dataset_says_why_a_dataset_is_missing(tmp_path, capsys):
+    assert try_dataset("mnist", _page(tmp_path, train=False)) is None
+    out = capsys.readouterr().out
+    assert out.startswith("mnist: not available here.") and "data_scripts/mnist.py" in out
+    assert str(tmp_path) not in out  # the machine's path is not printed

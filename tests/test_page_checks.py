@@ -85,3 +85,48 @@ def test_page_checks_fail_on_a_hidden_widget_gap(tmp_path, capsys):
     html = _site(tmp_path, GAP)
     assert mod.main(["--html", str(html), "--out", str(tmp_path / "shots")]) == 1
     assert "book/chapter.html: 1 empty output area(s), after the cell(s) starting ['x = 1']" in capsys.readouterr().err
+
+
+# tables and figures must fit the content column (the article; here a 600 px main): a table whose wrapper scrolls
+# sideways hides its last columns, an image wider than the column is cut off; one scaled down by CSS fits
+COLUMN = """<!DOCTYPE html><html><head><meta charset="utf-8"><style>
+  main {{ width: 600px; }} .pst-scrollable-table-container {{ overflow-x: auto; }} td, th {{ padding: 0 8px; }}
+</style></head><body><main>
+<div class="cell"><div class="cell_output"><div class="pst-scrollable-table-container"><table>{table}</table></div>
+{image}</div></div>
+</main></body></html>"""
+PNG_1x1 = (  # a 1x1 PNG, stretched by CSS
+    "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9aw"
+    "AAAABJRU5ErkJggg=="
+)
+WIDE_TABLE = COLUMN.format(
+    table="<tr>" + "".join(f"<th>a long column header {k}</th>" for k in range(11)) + "</tr><tr>"
+    + "".join(f"<td>{k}</td>" for k in range(11)) + "</tr>",
+    image=f'<img src="{PNG_1x1}" alt="figure" style="width: 800px; height: 10px">',
+)  # fmt: skip
+FITTING_TABLE = COLUMN.format(
+    table="<tr><th>model</th><th>accuracy</th></tr><tr><td>a</td><td>99.1</td></tr>",
+    image=f'<img src="{PNG_1x1}" alt="figure" style="width: 800px; max-width: 100%; height: 10px">',
+)
+
+
+@pytest.mark.slow
+def test_page_checks_fail_on_a_table_or_figure_wider_than_the_column(tmp_path, capsys):
+    mod = _screenshots()
+    html = _site(tmp_path, WIDE_TABLE)
+    assert mod.main(["--html", str(html), "--out", str(tmp_path / "shots")]) == 1
+    err = capsys.readouterr().err
+    lines = [line.strip() for line in err.splitlines() if "wider than the content column" in line]
+    assert len(lines) == 2, err  # one line per offender
+    table, image = lines
+    assert table.startswith("book/chapter.html: table wider than the content column: ")
+    assert "in 600 px (scrolls sideways): 'a long column header 0 | a long column header 1 |" in table
+    assert int(table.split(": ")[2].split(" px")[0]) > 700  # the table's full width (headers wrapped)
+    assert image.startswith("book/chapter.html: image wider than the content column: 800 px in 600 px: 'data:")
+
+
+@pytest.mark.slow
+def test_page_checks_pass_on_a_table_and_figure_that_fit(tmp_path, capsys):
+    mod = _screenshots()
+    html = _site(tmp_path, FITTING_TABLE)
+    assert mod.main(["--html", str(html), "--out", str(tmp_path / "shots")]) == 0, capsys.readouterr().err

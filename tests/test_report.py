@@ -78,3 +78,55 @@ def test_budget_rows_are_the_registry_records():
         assert row[4] == pct(m["val_acc"]).replace(" ", nb) and row[5] == pct(m["test_acc"]).replace(" ", nb)
     assert rows[0][1] == "NVIDIA H200" and rows[0][5] == "99.62\u00a0%" and rows[2][5] == "99.54\u00a0%"
     assert duration(324.2) == "5.4\u00a0min" and duration(15840) == "4.4\u00a0h"
+
+
+def test_metrics_summary_golden():
+    from capsule_lib.report import metrics_summary
+
+    assert metrics_summary({"test_acc": 0.9934}) == "99.34\u00a0%"
+    assert metrics_summary({"test_familiar_acc": 0.906, "test_novel_acc": 0.7822}) == (
+        "familiar 90.60\u00a0%, novel 78.22\u00a0%"
+    )
+    assert metrics_summary({"test_exact_acc": 0.858, "test_acc": 0.8575}) == (
+        "85.80\u00a0% (bit-exact test images), 85.75\u00a0% (all)"
+    )
+
+
+def test_train_cost_is_the_shipped_runs_time_per_epoch_times_epochs():
+    from capsule_lib.pretrained import load_pretrained_history
+    from capsule_lib.report import duration, train_cost
+
+    def per_epoch(name):
+        r = load_pretrained_history(name).records[-1]
+        return r["wall_time"] / r["epoch"]
+
+    cpu = 15 * (per_epoch("em_norb_seed0") + per_epoch("baseline_cnn_norb_seed0"))
+    assert train_cost(15, cpu=["em_norb_seed0", "baseline_cnn_norb_seed0"]) == (
+        f"≈ {duration(cpu)} on a CPU, GPU not measured (15 epochs, from the shipped runs)".replace("\u00a0", " ")
+    )
+    gpu = train_cost(15, cpu=["capsnet_mnist"], gpu=["capsnet_mnist_gpu"])
+    assert gpu.endswith(
+        f"≈ {duration(15 * per_epoch('capsnet_mnist_gpu'))} on an NVIDIA H200 (15 epochs, from the "
+        "shipped runs)".replace("\u00a0", " ")
+    )
+    minutes = sum(load_pretrained_history(n).meta["budget_minutes"] for n in ("compare_mnist_cnn", "compare_norb_cnn"))
+    assert train_cost(30, budget=["compare_mnist_cnn", "compare_norb_cnn"]).startswith(
+        f"≈ {duration(60 * minutes)}".replace("\u00a0", " ")
+    )
+
+
+def test_history_rows_golden():
+    from capsule_lib.report import HISTORY_HEADERS, history_rows
+    from capsule_lib.training import History
+
+    h = History(meta={"hardware": "x86_64 CPU, 2 threads"})
+    h.append({"epoch": 1, "val_acc": 0.8, "wall_time": 600.0})
+    h.append({"epoch": 2, "val_acc": 0.9, "wall_time": 1200.0})
+    h.append({"epoch": 3, "val_acc": 0.85, "wall_time": 1800.0})
+    (row,) = history_rows({"run_a": h})
+    assert len(row) == len(HISTORY_HEADERS)
+    assert row == ["`run_a`", "3 (2)", "90.00\u00a0%", "30.0\u00a0min (10.0\u00a0min/epoch)", "x86_64 CPU, 2 threads"]
+    import torch
+
+    (with_params,) = history_rows({"run_a": h}, {"run_a": torch.nn.Linear(3, 2)})
+    assert with_params[1] == "8" and with_params[2:] == row[1:]

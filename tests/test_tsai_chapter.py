@@ -32,7 +32,7 @@ from capsule_lib.routing.inverted import (
 matplotlib.use("Agg")
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("one_thread", "readable_figures")  # tiny tensors; readable figures (conftest.py)
 
 
 def n_params(m: torch.nn.Module) -> int:
@@ -317,3 +317,12 @@ def test_the_papers_configuration_ships_with_its_honest_budget():
     metrics = entry["metrics"]
     assert metrics["selected_by"] == "val_acc" and metrics["selected_epoch"] == hist.best("val_acc")["epoch"]
     assert 0.1 < metrics["val_acc"] < 1 and metrics["test_size"] == 10_000
+
+
+def test_parameter_breakdown_adds_up():
+    from capsule_lib.cost import count_parameters
+
+    m = CapsModel(CapsModelConfig.cifar10_cpu())
+    parts = m.parameter_breakdown()
+    assert parts["total"] == count_parameters(m) == sum(v for k, v in parts.items() if k != "total")
+    assert set(parts) == {"backbone", "primary capsules", "capsule layers", "final_fc", "total"}

@@ -16,6 +16,8 @@ from capsule_lib import capsule_lengths, dynamic_routing  # noqa: E402
 from capsule_lib.training import History  # noqa: E402
 from capsule_lib.viz import plots, toy  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("readable_figures")  # figures readable at the book's size (conftest.py)
+
 
 def png_bytes(fig) -> bytes:
     buf = io.BytesIO()

@@ -21,6 +21,8 @@ from capsule_lib.viz import toy  # noqa: E402
 from capsule_lib.viz.explorers import capsule_routing_explorer, lengths_readout, perturbation_explorer  # noqa: E402
 from capsule_lib.viz.widgets import Explorer, explorer, figure_output, routing_explorer  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("readable_figures")  # figures readable at the book's size (conftest.py)
+
 torch.set_num_threads(1)
 
 GRID = (2, 6, 6)
@@ -189,6 +191,8 @@ def test_perturbation_explorer_perturbs_every_capsule_by_default(run):
 # ------------------------------------------------------------------------------------ generic widgets
 def test_figure_output_is_a_display_data_png():
     fig, ax = plt.subplots(1, 2, figsize=(2, 1), dpi=50)
+    for a in ax:
+        a.set_axis_off()  # no tick labels: 10 pt text at 50 dpi would be too small to read (readable_figures)
     out = figure_output(fig)
     assert out["output_type"] == "display_data" and out["metadata"] == {}
     assert out["data"]["text/plain"] == "<Figure size 100x50 with 2 Axes>"

@@ -29,6 +29,8 @@ from capsule_lib.viz import data as vd  # noqa: E402
 from capsule_lib.viz import plots, toy  # noqa: E402
 from capsule_lib.viz.data import to_display  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("readable_figures")  # figures readable at the book's size (conftest.py)
+
 torch.set_num_threads(1)
 
 GRID = (2, 6, 6)  # primary capsule grid of the tiny CapsNet: 2 types x 6x6 (28 -9+1 = 20 -> (20-9)//2+1 = 6)
@@ -196,20 +198,22 @@ def test_plot_routing_iterations_one_row_per_iteration(capsnet, images):
     _, _, trace, _ = capsnet
     T = len(trace.coefficients)
     fig = vc.plot_routing_iterations(images[3], trace, sample=3, grid=GRID, classes=CLASSES)
-    assert len(fig.axes) == 4 * T + T  # T rows of 4 panels, one colour bar per row
-    rows = np.array(fig.axes[: 4 * T]).reshape(T, 4)
+    assert len(fig.axes) == 1 + 3 * T + T  # the input, T rows of 3 panels, one colour bar per row
+    ax_in = fig.axes[0]
+    assert ax_in.get_title() == "input"
+    np.testing.assert_allclose(_img(ax_in), images[3, 0].numpy())
+    rows = np.array(fig.axes[1:]).reshape(T, 4)[:, :3]  # mosaic, sent, lengths (then the row's colour bar)
     parent = int(capsule_lengths(trace.outputs[-1][3]).argmax())
     contrib = vc.routing_contributions(trace, 3, parent, GRID).sum(1)  # [T, h, w]
     for t in range(T):
         assert rows[t, 0].get_ylabel() == f"iteration {t + 1}"
-        np.testing.assert_allclose(_img(rows[t, 0]), images[3, 0].numpy())
-        np.testing.assert_allclose(_img(rows[t, 2]), contrib[t].numpy(), rtol=1e-6)
-        assert rows[t, 2].images[0].get_clim() == pytest.approx((0, float(contrib.max())))  # shared scale
-        np.testing.assert_allclose(_bars(rows[t, 3]), capsule_lengths(trace.outputs[t][3]).numpy(), rtol=1e-6)
-        assert _colors(rows[t, 3]) == [ORANGE if k == parent else BLUE for k in range(3)]
-    assert [a.get_title() for a in rows[0]][0] == "input" and rows[1, 0].get_title() == ""
-    assert f"'{CLASSES[parent]}'" in rows[0, 1].get_title()
-    assert rows[0, 3].get_title() == "output lengths"
+        np.testing.assert_allclose(_img(rows[t, 1]), contrib[t].numpy(), rtol=1e-6)
+        assert rows[t, 1].images[0].get_clim() == pytest.approx((0, float(contrib.max())))  # shared scale
+        np.testing.assert_allclose(_bars(rows[t, 2]), capsule_lengths(trace.outputs[t][3]).numpy(), rtol=1e-6)
+        assert _colors(rows[t, 2]) == [ORANGE if k == parent else BLUE for k in range(3)]
+    assert rows[1, 0].get_title() == ""
+    assert f"'{CLASSES[parent]}'" in rows[0, 0].get_title()
+    assert rows[0, 2].get_title() == "output lengths"
 
 
 def test_plot_routing_iterations_without_votes_uses_mean_coupling(capsnet, images):
@@ -217,10 +221,10 @@ def test_plot_routing_iterations_without_votes_uses_mean_coupling(capsnet, image
     no_votes = dataclasses.replace(trace, extra={})
     fig = vc.plot_routing_iterations(images[0], no_votes, sample=0, parent=1, grid=GRID)
     T = len(trace.coefficients)
-    rows = np.array(fig.axes[: 4 * T]).reshape(T, 4)
+    rows = np.array(fig.axes[1:]).reshape(T, 4)
     coup = vc.coupling_grid(trace, 0, 1, GRID)
-    np.testing.assert_allclose(_img(rows[-1, 2]), coup[-1].mean(0).numpy(), rtol=1e-6)
-    assert _colors(rows[0, 3])[1] == ORANGE
+    np.testing.assert_allclose(_img(rows[-1, 1]), coup[-1].mean(0).numpy(), rtol=1e-6)
+    assert _colors(rows[0, 2])[1] == ORANGE
 
 
 def test_plot_routing_iterations_title_follows_the_grid(capsnet, images):
@@ -568,7 +572,10 @@ def test_plot_toy_iterations_defaults_to_every_iteration():
     assert len(fig.axes) == 3 * T
     axes = np.array(fig.axes).reshape(3, T)  # rows = parents, columns = iterations
     assert [a.get_ylabel() for a in axes[:, 0]] == ["parent A", "parent B", "parent C"]
-    assert all(a.get_ylabel() == "" for a in axes[:, 1:].flat)
+    assert all(a.get_ylabel() == "" for a in axes[:, 1:3].flat)
+    # at most three iterations a row: the fourth starts a block of rows below, labelled again
+    assert [a.get_ylabel() for a in axes[:, 3]] == ["parent A", "parent B", "parent C"]
+    assert axes[0, 3].get_position().y0 < axes[2, 0].get_position().y0
     assert [a.get_title().split(":")[0] for a in axes[0]] == [f"iteration {k}" for k in range(1, T + 1)]
     labels = [h.get_text() for h in fig.legends[0].get_texts()]
     assert labels == ["votes of group A", "votes of group B", "votes of group C", "parent capsule $v_j$"]

@@ -14,6 +14,8 @@ from capsule_lib.models import CapsNet, CapsNetConfig
 from capsule_lib.viz.capsules import _decode, perturb_poses
 from capsule_lib.viz.page import PAGE_EXPLORER_CLASS, page_explorer, perturbation_page_explorer, png_bytes
 
+pytestmark = pytest.mark.usefixtures("readable_figures")  # figures readable at the book's size (conftest.py)
+
 TINY = CapsNetConfig(conv_channels=8, primary_types=4, class_dim=8, decoder_hidden=(32, 64))
 
 

@@ -22,7 +22,9 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-MARK = re.compile(r"\[GENERATED stand-in data\] (\w+) is not available here")
+#: a page's stand-in notice (capsule_lib.notebook: "<names> is not here", names joined by ", ") or the data layer's
+#: line (capsule_lib.data.get_dataset: "<name> is not available here")
+MARK = re.compile(r"\[GENERATED stand-in data\] (\w+(?:, \w+)*) is not (?:available )?here")
 SCRIPTS = {"mnist": "mnist.py", "multimnist": "mnist.py", "affine_mnist": "mnist.py"}
 
 
@@ -53,21 +55,43 @@ def summarize(text: str, max_lines: int = 25) -> str:
     return f"failing cell:\n{code}\n  error: {error}"
 
 
-def standin_pages(executed: Path) -> dict[str, list[str]]:
-    """``{dataset: [pages]}`` for every executed notebook whose outputs announce a generated stand-in."""
-    found: dict[str, list[str]] = {}
+def _outputs_text(cells: list[dict]) -> str:
+    text = []
+    for c in cells:
+        for o in c.get("outputs", []):
+            t = o.get("text", "")
+            text.append("".join(t) if isinstance(t, list) else t)
+    return "\n".join(text)
+
+
+def _executed_notebooks(executed: Path, cache: Path | None) -> dict[str, list[dict]]:
+    """``{page: cells}`` of the executed notebooks: from the book's execution cache (what the build rendered; in
+    cache mode the copies under ``jupyter_execute/`` may carry no outputs), else from ``jupyter_execute/``."""
+    found: dict[str, list[dict]] = {}
     for nb in sorted(executed.rglob("*.ipynb")) if executed.is_dir() else []:
         try:
-            cells = json.loads(nb.read_text()).get("cells", [])
+            found[nb.relative_to(executed).with_suffix("").as_posix()] = json.loads(nb.read_text()).get("cells", [])
         except (json.JSONDecodeError, OSError):
             continue
-        text = []
-        for c in cells:
-            for o in c.get("outputs", []):
-                t = o.get("text", "")
-                text.append("".join(t) if isinstance(t, list) else t)
-        page = nb.relative_to(executed).with_suffix("").as_posix()
-        for name in sorted(set(MARK.findall("\n".join(text)))):
+    if cache is not None and (cache / "global.db").exists():
+        try:
+            from jupyter_cache import get_cache
+
+            jc = get_cache(str(cache))
+            for rec in sorted(jc.list_cache_records(), key=lambda r: r.pk):  # the latest record of a page wins
+                uri = Path(rec.uri)
+                page = (uri.relative_to(REPO) if uri.is_relative_to(REPO) else Path(uri.name)).with_suffix("")
+                found[page.as_posix()] = [dict(c) for c in jc.get_cache_bundle(rec.pk).nb.cells]
+        except Exception as e:  # the summary is a convenience: never fail the build over it
+            print(f"build_report: could not read the execution cache ({type(e).__name__}: {e})")
+    return found
+
+
+def standin_pages(executed: Path, cache: Path | None = None) -> dict[str, list[str]]:
+    """``{dataset: [pages]}`` for every executed notebook whose outputs announce a generated stand-in."""
+    found: dict[str, list[str]] = {}
+    for page, cells in _executed_notebooks(executed, cache).items():
+        for name in sorted({n for names in MARK.findall(_outputs_text(cells)) for n in names.split(", ")}):
             found.setdefault(name, []).append(page)
     return found
 
@@ -85,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = failed_notebooks(html)
     for page, summary in failed.items():
         print(f"build_report: notebook FAILED: {page}.ipynb\n  {summary}")
-    standins = standin_pages(build / "jupyter_execute")
+    standins = standin_pages(build / "jupyter_execute", build / ".jupyter_cache")
     if standins:
         parts = [f"{name} ({', '.join(pages)})" for name, pages in standins.items()]
         fetch = sorted({f'python data_scripts/{SCRIPTS.get(n, n + ".py")} --root "$CAPSULE_DATA"' for n in standins})

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -111,6 +112,24 @@ def _run_offline(job: Job, threads: int, log: Path, empty_root: Path) -> None:
     job.ok = rc == 0
     if not job.ok:
         job.error = _summary(log.read_text(errors="replace"))
+    elif len(notices := stand_in_notices(json.loads(out.read_text()))) > 1:
+        job.ok = False
+        job.error = f"{len(notices)} stand-in notices on one page (one, at the top, is enough): {notices}"
+
+
+#: a page's notice (capsule_lib.notebook) or the data layer's line (capsule_lib.data.get_dataset) that a dataset is
+#: replaced by a generated stand-in; dataset banners ("[GENERATED stand-in data] glyph_digits/test: ...") are not
+NOTICE = re.compile(r"\[GENERATED stand-in data\] [^\n]*? is not (?:here|available here)")
+
+
+def stand_in_notices(nb: dict) -> list[str]:
+    """Every stand-in notice in an executed notebook's outputs (``make test`` allows one per page)."""
+    found = []
+    for cell in nb.get("cells", []):
+        for out in cell.get("outputs", []):
+            text = out.get("text") or out.get("data", {}).get("text/plain", "")
+            found += [m[:70] for m in NOTICE.findall(text if isinstance(text, str) else "".join(text))]
+    return found
 
 
 def _summary(text: str) -> str:

@@ -11,7 +11,11 @@ Debian's Chromium through Playwright, waits for MathJax and the widget renderer,
 * Markdown tables shown as raw ``|---|`` text,
 * widget views in the saved state that did not render, and JavaScript errors,
 * code blocks wider than their box (cut off at the right edge), absolute filesystem paths of the build
-  machine in the page text, and output areas that show nothing (a blank gap).
+  machine in the page text, and output areas that show nothing (a blank gap),
+* tables and images wider than the content column (the ``article``'s content box, 688 px at the default
+  1280 px wide viewport): a table whose scrolling wrapper scrolls sideways (hidden columns) or that reaches past
+  the column's right edge, an image cut off or past that edge (one scaled down by ``max-width: 100%`` fits);
+  one line per offender with the table's first-row header or the image's file name.
 
 Exits 1 if any page has one of these problems (JavaScript errors are printed, not counted).
 """
@@ -52,7 +56,37 @@ _PROBE = """() => {
       .filter(o => blank(o) || Array.from(o.children).some(c => c.getBoundingClientRect().height > 4 && blank(c)))
       .map(o => { const c = o.closest('.cell'); const code = c && c.querySelector('.cell_input pre');
                   return code ? code.textContent.trim().split(String.fromCharCode(10))[0].slice(0, 70) : '(output without code)'; });
-  return {code_overflow: overflow, abs_paths: absPaths, empty_outputs: emptyOutputs, raw_tables: rawTables, math: math.length, raw_math: raw, typeset, widget_views: views, widgets_rendered: rendered, images: imgs, broken_images: brokenImgs};
+  // tables and figures wider than the content column: the reader sees hidden columns behind a sideways scroll
+  // (or a picture cut off at the column's edge). An image scaled down by CSS (max-width: 100%) fits.
+  const col = document.querySelector('article') || main;
+  const cs = getComputedStyle(col), cr = col.getBoundingClientRect();
+  const colRight = cr.right - parseFloat(cs.paddingRight) - parseFloat(cs.borderRightWidth);
+  const colWidth = Math.round(colRight - cr.left - parseFloat(cs.paddingLeft) - parseFloat(cs.borderLeftWidth));
+  const scroller = e => {  // the nearest box between e and the column that scrolls or clips sideways
+    for (let a = e.parentElement; a && a !== col && a !== document.body; a = a.parentElement)
+      if (/auto|scroll|hidden|clip/.test(getComputedStyle(a).overflowX)) return a;
+    return null;
+  };
+  const tooWide = [];
+  const check = (e, kind, label) => {
+    const r = e.getBoundingClientRect(), box = scroller(e);
+    if (box && box.scrollWidth > box.clientWidth + 2 && r.right > box.getBoundingClientRect().right + 2)
+      tooWide.push({kind, label, width: Math.round(Math.max(box.scrollWidth, r.width)), column: Math.min(box.clientWidth, colWidth), scrolls: true});
+    else if (r.right > colRight + 2)
+      tooWide.push({kind, label, width: Math.round(r.width), column: colWidth, scrolls: false});
+  };
+  for (const t of col.querySelectorAll('table')) {
+    if (!t.getClientRects().length) continue;  // not shown (e.g. a collapsed cell)
+    const row = t.querySelector('tr');
+    const head = row ? Array.from(row.cells).map(c => c.innerText.trim().replace(/\\s+/g, ' ')).join(' | ') : '';
+    check(t, 'table', head.slice(0, 90));
+  }
+  for (const i of col.querySelectorAll('img')) {
+    if (i.offsetParent === null || !i.getClientRects().length) continue;  // a hidden frame of an explorer
+    const src = i.getAttribute('src') || '';
+    check(i, 'image', src.startsWith('data:') ? src.slice(0, 30) + '...' : src.split('/').pop());
+  }
+  return {too_wide: tooWide, column_px: colWidth, code_overflow: overflow, abs_paths: absPaths, empty_outputs: emptyOutputs, raw_tables: rawTables, math: math.length, raw_math: raw, typeset, widget_views: views, widgets_rendered: rendered, images: imgs, broken_images: brokenImgs};
 }"""
 
 
@@ -106,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--html", default="_build/html")
     ap.add_argument("--out", default="_build/screenshots")
-    ap.add_argument("--width", type=int, default=1280)
+    ap.add_argument("--width", type=int, default=1280, help="viewport width in px (the column checks assume 1280)")
     ap.add_argument("--max-height", type=int, default=20000, help="crop taller pages (the API reference) here")
     ap.add_argument("pages", nargs="*", help="pages relative to --html (default: all chapter pages)")
     args = ap.parse_args(argv)
@@ -184,6 +218,11 @@ def main(argv: list[str] | None = None) -> int:
                     problems.append(
                         f"{len(info['code_overflow'])} code block(s) wider than the page, e.g. "
                         f"{info['code_overflow'][:2]}"
+                    )
+                for w in info["too_wide"]:  # one problem per table or image that does not fit
+                    problems.append(
+                        f"{w['kind']} wider than the content column: {w['width']} px in {w['column']} px"
+                        f"{' (scrolls sideways)' if w['scrolls'] else ''}: {w['label']!r}"
                     )
                 if info["abs_paths"]:
                     problems.append(f"absolute filesystem path(s) in the page text: {info['abs_paths']}")

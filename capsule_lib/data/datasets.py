@@ -21,6 +21,7 @@ import torch
 __all__ = [
     "ImageDataset", "DatasetUnavailableError", "get_dataset", "register_dataset", "available_datasets",
     "data_root", "is_offline", "read_idx", "train_val_indices", "STANDINS", "data_fingerprint", "check_labels",
+    "announce_standins",
 ]
 
 _REGISTRY: dict[str, Callable[..., "ImageDataset"]] = {}
@@ -36,6 +37,18 @@ STANDINS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 STANDIN_MARK = "[GENERATED stand-in data]"
 _ANNOUNCED: set[tuple[str, str, str]] = set()  # (dataset, data root, split) already announced in this process
+_ANNOUNCE = [True]  # False once a page has said it runs on stand-ins (announce_standins)
+
+
+def announce_standins(on: bool) -> bool:
+    """Whether :func:`get_dataset` prints its ``[GENERATED stand-in data]`` line when it falls back to a stand-in
+    (default on). A chapter that has already said so once at the top of its page turns it off
+    (:func:`capsule_lib.notebook.settings`), so the page carries one notice instead of one per dataset load.
+    Returns the previous setting."""
+    previous, _ANNOUNCE[0] = _ANNOUNCE[0], bool(on)
+    return previous
+
+
 SPLITS = ("train", "val", "train_full", "test")
 
 
@@ -191,7 +204,7 @@ def get_dataset(name: str, root: str | os.PathLike | None = None, split: str = "
             raise DatasetUnavailableError(f"{err} (no generated stand-in is registered for {name!r})") from err
         alt, overrides = STANDINS[key]
         why = "offline mode" if offline else "not under the data root and could not be downloaded"
-        if (key, str(data_root(root)), split) not in _ANNOUNCED:  # once per dataset, root and split
+        if _ANNOUNCE[0] and (key, str(data_root(root)), split) not in _ANNOUNCED:  # once per dataset, root, split
             _ANNOUNCED.add((key, str(data_root(root)), split))
             print(f"{STANDIN_MARK} {name} is not available here ({why}): using {alt!r}"
                   f"{' built from glyph_digits' if overrides.get('source') == 'glyph_digits' else ''} instead. "

@@ -446,6 +446,18 @@ class CapsModel(nn.Module):
             )
         return CapsuleOutput(scores=logits, kind="logits", poses=poses, reconstruction=None, trace=trace)
 
+    def parameter_breakdown(self) -> dict[str, int]:
+        """Parameters per part: ``backbone``, ``primary capsules``, ``capsule layers`` (all of them, the class layer
+        included), ``final_fc``, plus ``"total"``."""
+        count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+        parts = {
+            "backbone": count(self.backbone),
+            "primary capsules": count(self.primary),
+            "capsule layers": sum(count(layer) for layer in self.capsule_layers),
+            "final_fc": count(self.final_fc),
+        }
+        return {**parts, "total": sum(parts.values())}
+
     def set_expansion(self, expansion: str) -> CapsModel:
         """Switch how every CONV capsule layer gathers its windows (``"unfold"``, or ``"official_bug"`` to
         reproduce the official ``input_expansion``); returns ``self``. The weights are unchanged."""

@@ -98,7 +98,11 @@ def plot_routing_step(
     parent = int(final_len.argmax()) if parent is None else parent
     names = list(classes) if classes is not None else [str(k) for k in range(final_len.numel())]
     coup = coupling_grid(trace, sample, parent, grid)[iteration]  # [N, h, w]
-    fig, axes = plt.subplots(1, 4, figsize=(13, 3.2), gridspec_kw={"width_ratios": [1, 2.2, 1, 1.4]})
+    # two rows of two panels (input | mosaic, sent | lengths); every text >= 10 pt, so the figure stays readable
+    # as a page-mode frame saved at 60 dpi (routing_page_explorer)
+    fig = plt.figure(figsize=(8.0, 5.4))
+    gs = fig.add_gridspec(2, 2, width_ratios=[1, 2.2])
+    axes = [fig.add_subplot(gs[r, c]) for r, c in ((0, 0), (0, 1), (1, 0), (1, 1))]
     axes[0].imshow(to_display(image), cmap="gray")
     axes[0].set_title("input")
     im = axes[1].imshow(_mosaic(coup), cmap="viridis", vmin=0, vmax=1)
@@ -114,9 +118,10 @@ def plot_routing_step(
     lengths = capsule_lengths(outs.float()).numpy()
     colors = ["tab:orange" if k == parent else "tab:blue" for k in range(len(lengths))]
     axes[3].bar(range(len(lengths)), lengths, color=colors)
-    axes[3].set_xticks(range(len(lengths)), names, fontsize=8)
+    axes[3].set_xticks(range(len(lengths)), names)
     axes[3].set_ylim(0, 1)
     axes[3].set_title("output capsule lengths")
+    axes[3].tick_params(labelsize=10)
     for a in axes[:3]:
         a.set_xticks([])
         a.set_yticks([])
@@ -132,40 +137,46 @@ def plot_routing_iterations(
     grid: tuple[int, int, int] = (32, 6, 6),
     classes: Sequence[str] | None = None,
 ) -> Figure:
-    """All iterations side by side (the static twin of the routing explorer): one row per iteration with the
-    coupling mosaic toward the winning capsule, the spatial map of what is sent to it, and the lengths."""
+    """All iterations, one under the other (the static twin of the routing explorer): the input on top, above
+    the spatial maps; then one row per iteration with the coupling mosaic toward the winning capsule, the spatial
+    map of what is sent to it, and the output lengths (``fig.axes``: the input, then three panels and the
+    mosaic's colour bar per row)."""
     T = trace.iterations
     final_len = capsule_lengths(trace.outputs[-1][sample].float())
     parent = int(final_len.argmax()) if parent is None else parent
     names = list(classes) if classes is not None else [str(k) for k in range(final_len.numel())]
     coup = coupling_grid(trace, sample, parent, grid)  # [T, N, h, w]
     contrib = routing_contributions(trace, sample, parent, grid).sum(1) if "votes" in trace.extra else coup.mean(1)
-    fig, axes = plt.subplots(T, 4, figsize=(13, 2.9 * T), gridspec_kw={"width_ratios": [1, 2.2, 1, 1.4]}, squeeze=False)
+    fig = plt.figure(figsize=(8.6, 1.9 + 2.3 * T), layout="constrained")
+    gs = fig.add_gridspec(T + 1, 3, width_ratios=[2.2, 1, 1.4], height_ratios=[0.8] + [1.0] * T)
+    ax_in = fig.add_subplot(gs[0, 1])
+    ax_in.imshow(to_display(image), cmap="gray")
+    ax_in.set_title("input")
+    ax_in.set_xticks([])
+    ax_in.set_yticks([])
     vmax_contrib = float(contrib.max())
     for t in range(T):
-        ax = axes[t]
-        ax[0].imshow(to_display(image), cmap="gray")
+        ax = [fig.add_subplot(gs[t + 1, c]) for c in range(3)]
+        im = ax[0].imshow(_mosaic(coup[t]), cmap="viridis", vmin=0, vmax=1)
         ax[0].set_ylabel(f"iteration {t + 1}", fontsize=11)
-        im = ax[1].imshow(_mosaic(coup[t]), cmap="viridis", vmin=0, vmax=1)
-        fig.colorbar(im, ax=ax[1], fraction=0.025)
-        ax[2].imshow(contrib[t].numpy(), cmap="magma", vmin=0, vmax=vmax_contrib)
+        fig.colorbar(im, ax=ax[0], fraction=0.025)
+        ax[1].imshow(contrib[t].numpy(), cmap="magma", vmin=0, vmax=vmax_contrib)
         lengths = capsule_lengths(trace.outputs[t][sample].float()).numpy()
-        ax[3].bar(
+        ax[2].bar(
             range(len(lengths)),
             lengths,
             color=["tab:orange" if k == parent else "tab:blue" for k in range(len(lengths))],
         )
-        ax[3].set_xticks(range(len(lengths)), names, fontsize=8)
-        ax[3].set_ylim(0, 1)
-        for a in ax[:3]:
+        ax[2].set_xticks(range(len(lengths)), names, fontsize=9)
+        ax[2].set_ylim(0, 1)
+        ax[2].tick_params(labelsize=9)
+        for a in ax[:2]:
             a.set_xticks([])
             a.set_yticks([])
         if t == 0:
-            ax[0].set_title("input")
-            ax[1].set_title(f"coupling to '{names[parent]}' ({grid[0]} capsule types, each {grid[1]}x{grid[2]})")
-            ax[2].set_title("sent to it: sum of c*|u_hat|")
-            ax[3].set_title("output lengths")
-    fig.tight_layout()
+            ax[0].set_title(f"coupling to '{names[parent]}' ({grid[0]} capsule types, each {grid[1]}x{grid[2]})")
+            ax[1].set_title("sent to it:\nsum of c*|u_hat|")
+            ax[2].set_title("output lengths")
     return fig
 
 
@@ -181,11 +192,11 @@ def plot_coupling_sharpening(
         parent_of = capsule_lengths(trace.outputs[-1].float()).argmax(-1)  # [B]
     idx = parent_of.view(1, -1, 1, 1).expand(T, -1, c.shape[2], 1)
     to_winner = c.gather(3, idx).squeeze(-1)  # [T, B, I]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.4))
+    fig, axes = plt.subplots(1, 2, figsize=(9.0, 3.4))
     J = c.shape[-1]
     axes[0].plot(range(1, T + 1), ent, "o-")
     axes[0].axhline(np.log(J), ls="--", c="gray", lw=1)
-    axes[0].text(1, np.log(J), f" uniform = ln {J}", va="bottom", fontsize=8, color="gray")
+    axes[0].text(1, np.log(J), f" uniform = ln {J}", va="bottom", fontsize=9, color="gray")
     axes[0].set_xlabel("iteration")
     axes[0].set_ylabel("mean coupling entropy (nats)")
     axes[0].set_xticks(range(1, T + 1))
@@ -209,7 +220,7 @@ def plot_reconstructions(
 ) -> Figure:
     """Inputs (top row) vs reconstructions (bottom row)."""
     n = min(n, images.shape[0])
-    fig, axes = plt.subplots(2, n, figsize=(1.3 * n, 2.9), squeeze=False)
+    fig, axes = plt.subplots(2, n, figsize=(max(0.9 * n, 3.0), 2.5), squeeze=False)  # 10 images: 9 in
     for k in range(n):
         axes[0, k].imshow(to_display(images[k]), cmap="gray")
         axes[1, k].imshow(to_display(recons[k]), cmap="gray")
@@ -342,7 +353,7 @@ def plot_segmentation(
 ) -> Figure:
     """MultiMNIST: input (top) and the two reconstructions overlaid in red and green (bottom)."""
     n = min(n, images.shape[0])
-    fig, axes = plt.subplots(2, n, figsize=(1.5 * n, 3.3), squeeze=False)
+    fig, axes = plt.subplots(2, n, figsize=(max(1.1 * n, 3.3), 2.9), squeeze=False)  # 8 images: 8.8 in
     for k in range(n):
         axes[0, k].imshow(to_display(images[k]), cmap="gray")
         rgb = np.zeros((*to_display(recon_a[k]).shape, 3))
@@ -366,9 +377,11 @@ def plot_segmentation(
 
 
 def plot_image_grid(
-    images: torch.Tensor, titles: Sequence[str] | None = None, cols: int = 10, size: float = 1.2
+    images: torch.Tensor, titles: Sequence[str] | None = None, cols: int = 10, size: float | None = None
 ) -> Figure:
-    """A grid of images with optional titles."""
+    """A grid of images with optional titles; ``size``: inches per image (default: 1.2, less for more than
+    seven columns, so that the grid is at most 8.4 in wide and its titles stay readable in the book's column)."""
+    size = min(1.2, 8.4 / cols) if size is None else size
     n = images.shape[0]
     rows = max(1, int(np.ceil(n / cols)))
     fig, axes = plt.subplots(rows, cols, figsize=(size * cols, (size + 0.25) * rows), squeeze=False)
@@ -403,14 +416,19 @@ def plot_self_attention(
     attn = trace.extra["attention"][sample, parent].float().numpy()  # [I, I]
     c = trace.coefficients[-1][sample].float().numpy()  # [I, J]
     cb = trace.extra["coefficients_with_prior"][sample].float().numpy()  # [I, J]
-    fig, axes = plt.subplots(1, 5, figsize=(16, 3.4), gridspec_kw={"width_ratios": [1, 1.3, 1.3, 1.3, 1.3]})
+    # two rows (input | attention | lengths, then the two coupling maps): at most three panels side by side
+    fig = plt.figure(figsize=(9.6, 6.6), layout="constrained")
+    outer = fig.add_gridspec(2, 1)
+    top, bottom = outer[0].subgridspec(1, 3, width_ratios=[0.8, 2.0, 1.4]), outer[1].subgridspec(1, 2)
+    axes = [fig.add_subplot(top[0, 0]), fig.add_subplot(top[0, 1])]
+    axes += [fig.add_subplot(bottom[0, 0]), fig.add_subplot(bottom[0, 1]), fig.add_subplot(top[0, 2])]
     axes[0].imshow(to_display(image), cmap="gray")
     axes[0].set_title("input")
     axes[0].set_xticks([])
     axes[0].set_yticks([])
     lim = float(np.abs(attn).max()) or 1.0
     im = axes[1].imshow(attn, cmap="RdBu_r", vmin=-lim, vmax=lim)
-    axes[1].set_title(f"attention between votes for '{names[parent]}'", fontsize=9)
+    axes[1].set_title(f"attention between votes for '{names[parent]}'", fontsize=10)
     axes[1].set_xlabel("primary capsule k")
     axes[1].set_ylabel("primary capsule i")
     fig.colorbar(im, ax=axes[1], fraction=0.046)
@@ -419,11 +437,11 @@ def plot_self_attention(
         (axes[3], cb, "c + log-prior bias (used)"),
     ):
         im = ax.imshow(mat, cmap="viridis", aspect="auto")
-        ax.set_title(title, fontsize=9)
-        ax.set_xticks(range(len(names)), names, fontsize=7)
+        ax.set_title(title, fontsize=10)
+        ax.set_xticks(range(len(names)), names, fontsize=9)
         ax.set_xlabel("class j")
         ax.set_ylabel("primary capsule i")
         fig.colorbar(im, ax=ax, fraction=0.046)
     plot_lengths(axes[4], lengths, parent, classes)
-    fig.tight_layout()
+    axes[4].tick_params(labelsize=9)
     return fig

@@ -57,22 +57,22 @@ def plot_pareto(
 ) -> Figure:
     """One panel per ``(key, label, lower_is_better)`` of ``axes``: every model as a labelled point of
     ``y`` (in %) against that cost on a log axis, the Pareto front (:func:`pareto_front`) joined by a line."""
-    fig, axs = plt.subplots(1, len(axes), figsize=(5.0 * len(axes), 3.6), squeeze=False)
+    fig, axs = plt.subplots(1, len(axes), figsize=(max(4.3 * len(axes), 5.0), 3.6), squeeze=False)
     for ax, (key, label, lower) in zip(axs[0], axes):
         for r in rows:
             ax.scatter(r[key], 100 * r[y], s=30, zorder=3)
-            ax.annotate(r["model"], (r[key], 100 * r[y]), fontsize=7, xytext=(4, 3), textcoords="offset points")
+            ax.annotate(r["model"], (r[key], 100 * r[y]), fontsize=8, xytext=(4, 3), textcoords="offset points")
         names = pareto_front(rows, key, y, lower)
         front = [next(r for r in rows if r["model"] == n) for n in names]
         ax.plot([r[key] for r in front], [100 * r[y] for r in front], "--", color="0.4", lw=1, label="Pareto front")
         ax.set_xscale("log")
         ax.xaxis.set_major_formatter(FuncFormatter(_human))
         ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: _human(v) if str(round(v))[0] in "25" else ""))
-        ax.tick_params(axis="x", which="both", labelsize=7)
-        ax.set_xlabel(label + (" (fewer is better)" if lower else " (more is better)"), fontsize=8)
-        ax.set_ylabel(f"{y} (%)", fontsize=8)
+        ax.tick_params(axis="both", which="both", labelsize=8)
+        ax.set_xlabel(label + (" (fewer is better)" if lower else " (more is better)"), fontsize=9)
+        ax.set_ylabel(f"{y} (%)", fontsize=9)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=8)
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
@@ -96,7 +96,7 @@ def plot_robustness(
     ax.bar([i + w / 2 for i in xs], [100 * r[shifted] for r in rows], w, label=names[1])
     for i, r in enumerate(rows):
         drop = 100 * (r[clean] - r[shifted])
-        ax.annotate(f"-{drop:.1f}", (i + w / 2, 100 * r[shifted]), ha="center", va="bottom", fontsize=7)
+        ax.annotate(f"-{drop:.1f}", (i + w / 2, 100 * r[shifted]), ha="center", va="bottom", fontsize=8)
     ax.set_xticks(list(xs), [r["model"] for r in rows], rotation=20, ha="right", fontsize=8)
     ax.set_ylabel("accuracy (%)", fontsize=8)
     top = max(100 * max(r[clean], r[shifted]) for r in rows) if rows else 100
@@ -126,7 +126,7 @@ def plot_budget_curves(histories: dict[str, Any], title: str = "") -> Figure:
     ax.set_xlabel("training wall time, validation included (minutes)", fontsize=8)
     ax.set_ylabel("validation accuracy (%)", fontsize=8)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=8, ncol=2)
     if title:
         ax.set_title(title, fontsize=10)
     fig.tight_layout()
@@ -155,10 +155,10 @@ def plot_iteration_sweeps(
         ax.set_xticks(sorted({r["iterations"] for rows in sweeps.values() for r in rows}))
         ax.grid(alpha=0.3)
     handles, names = a0.get_legend_handles_labels()
-    fig.legend(handles, names, loc="lower center", ncol=min(len(names), 4), fontsize=7, frameon=False)
+    fig.legend(handles, names, loc="lower center", ncol=min(len(names), 3), fontsize=8, frameon=False)
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.tight_layout(rect=(0, 0.08 * (1 + (len(names) - 1) // 4), 1, 1))
+    fig.tight_layout(rect=(0, 0.08 * (1 + (len(names) - 1) // 3), 1, 1))
     return fig
 
 
@@ -178,7 +178,13 @@ def plot_routing_costs(rows: Sequence[dict[str, Any]], title: str = "") -> Figur
     panels = [("n_inp", size, "n_out"), ("n_out", size, "n_inp"), ("iterations", its, None)]
     panels = [p for p in panels if p[1]]
     metrics = [("ms", "forward + backward (ms)")] + ([("peak_mib", "peak memory (MiB)")] if peak else [])
-    fig, axes = plt.subplots(len(metrics), len(panels), figsize=(4.2 * len(panels), 3.0 * len(metrics)), squeeze=False)
+    fig, axes = plt.subplots(
+        len(metrics),
+        len(panels),
+        figsize=(3.0 * len(panels), 2.7 * len(metrics) + 0.8),
+        squeeze=False,
+        layout="constrained",
+    )
     kinds = list(dict.fromkeys(r["kind"] for r in rows))
     colours = {k: f"C{i}" for i, k in enumerate(kinds)}
     for col, (xkey, rs, fixed_key) in enumerate(panels):
@@ -205,11 +211,10 @@ def plot_routing_costs(rows: Sequence[dict[str, Any]], title: str = "") -> Figur
             where = f" ({fixed_key} = {fixed})" if fixed_key else (f" (at {rs[0]['n_inp']} -> {rs[0]['n_out']})")
             ax.set_xlabel(xkey + where, fontsize=8)
             ax.set_ylabel(ylabel, fontsize=8)
-            ax.tick_params(labelsize=7)
+            ax.tick_params(labelsize=8)
             ax.grid(alpha=0.3, which="both")
-    if axes[0, 0].get_lines():
-        axes[0, 0].legend(fontsize=6, ncol=2)
+    if axes[0, 0].get_lines():  # one legend for every panel, under them (it would hide a 3-in panel's lines)
+        fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="outside lower center", ncol=4, fontsize=8)
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
     return fig

@@ -22,7 +22,13 @@ __all__ = [
     "show_lightings",
     "show_stereo_pairs",
     "show_affine",
+    "MAX_WIDTH",
 ]
+
+
+#: the widest a grid of images gets (inches at 100 dpi), 900 px, shown at 688 px in the book's column, where the
+#: grids' 8 pt titles are 8.5 px high (:mod:`capsule_lib.viz.readability`)
+MAX_WIDTH = 9.0
 
 
 def _plt():
@@ -63,12 +69,15 @@ def image_grid(
     size: float = 1.3,
     fig=None,
 ):
-    """Grid of ``[N, C, H, W]`` images (see :func:`to_display`) with optional per-image titles."""
+    """Grid of ``[N, C, H, W]`` images (see :func:`to_display`) with optional per-image titles. ``size``: inches
+    per image, less where the grid would be wider than :data:`MAX_WIDTH` (so its titles stay readable in the
+    book's column)."""
     plt = _plt()
     n = images.shape[0]
     ncols = max(1, min(ncols, n))
     nrows = int(np.ceil(n / ncols))
     aspect = 2.0 if images.shape[1] == 2 else 1.0
+    size = min(size, MAX_WIDTH / (ncols * aspect))
     extra = 0.3 if titles is not None else 0.0
     fig = fig or plt.figure(figsize=(ncols * size * aspect, nrows * (size + extra) + (0.4 if title else 0)))
     for i in range(n):
@@ -77,7 +86,7 @@ def image_grid(
         ax.set_axis_off()
         ax.grid(False)
         if titles is not None:
-            ax.set_title(titles[i], fontsize=7)
+            ax.set_title(titles[i], fontsize=8)
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
@@ -103,7 +112,8 @@ def show_multimnist(ds: Any, n: int = 8, seed: int = 0, title: str | None = None
     plt = _plt()
     g = torch.Generator().manual_seed(seed)
     idx = torch.randperm(len(ds), generator=g)[:n]
-    fig, axes = plt.subplots(3, n, figsize=(n * size, 3 * size + 0.5), squeeze=False)
+    size = min(size, MAX_WIDTH / len(idx))
+    fig, axes = plt.subplots(3, n, figsize=(n * size, 3 * size + 0.7), squeeze=False)
     rows = [("merged", ds.images), ("digit a", ds.extra["source_a"]), ("digit b", ds.extra["source_b"])]
     for r, (name, imgs) in enumerate(rows):
         for c, i in enumerate(idx.tolist()):
@@ -116,10 +126,10 @@ def show_multimnist(ds: Any, n: int = 8, seed: int = 0, title: str | None = None
                 ax.set_title(f"{int(ds.extra['label_a'][i])} + {int(ds.extra['label_b'][i])}", fontsize=8)
             elif r == 1:
                 sa = ds.extra["shift_a"][i].tolist()
-                ax.set_title(f"shift {sa}", fontsize=6)
+                ax.set_title(f"shift {sa}", fontsize=8)
             else:
                 sb = ds.extra["shift_b"][i].tolist()
-                ax.set_title(f"shift {sb}", fontsize=6)
+                ax.set_title(f"shift {sb}", fontsize=8)
             if c == 0:
                 ax.set_ylabel(name, fontsize=8)
     fig.suptitle(_title(ds, title), fontsize=10)
@@ -188,12 +198,13 @@ def show_viewpoints(
                 mosaic[r * (H + gap) : r * (H + gap) + H, c * (W + gap) : c * (W + gap) + W] = to_display(
                     ds.images[i][camera : camera + 1]
                 )
+    size = min(size, (MAX_WIDTH - 0.8) / len(azs))  # 18 azimuths: 0.45 in each
     fig, ax = plt.subplots(figsize=(len(azs) * size + 0.8, len(els) * size + 0.8))
     ax.imshow(mosaic, cmap="gray", vmin=0, vmax=1, interpolation="nearest")
-    ax.set_xticks([c * (W + gap) + W / 2 for c in range(len(azs))], [f"{20 * a}°" for a in azs], fontsize=7)
-    ax.set_yticks([r * (H + gap) + H / 2 for r in range(len(els))], [f"{30 + 5 * e}°" for e in els], fontsize=7)
-    ax.set_xlabel("azimuth", fontsize=8)
-    ax.set_ylabel("elevation", fontsize=8)
+    ax.set_xticks([c * (W + gap) + W / 2 for c in range(len(azs))], [f"{20 * a}°" for a in azs], fontsize=8)
+    ax.set_yticks([r * (H + gap) + H / 2 for r in range(len(els))], [f"{30 + 5 * e}°" for e in els], fontsize=8)
+    ax.set_xlabel("azimuth", fontsize=9)
+    ax.set_ylabel("elevation", fontsize=9)
     ax.tick_params(length=0)
     ax.grid(False)
     for sp in ax.spines.values():

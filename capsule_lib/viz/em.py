@@ -58,12 +58,12 @@ def _names(classes: Sequence[str] | None, k: int) -> list[str]:
     return list(classes) if classes is not None else [str(j) for j in range(k)]
 
 
-def _heatmap(ax, R: torch.Tensor, order: torch.Tensor, names: list[str], title: str) -> None:
+def _heatmap(ax, R: torch.Tensor, order: torch.Tensor, names: list[str], title: str, fontsize: float = 8) -> None:
     ax.imshow(R[order].T.numpy(), cmap="viridis", vmin=0, vmax=1, aspect="auto", interpolation="nearest")
     ax.grid(False)
-    ax.set_yticks(range(len(names)), names, fontsize=8)
+    ax.set_yticks(range(len(names)), names, fontsize=fontsize)
     ax.set_xticks([])
-    ax.set_title(title, fontsize=9)
+    ax.set_title(title, fontsize=fontsize + 1)
 
 
 def plot_em_iterations(
@@ -74,7 +74,7 @@ def plot_em_iterations(
     classes: Sequence[str] | None = None,
     n_show: int = 64,
 ) -> Figure:
-    """EM routing of one image, every iteration: top row, the input and, per iteration, the assignment
+    """EM routing of one image, every iteration: the input (left) and, one row per iteration, the assignment
     ``R_ij`` of the ``n_show`` most active children (columns, most active first; ``child_acts [n_inp]``) to
     each class capsule (rows); bottom row, each parent's spread (mean ``sigma^2``, log scale) and activation per
     iteration. ``child_acts`` defaults to the trace's ``extra["a_in"]``."""
@@ -82,34 +82,37 @@ def plot_em_iterations(
     T, _, K = R.shape
     names = _names(classes, K)
     order = _order(trace, sample, child_acts, n_show)
-    fig = plt.figure(figsize=(3.0 + 3.2 * T, 5.6))
-    gs = fig.add_gridspec(2, T + 1, height_ratios=[1, 1.1], width_ratios=[0.8] + [1.0] * T)
-    ax = fig.add_subplot(gs[0, 0])
+    fig = plt.figure(figsize=(8.6, 1.25 * T + 3.4))
+    gs = fig.add_gridspec(T + 1, 2, height_ratios=[1.0] * T + [2.2], width_ratios=[1.0, 3.4])
+    ax = fig.add_subplot(gs[:T, 0])
     ax.imshow(to_display(image), cmap="gray")
     ax.set_xticks([])
     ax.set_yticks([])
     ax.set_title("input", fontsize=9)
     for t in range(T):
-        _heatmap(fig.add_subplot(gs[0, t + 1]), R[t], order, names, f"after iteration {t + 1}: R (children ->)")
+        _heatmap(fig.add_subplot(gs[t, 1]), R[t], order, names, f"after iteration {t + 1}: R (children ->)")
     spread = parent_spread(trace, sample).numpy()  # [T, K]
     acts = torch.stack([a[sample].float() for a in trace.activations]).numpy()  # [T, K]
-    ax = fig.add_subplot(gs[1, : (T + 1) // 2 + 1])
+    bottom = gs[T, :].subgridspec(1, 2)
+    ax = fig.add_subplot(bottom[0, 0])
     for j in range(K):
         ax.plot(range(1, T + 1), spread[:, j], marker="o", label=names[j])
     ax.set_yscale("log")
     ax.set_xticks(range(1, T + 1))
-    ax.set_xlabel("iteration")
+    ax.set_xlabel("iteration", fontsize=9)
+    ax.tick_params(labelsize=8)
     ax.set_title("spread of each parent's Gaussian (mean $\\sigma^2$)", fontsize=9)
-    ax.legend(fontsize=7, ncol=2)
-    ax = fig.add_subplot(gs[1, (T + 1) // 2 + 1 :])
+    ax.legend(fontsize=8, ncol=2)
+    ax = fig.add_subplot(bottom[0, 1])
     width = 0.8 / T
     for t in range(T):
         ax.bar(np.arange(K) + (t - (T - 1) / 2) * width, acts[t], width, label=f"iteration {t + 1}")
     ax.set_xticks(range(K), names, fontsize=8)
     ax.set_ylim(0, 1.3)
     ax.set_yticks([0, 0.25, 0.5, 0.75, 1.0])
+    ax.tick_params(labelsize=8)
     ax.set_title("class activations $a_j$", fontsize=9)
-    ax.legend(fontsize=7, loc="upper center", ncol=min(T, 3))
+    ax.legend(fontsize=8, loc="upper center", ncol=min(T, 3))
     fig.tight_layout()
     return fig
 
@@ -125,30 +128,34 @@ def plot_em_state(
     title: str = "",
 ) -> Figure:
     """The end state of one routing run (the twin of the EM explorers): the input, the final assignments of the
-    ``n_show`` most active children, and the class activations (the prediction in orange, ``label`` named)."""
+    ``n_show`` most active children, and the class activations (the prediction in orange, ``label`` named).
+    Every text is at least 10 pt, so the figure stays readable as a page-mode frame saved at 60 dpi."""
     R = assignments_after(trace, sample)[-1]  # [I, K]
     K = R.shape[-1]
     names = _names(classes, K)
     acts = trace.activations[-1][sample].float().numpy()
     pred = int(acts.argmax())
-    fig, axes = plt.subplots(1, 3, figsize=(10.5, 2.8), gridspec_kw={"width_ratios": [0.8, 2.4, 1.3]})
+    fig, axes = plt.subplots(1, 3, figsize=(10.5, 3.0), gridspec_kw={"width_ratios": [0.8, 2.4, 1.3]})
     axes[0].imshow(to_display(image), cmap="gray")
     axes[0].set_xticks([])
     axes[0].set_yticks([])
-    axes[0].set_title("input" + (f" ({names[label]})" if label is not None else ""), fontsize=9)
+    axes[0].set_title("input" + (f" ({names[label]})" if label is not None else ""), fontsize=10)
     _heatmap(
         axes[1],
         R,
         _order(trace, sample, child_acts, n_show),
         names,
         f"assignments R after {trace.iterations} iteration(s)",
+        fontsize=10,
     )
+    axes[1].title.set_fontsize(10)
     axes[2].bar(range(K), acts, color=["tab:orange" if k == pred else "tab:blue" for k in range(K)])
-    axes[2].set_xticks(range(K), names, fontsize=8)
+    axes[2].set_xticks(range(K), names, fontsize=10, rotation=20, ha="right")
     axes[2].set_ylim(0, 1)
-    axes[2].set_title(f"activations: predicts {names[pred]}", fontsize=9)
+    axes[2].tick_params(labelsize=10)
+    axes[2].set_title(f"activations: predicts {names[pred]}", fontsize=10)
     if title:
-        fig.suptitle(title, fontsize=10)
+        fig.suptitle(title, fontsize=11)
     fig.tight_layout()
     return fig
 

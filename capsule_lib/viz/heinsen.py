@@ -82,13 +82,20 @@ def plot_pose_trajectories(
     """Pose trajectories, one panel per class capsule: ``poses [P, L, S, D]`` = for panel ``p``, line ``l``
     (e.g. an object instance) and step ``s`` of a viewpoint sweep (``steps``, e.g. azimuths), the pose of
     that panel's class capsule. Each panel is that capsule's own 2-D PCA; points are coloured by the step
-    (a cyclic colour map for ``cyclic`` sweeps such as azimuth), the first step is circled."""
+    (a cyclic colour map for ``cyclic`` sweeps such as azimuth), the first step is circled. The panels fill rows
+    of at most three (five classes: 3 + 2)."""
     P, L, S, _ = poses.shape
-    fig, axes = plt.subplots(1, P, figsize=(2.9 * P, 3.2), squeeze=False, layout="constrained")
+    ncols, nrows = min(P, 3), -(-P // 3)
+    fig, grid = plt.subplots(
+        nrows, ncols, figsize=(2.9 * ncols + 0.5, 2.9 * nrows + 0.4), squeeze=False, layout="constrained"
+    )
+    for ax in grid.flat[P:]:
+        ax.remove()  # the empty cells of the last row
+    axes = grid.flat[:P]
     cmap = plt.get_cmap("twilight" if cyclic else "viridis")
     norm = plt.Normalize(min(steps), max(steps) + (steps[1] - steps[0] if cyclic and S > 1 else 0))
     markers = "osD^vP*X"
-    for p, ax in enumerate(axes[0]):
+    for p, ax in enumerate(axes):
         proj = pose_projection(poses[p].reshape(L * S, -1))
         xy = proj.apply(poses[p]).numpy()  # [L, S, 2]
         for line in range(L):
@@ -110,11 +117,13 @@ def plot_pose_trajectories(
         ax.set_title(f"class capsule '{panel_names[p]}'", fontsize=9)
         ax.set_xlabel(f"PC 1 ({100 * float(proj.explained[0]):.0f}%)", fontsize=8)
         ax.set_ylabel(f"PC 2 ({100 * float(proj.explained[1]):.0f}%)", fontsize=8)
-        ax.tick_params(labelsize=7)
+        ax.tick_params(labelsize=8)
         if L > 1:
-            ax.legend(fontsize=7, loc="best")
+            ax.legend(fontsize=8, loc="best")
     sm = plt.cm.ScalarMappable(cmap=cmap, norm=norm)
-    fig.colorbar(sm, ax=axes[0].tolist(), fraction=0.02, pad=0.01).set_label(step_label, fontsize=8)
+    cbar = fig.colorbar(sm, ax=list(axes), fraction=0.02, pad=0.01)
+    cbar.set_label(step_label, fontsize=8)
+    cbar.ax.tick_params(labelsize=8)
     if title:
         fig.suptitle(title, fontsize=10)
     return fig
@@ -133,20 +142,20 @@ def plot_viewpoint_state(
     """One view of an object (the twin of the pose explorer): the stereo image, the class probabilities
     ``probs [K]`` (prediction in orange) and the projected pose trajectory ``track [S, 2]`` of class capsule
     ``capsule`` with the current step ``current`` starred (``reference [S, 2]``: another sweep, in grey)."""
-    fig, axes = plt.subplots(1, 3, figsize=(10.5, 2.9), gridspec_kw={"width_ratios": [1.3, 1.2, 1.3]})
+    fig, axes = plt.subplots(1, 3, figsize=(10.5, 3.1), gridspec_kw={"width_ratios": [1.3, 1.2, 1.3]})
     axes[0].imshow(to_display(image), cmap="gray")
     axes[0].set_xticks([])
     axes[0].set_yticks([])
-    axes[0].set_title(title or "input (left | right camera)", fontsize=9)
+    axes[0].set_title(title or "input (left | right camera)", fontsize=10)
     pred = int(probs.argmax())
     axes[1].bar(
         range(len(classes)),
         probs.numpy(),
         color=["tab:orange" if k == pred else "tab:blue" for k in range(len(classes))],
     )
-    axes[1].set_xticks(range(len(classes)), classes, fontsize=8, rotation=20)
+    axes[1].set_xticks(range(len(classes)), classes, fontsize=10, rotation=20, ha="right")
     axes[1].set_ylim(0, 1)
-    axes[1].set_title(f"class probabilities: {classes[pred]} ({float(probs[pred]):.2f})", fontsize=9)
+    axes[1].set_title(f"class probabilities: {classes[pred]} ({float(probs[pred]):.2f})", fontsize=10)
     ax = axes[2]
     if reference is not None:
         ref = reference.numpy()
@@ -154,9 +163,10 @@ def plot_viewpoint_state(
     tr = track.numpy()
     ax.plot(tr[:, 0], tr[:, 1], color="tab:blue", lw=1, marker="o", ms=3, label="this sweep")
     ax.scatter(tr[current, 0], tr[current, 1], s=160, marker="*", color="tab:orange", zorder=3, label="this view")
-    ax.set_title(f"pose of class capsule '{classes[capsule]}' (PCA)", fontsize=9)
-    ax.tick_params(labelsize=7)
-    ax.legend(fontsize=7, loc="best")
+    ax.set_title(f"pose of class capsule '{classes[capsule]}' (PCA)", fontsize=10)
+    for a in axes[1:]:
+        a.tick_params(labelsize=10)
+    ax.legend(fontsize=10, loc="best", handlelength=1.2, borderaxespad=0.2)
     fig.tight_layout()
     return fig
 
@@ -184,7 +194,7 @@ def plot_class_credits(
     H, Wd = left.shape[:2]
     vmax = float(maps.max()) or 1.0
     share = maps[-1].sum((-1, -2)) / maps[-1].sum().clamp_min(1e-12)
-    fig, axes = plt.subplots(T, K + 1, figsize=(1.8 * (K + 1), 1.9 * T + 0.4), squeeze=False)
+    fig, axes = plt.subplots(T, K + 1, figsize=(1.35 * (K + 1) + 0.4, 1.45 * T + 0.5), squeeze=False)
     for t in range(T):
         axes[t, 0].imshow(left, cmap="gray")
         axes[t, 0].set_ylabel(f"iteration {its[t]}", fontsize=8)
@@ -237,7 +247,7 @@ def plot_token_credits(
     effect from :meth:`~capsule_lib.models.TokenSequenceClassifier.token_occlusion` instead)."""
     S = tokens.shape[0]
     n_tok = (tokens != 0).sum(1)
-    width = max(6.0, 0.2 * int(n_tok.max()))
+    width = min(max(6.0, 0.2 * int(n_tok.max())), 8.0)  # at most 8 in: text stays >= 8 px in the book's column
     fig, axes = plt.subplots(S, 1, figsize=(width, 1.5 * S + 0.4), squeeze=False, layout="constrained")
     vmax = float(credits.abs().max()) or 1.0
     for s in range(S):
@@ -252,12 +262,12 @@ def plot_token_credits(
             interpolation="nearest",
         )
         ticks = [chr(ord("A") + int(t) - 1) if 1 <= int(t) <= n_markers else "·" for t in tokens[s, :n]]
-        ax.set_xticks(range(n), ticks, fontsize=7)
+        ax.set_xticks(range(n), ticks, fontsize=8)
         for lbl, t in zip(ax.get_xticklabels(), tokens[s, :n]):
             if 1 <= int(t) <= n_markers:
                 lbl.set_fontweight("bold")
                 lbl.set_color("tab:red")
-        ax.set_yticks(range(len(classes)), classes, fontsize=7)
+        ax.set_yticks(range(len(classes)), classes, fontsize=8)
         ax.grid(False)
         ax.set_title(
             f"label {classes[int(labels[s])]}, predicted {classes[int(preds[s])]} ({n} tokens)", fontsize=8, loc="left"
@@ -280,7 +290,7 @@ def plot_routing_scaling(rows: Sequence[dict[str, Any]], title: str = "") -> Fig
         return max(set(vals), key=vals.count)
 
     timed = all(r["ms"] is not None for r in rows)
-    fig, axes = plt.subplots(2 if timed else 1, 2, figsize=(10, 6.4 if timed else 3.4), squeeze=False)
+    fig, axes = plt.subplots(2 if timed else 1, 2, figsize=(8.4, 6.2 if timed else 3.3), squeeze=False)
     j_fix, i_fix = common("n_out"), common("n_inp")
     for col, (xkey, fixed_key, fixed) in enumerate([("n_inp", "n_out", j_fix), ("n_out", "n_inp", i_fix)]):
         for row, (ykey, ylabel) in enumerate(
@@ -295,11 +305,11 @@ def plot_routing_scaling(rows: Sequence[dict[str, Any]], title: str = "") -> Fig
                 ax.plot(xs, ys, marker="o", label=f"{_KIND_NAMES.get(kind, kind)} (slope {loglog_slope(xs, ys):.2f})")
             ax.set_xscale("log")
             ax.set_yscale("log")
-            ax.set_xlabel(f"{xkey} ({fixed_key} = {fixed})", fontsize=8)
-            ax.set_ylabel(ylabel, fontsize=8)
-            ax.tick_params(labelsize=7)
+            ax.set_xlabel(f"{xkey} ({fixed_key} = {fixed})", fontsize=9)
+            ax.set_ylabel(ylabel, fontsize=9)
+            ax.tick_params(labelsize=8)
             if ax.get_lines():
-                ax.legend(fontsize=7)
+                ax.legend(fontsize=8)
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()

@@ -41,7 +41,7 @@ def plot_schedules(n_layers: int = 3, iterations: int = 3) -> Figure:
     the same layer, the query of the agreement. The number in a node is the order in which it is computed;
     nodes with the same number can be computed at the same time."""
     L, T = n_layers, iterations
-    fig, axes = plt.subplots(1, 2, figsize=(2.3 * T + 4.6, 0.9 * L + 1.8), squeeze=False)
+    fig, axes = plt.subplots(1, 2, figsize=(2.0 * T + 3.2, 0.9 * L + 1.9), squeeze=False)
     for ax, seq in zip(axes[0], (False, True)):
         order: dict[tuple[int, int], int] = {}
         edges: list[tuple[tuple[int, int], tuple[int, int], bool]] = []  # (src, dst, is_query)
@@ -88,7 +88,7 @@ def plot_schedules(n_layers: int = 3, iterations: int = 3) -> Figure:
             x, y = xy((l, t))
             ax.scatter([x], [y], s=700, color="white", edgecolor="k", zorder=3)
             ax.text(x, y + 0.04, f"$P_{l}^{{({t})}}$", ha="center", va="center", fontsize=9, zorder=4)
-            ax.text(x + 0.2, y - 0.24, str(k), ha="left", va="center", fontsize=7, color="tab:red", zorder=4)
+            ax.text(x + 0.2, y - 0.26, str(k), ha="left", va="center", fontsize=8, color="tab:red", zorder=4)
         ax.set_xlim(-0.6, T + 0.6)
         ax.set_ylim(-0.6, L + 0.6)
         ax.set_xticks(range(T + 1), ["fixed"] + [f"update {t}" for t in range(1, T + 1)], fontsize=8)
@@ -101,7 +101,7 @@ def plot_schedules(n_layers: int = 3, iterations: int = 3) -> Figure:
         )
     axes[0, 0].plot([], [], "-", color="tab:blue", label="input poses (layer below)")
     axes[0, 0].plot([], [], "--", color="tab:orange", label="query: previous pose of the layer")
-    axes[0, 0].legend(fontsize=7, loc="upper left", frameon=False)
+    axes[0, 0].legend(fontsize=8, loc="upper left", frameon=False)
     fig.tight_layout()
     return fig
 

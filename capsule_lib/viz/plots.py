@@ -28,7 +28,14 @@ __all__ = [
     "LivePlot",
     "history_records",
     "BOOK_STYLE",
+    "COLUMN_PX",
 ]
+
+#: width (px) of the book's content column, where every figure is shown, measured in Chromium on the built
+#: book (sphinx-book-theme, 1280 px wide viewport, ``book/routing_compared.html``): the ``article`` is 752 px
+#: wide with 32 px padding on each side, so a cell output (and an image in it) gets 688 px. A wider figure is
+#: scaled down to it (``max-width: 100%``); :mod:`capsule_lib.viz.readability` checks text at that size.
+COLUMN_PX = 688
 
 #: matplotlib rcParams used by every figure of the book (applied by :func:`set_style`).
 BOOK_STYLE: dict[str, Any] = {

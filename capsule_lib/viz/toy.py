@@ -159,7 +159,7 @@ def draw_routing_panel(
     ax.tick_params(labelsize="small")
 
 
-def _group_legend(fig: Figure, toy: ToyVotes) -> None:
+def _group_legend(fig: Figure, toy: ToyVotes, fontsize: str = "small") -> None:
     from matplotlib.lines import Line2D
 
     keys = sorted(k for k in set(toy.group.tolist()) if k >= 0)
@@ -177,7 +177,7 @@ def _group_legend(fig: Figure, toy: ToyVotes) -> None:
     if (toy.group < 0).any():
         handles.append(Line2D([], [], ls="", marker="o", color=_OUTLIER_COLOR, label="votes of outliers"))
     handles.append(Line2D([], [], color="black", lw=2, label="parent capsule $v_j$"))
-    fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 2), fontsize="small")
+    fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 2), fontsize=fontsize)
 
 
 def _draw_shares(ax: Axes, toy: ToyVotes, trace: RoutingTrace, t: int, sample: int) -> None:
@@ -194,27 +194,37 @@ def _draw_shares(ax: Axes, toy: ToyVotes, trace: RoutingTrace, t: int, sample: i
             width=0.8,
         )
         bottom += c[:, j]
-    ax.set_xticks(range(c.shape[0]), labels, fontsize="x-small")
-    ax.set(ylim=(0, 1.18), yticks=np.linspace(0, 1, 6), ylabel=r"$c_{ij}$", title=f"coefficients used in iteration {t}")
-    ax.title.set_fontsize("small")
+    ax.set_xticks(range(c.shape[0]), labels)
+    ax.set(ylim=(0, 1.25), yticks=np.linspace(0, 1, 6), ylabel=r"$c_{ij}$", title=f"coefficients used in iteration {t}")
     ax.grid(False)
-    ax.legend(fontsize="x-small", loc="upper right", ncol=c.shape[1])
+    ax.legend(loc="upper right", ncol=c.shape[1], handlelength=1.0, columnspacing=1.0)
 
 
 def plot_routing_state(toy: ToyVotes, trace: RoutingTrace, t: int, sample: int = 0) -> Figure:
     """The state of routing in iteration ``t``: one panel per parent plus each child's coefficients.
 
-    The static twin of :func:`capsule_lib.viz.widgets.routing_explorer` (the slider sets ``t``).
+    The static twin of :func:`capsule_lib.viz.widgets.routing_explorer` (the slider sets ``t``). Two parents: one
+    row of three panels; more: the parents in rows of at most three, the coefficients below them. Every text is
+    at least 10 pt, so the figure stays readable as a page-mode frame saved at 60 dpi.
     """
     _check_t(trace, t)
     J = toy.n_parents
-    fig, axes = plt.subplots(
-        1, J + 1, figsize=(3.2 * J + 4.0, 3.6), constrained_layout=True, gridspec_kw={"width_ratios": [1] * J + [1.3]}
-    )
+    if J + 1 <= 3:
+        fig, axes = plt.subplots(
+            1, J + 1, figsize=(3.2 * J + 4.0, 3.6), layout="constrained", gridspec_kw={"width_ratios": [1] * J + [1.3]}
+        )
+        axes = list(axes)
+    else:
+        ncols, prow = 3, -(-J // 3)
+        fig = plt.figure(figsize=(9.6, 3.2 * prow + 2.8), layout="constrained")
+        gs = fig.add_gridspec(prow + 1, ncols, height_ratios=[1.0] * prow + [0.8])
+        axes = [fig.add_subplot(gs[j // ncols, j % ncols]) for j in range(J)] + [fig.add_subplot(gs[prow, :])]
     for j in range(J):
-        draw_routing_panel(axes[j], toy, trace, t, j, sample)
+        draw_routing_panel(axes[j], toy, trace, t, j, sample, label_parent=j % 3 == 0)
     _draw_shares(axes[J], toy, trace, t, sample)
-    _group_legend(fig, toy)
+    for ax in axes:
+        ax.tick_params(labelsize="medium")
+    _group_legend(fig, toy, fontsize="medium")
     return fig
 
 
@@ -223,18 +233,20 @@ def plot_toy_iterations(
 ) -> Figure:
     """All requested iterations side by side: rows = parents, columns = iterations (default: all).
 
-    Each panel is the one :func:`plot_routing_state` draws for that iteration and parent.
+    Each panel is the one :func:`plot_routing_state` draws for that iteration and parent. More than three
+    iterations wrap: the next three columns form a new block of rows below (``fig.axes`` stays parent-major).
     """
     its = list(iterations) if iterations is not None else list(range(1, trace.iterations + 1))
     for t in its:
         _check_t(trace, t)
     J = toy.n_parents
-    fig, axes = plt.subplots(
-        J, len(its), figsize=(0.4 + 2.3 * len(its), 0.5 + 2.3 * J), squeeze=False, constrained_layout=True
-    )
-    for col, t in enumerate(its):
-        for j in range(J):
-            draw_routing_panel(axes[j][col], toy, trace, t, j, sample, label_parent=col == 0)
+    ncols, blocks = min(len(its), 3), -(-len(its) // 3)
+    fig = plt.figure(figsize=(0.4 + 2.3 * ncols, 0.5 + 2.3 * J * blocks), layout="constrained")
+    gs = fig.add_gridspec(J * blocks, ncols)
+    for j in range(J):
+        for col, t in enumerate(its):
+            ax = fig.add_subplot(gs[(col // 3) * J + j, col % 3])
+            draw_routing_panel(ax, toy, trace, t, j, sample, label_parent=col % 3 == 0)
     _group_legend(fig, toy)
     return fig
 
