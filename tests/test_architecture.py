@@ -33,6 +33,7 @@ LAYERS = [
     "models",
     "data",
     "evaluation",
+    "attacks",
     "cost",
     "distributed",
     "training",

@@ -313,8 +313,10 @@ def slider_value(page, label: str) -> float:
     """The current value shown in the readout of the slider labelled ``label`` (waiting, within the usual bound,
     for the readout to be rendered: right after "run all" it can still be empty)."""
     readout = _slider(page, label).locator(".widget-readout")
+    readout.scroll_into_view_if_needed()  # figures drawn above it can push it out of view, where JupyterLab
+    # skips rendering cells (content-visibility) and innerText reads "": textContent is read instead
     text = _wait_until_settled(
-        page, lambda: readout.inner_text().strip(), f"readout of {label!r}", 0.0, CHANGE_TIMEOUT_S
+        page, lambda: (readout.text_content() or "").strip(), f"readout of {label!r}", 0.0, CHANGE_TIMEOUT_S
     )
     return float(text)
 

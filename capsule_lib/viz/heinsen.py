@@ -142,7 +142,7 @@ def plot_viewpoint_state(
     """One view of an object (the twin of the pose explorer): the stereo image, the class probabilities
     ``probs [K]`` (prediction in orange) and the projected pose trajectory ``track [S, 2]`` of class capsule
     ``capsule`` with the current step ``current`` starred (``reference [S, 2]``: another sweep, in grey)."""
-    fig, axes = plt.subplots(1, 3, figsize=(10.5, 3.1), gridspec_kw={"width_ratios": [1.3, 1.2, 1.3]})
+    fig, axes = plt.subplots(1, 3, figsize=(9.6, 3.1), gridspec_kw={"width_ratios": [1.3, 1.2, 1.3]})
     axes[0].imshow(to_display(image), cmap="gray")
     axes[0].set_xticks([])
     axes[0].set_yticks([])
