@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from typing import Any
 
 __all__ = [
+    "pct_cell",
+    "epochs_text",
     "HISTORY_HEADERS",
     "history_rows",
     "show_histories",
@@ -24,6 +26,17 @@ __all__ = [
 def pct(x: float | None, digits: int = 2) -> str:
     """``0.99612 -> "99.61 %"``; ``None -> "—"``."""
     return "—" if x is None else f"{100 * x:.{digits}f} %"
+
+
+def pct_cell(x: float | None, digits: int = 2) -> str:
+    """:func:`pct` for a table cell: a non-breaking space before ``%`` (the cell wraps between numbers, not inside
+    one)."""
+    return pct(x, digits).replace(" ", "\u00a0")
+
+
+def epochs_text(x: float) -> str:
+    """Epochs as a run records them: ``6``, or ``32.99`` when a time budget stopped it inside an epoch."""
+    return f"{x:.2f}".rstrip("0").rstrip(".")
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -65,15 +78,14 @@ def budget_rows(names: Sequence[str]) -> list[list[str]]:
     for name in names:
         e = reg[name]
         t, m = e["training"], e["metrics"]
-        epochs = f"{t['epochs']:.2f}".rstrip("0").rstrip(".")
         rows.append(
             [
                 f"`{name}`",
                 t["hardware"],
-                f"{epochs} ({m['selected_epoch']})",
+                f"{epochs_text(t['epochs'])} ({m['selected_epoch']})",
                 duration(t["wall_time_s"]),
-                pct(m.get("val_acc")).replace(" ", "\u00a0"),
-                pct(m.get("test_acc")).replace(" ", "\u00a0"),
+                pct_cell(m.get("val_acc")),
+                pct_cell(m.get("test_acc")),
             ]
         )
     return rows
@@ -89,14 +101,11 @@ def metrics_summary(metrics: dict[str, Any]) -> str:
     bit-exact and whole test split where a copy marks bit-exact images, else the test accuracy (a non-breaking
     space before each ``%``: a table cell wraps between the numbers, not inside one)."""
 
-    def p(x: float) -> str:
-        return pct(x).replace(" ", "\u00a0")
-
     if "test_familiar_acc" in metrics:
-        return f"familiar {p(metrics['test_familiar_acc'])}, novel {p(metrics['test_novel_acc'])}"
+        return f"familiar {pct_cell(metrics['test_familiar_acc'])}, novel {pct_cell(metrics['test_novel_acc'])}"
     if "test_exact_acc" in metrics:
-        return f"{p(metrics['test_exact_acc'])} (bit-exact test images), {p(metrics['test_acc'])} (all)"
-    return p(metrics["test_acc"])
+        return f"{pct_cell(metrics['test_exact_acc'])} (bit-exact test images), {pct_cell(metrics['test_acc'])} (all)"
+    return pct_cell(metrics["test_acc"])
 
 
 def train_cost(epochs: int, cpu: Sequence[str] = (), gpu: Sequence[str] = (), budget: Sequence[str] = ()) -> str:
@@ -154,7 +163,7 @@ def history_rows(histories: dict[str, Any], models: dict[str, Any] | None = None
         row = [
             f"`{name}`",
             f"{last['epoch']:g} ({best['epoch']:g})",
-            pct(best["val_acc"]).replace(" ", "\u00a0"),
+            pct_cell(best["val_acc"]),
             f"{duration(last['wall_time'])} ({duration(last['wall_time'] / last['epoch'])}/epoch)",
             str(h.meta.get("hardware", "—")),
         ]

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+from .cost import count_parameters
 from .published import PublishedResult, published
-from .report import duration, markdown_table, pct
+from .report import duration, epochs_text, markdown_table, pct_cell
 
 __all__ = [
     "Family",
@@ -146,7 +147,7 @@ def _count(kind: str, config_json: str) -> int:
 
     from .pretrained import build_model
 
-    return sum(p.numel() for p in build_model(kind, json.loads(config_json)).parameters())
+    return count_parameters(build_model(kind, json.loads(config_json)))
 
 
 def parameter_count(entry: dict[str, Any]) -> int:
@@ -157,18 +158,14 @@ def parameter_count(entry: dict[str, Any]) -> int:
     return _count(entry["model"], json.dumps(entry["config"], sort_keys=True))
 
 
-def _epochs(x: float) -> str:
-    return f"{x:.2f}".rstrip("0").rstrip(".")
-
-
 def training_cell(entry: dict[str, Any]) -> str:
     """``"6 epochs (6 kept), 3.4 h, x86_64 CPU, 1 threads"``: the epochs run (fractional when a time budget
     stopped the run inside an epoch), the one selected on validation, the training wall time and the hardware, as
     the registry records them."""
     t, m = entry["training"], entry["metrics"]
-    epochs = _epochs(t["epochs"])
+    epochs = epochs_text(t["epochs"])
     return (
-        f"{epochs} epoch{'' if epochs == '1' else 's'} ({_epochs(m['selected_epoch'])} kept), "
+        f"{epochs} epoch{'' if epochs == '1' else 's'} ({epochs_text(m['selected_epoch'])} kept), "
         f"{duration(t['wall_time_s'])}, {t['hardware']}"
     )
 
@@ -176,10 +173,6 @@ def training_cell(entry: dict[str, Any]) -> str:
 def _unbreakable_units(text: str) -> str:
     """A non-breaking space between a number and its unit (``%``, ``K``, ``M``): a table cell never wraps there."""
     return re.sub(r"(\d) (%|K\b|M\b)", "\\1\u00a0\\2", text)
-
-
-def _accuracy(x: float | None) -> str:
-    return pct(x).replace(" ", "\u00a0")
 
 
 def _name_cell(name: str) -> str:
@@ -230,7 +223,7 @@ def results_rows(registry: dict[str, dict[str, Any]] | None = None) -> list[Resu
         family = FAMILIES[family_of(entry)]
         paper, reimpl = paper_result(name, entry), reimplementation_result(name, entry)
         values = [_name_cell(name)]
-        values += [" / ".join(_accuracy(entry["metrics"].get(k)) for k in keys) for _, keys in family.metrics]
+        values += [" / ".join(pct_cell(entry["metrics"].get(k)) for k in keys) for _, keys in family.metrics]
         mark = PROXY_MARK if paper is not None and _paper_model(name, entry)[1] else ""
         values += [paper.text + mark if paper else "—", reimpl.text if reimpl else "—"]
         values += [f"{parameter_count(entry):,}", training_cell(entry)]

@@ -130,3 +130,10 @@ def test_history_rows_golden():
 
     (with_params,) = history_rows({"run_a": h}, {"run_a": torch.nn.Linear(3, 2)})
     assert with_params[1] == "8" and with_params[2:] == row[1:]
+
+
+def test_pct_cell_and_epochs_text_golden():
+    from capsule_lib.report import epochs_text, pct_cell
+
+    assert pct_cell(0.99612) == "99.61\u00a0%" and pct_cell(None) == "—"
+    assert [epochs_text(x) for x in (6, 6.0, 32.9906, 1.5)] == ["6", "6", "32.99", "1.5"]
