@@ -12,7 +12,9 @@ else the one with the highest loss.
 
 The loss is a **common** one for every model, stated here: cross-entropy on the model's class scores read as
 logits (``CapsuleOutput.scores``: logits, capsule lengths or activations; :func:`attack_loss`), so every network is
-attacked the same way; ``loss_fn`` takes a model's own loss instead. The model runs in eval mode with gradients
+attacked the same way; ``loss_fn`` takes a model's own loss instead, and ``objective`` any function of the whole
+output and the images (e.g. :func:`reconstruction_aware_objective`, an attack that also keeps the decoder's
+reconstruction close to the input). The model runs in eval mode with gradients
 through its routing, at the routing iterations it is configured with (a model's ``iterations`` at attack time is
 the number it runs; the attack follows its gradients through all of them).
 """
@@ -25,14 +27,44 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["attack_loss", "fgsm", "bim", "robust_accuracy"]
+__all__ = [
+    "attack_loss",
+    "reconstruction_distance",
+    "reconstruction_aware_objective",
+    "fgsm",
+    "fgsm_sweep",
+    "bim",
+    "robust_accuracy",
+]
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+#: ``(model output, images [B, C, H, W], labels [B]) -> per-image loss [B]``
+Objective = Callable[[object, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def attack_loss(scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """The common attack loss: cross-entropy of the class scores ``[B, K]`` read as logits, per image ``[B]``."""
     return F.cross_entropy(scores.float(), labels, reduction="none")
+
+
+def reconstruction_distance(x: torch.Tensor, reconstruction: torch.Tensor) -> torch.Tensor:
+    """The L2 distance ``[B]`` between images ``[B, C, H, W]`` and their reconstructions (DARCCC's detection
+    statistic: the reconstruction from the winning class capsule, Frosst et al. 2018)."""
+    return (x - reconstruction).flatten(1).norm(dim=1)
+
+
+def reconstruction_aware_objective(weight: float, loss_fn: LossFn = attack_loss) -> Objective:
+    """An attack objective that also pulls the reconstruction towards the input: ``loss_fn(scores, y) - weight *
+    ||x - reconstruction||``, for models with a decoder (the reconstruction-aware attack DARCCC warns about).
+    Ascended by an untargeted attack: it changes the class while keeping the distance a detector reads small."""
+
+    def objective(out: object, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        recon = getattr(out, "reconstruction", None)
+        if recon is None:
+            raise ValueError("reconstruction_aware_objective needs a model with a decoder (output.reconstruction)")
+        return loss_fn(out.scores, y) - weight * reconstruction_distance(x, recon)
+
+    return objective
 
 
 def _scores(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -51,13 +83,18 @@ def _check(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float) -> No
         raise ValueError("attacks take float images in [0, 1] (uint8 images: x.float() / 255)")
 
 
-def _gradient(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-image loss ``[B]`` and its gradient with respect to the images ``[B, C, H, W]``."""
+def _gradient(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn, objective: Objective | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-image loss ``[B]``, its gradient with respect to the images ``[B, C, H, W]`` and the class scores
+    ``[B, K]`` at ``x`` (the forward pass the gradient needed)."""
     x = x.detach().requires_grad_(True)
     with torch.enable_grad():
-        loss = loss_fn(_scores(model, x), y)
+        out = model(x)
+        scores = out.scores if hasattr(out, "scores") else out
+        loss = loss_fn(scores, y) if objective is None else objective(out, x, y)
         (grad,) = torch.autograd.grad(loss.sum(), x)
-    return loss.detach(), grad
+    return loss.detach(), grad, scores.detach()
 
 
 def fgsm(
@@ -68,6 +105,7 @@ def fgsm(
     *,
     targeted: bool = False,
     loss_fn: LossFn = attack_loss,
+    objective: Objective | None = None,
 ) -> torch.Tensor:
     """Fast gradient sign method: one step of size ``eps`` along the sign of the loss gradient.
 
@@ -85,6 +123,8 @@ def fgsm(
         Step down the loss of ``y`` (towards the target) instead of up the loss of the true class.
     loss_fn
         ``(scores, labels) -> per-image loss [B]``; default :func:`attack_loss`.
+    objective
+        ``(output, images, labels) -> per-image loss [B]``; replaces ``loss_fn`` when given.
 
     Returns
     -------
@@ -92,9 +132,28 @@ def fgsm(
         Adversarial images ``[B, C, H, W]``, within ``eps`` of ``x`` and in [0, 1].
     """
     _check(model, x, y, eps)
-    _, grad = _gradient(model, x, y, loss_fn)
+    _, grad, _ = _gradient(model, x, y, loss_fn, objective)
     step = eps * grad.sign() * (-1.0 if targeted else 1.0)
     return (x + step).clamp(0, 1).detach()
+
+
+def fgsm_sweep(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    eps: Sequence[float],
+    *,
+    targeted: bool = False,
+    loss_fn: LossFn = attack_loss,
+    objective: Objective | None = None,
+) -> torch.Tensor:
+    """:func:`fgsm` at every budget of ``eps`` from **one** gradient (FGSM's direction does not depend on the
+    budget): ``[E, B, C, H, W]``, equal to ``torch.stack([fgsm(model, x, y, e) for e in eps])``."""
+    for e in eps:
+        _check(model, x, y, e)
+    _, grad, _ = _gradient(model, x, y, loss_fn, objective)
+    direction = grad.sign() * (-1.0 if targeted else 1.0)
+    return torch.stack([(x + float(e) * direction).clamp(0, 1) for e in eps]).detach()
 
 
 def bim(
@@ -108,7 +167,9 @@ def bim(
     random_start: bool = False,
     restarts: int = 1,
     targeted: bool = False,
+    early_stop: bool = False,
     loss_fn: LossFn = attack_loss,
+    objective: Objective | None = None,
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
     """Basic iterative method (BIM; PGD with ``random_start`` and ``restarts``): ``steps`` signed-gradient steps of
@@ -116,7 +177,7 @@ def bim(
 
     Parameters
     ----------
-    model, x, y, targeted, loss_fn
+    model, x, y, targeted, loss_fn, objective
         As in :func:`fgsm`.
     eps
         The L-infinity budget.
@@ -130,6 +191,9 @@ def bim(
     restarts
         Independent runs; each image keeps the first one that fools the model (untargeted: another class wins;
         targeted: the target wins), else the one with the highest (untargeted) or lowest (targeted) loss.
+    early_stop
+        Keep an image's first iterate that fools the model and stop stepping it (an adversarial example found
+        along the way counts, and the remaining steps cost nothing for it). Off: every image takes every step.
     generator
         For the random starts (reproducible attacks).
 
@@ -145,26 +209,37 @@ def bim(
         alpha = (2.5 if random_start else 1.0) * eps / steps
     sign = -1.0 if targeted else 1.0
     lo, hi = (x - eps).clamp(min=0), (x + eps).clamp(max=1)  # the projection: the eps ball within [0, 1]
-    best, best_loss, best_fooled = x.clone(), torch.full_like(y, float("-inf"), dtype=torch.float), None
+
+    def fools(scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        hit = scores.argmax(1) == labels
+        return hit if targeted else ~hit
+
+    best, best_loss = x.clone(), torch.full_like(y, float("-inf"), dtype=torch.float)
+    best_fooled = torch.zeros_like(y, dtype=torch.bool)
     for _ in range(restarts):
+        run = (~best_fooled).nonzero().squeeze(1)  # an image a restart fooled keeps that restart
         x_adv = x.clone()
         if random_start:
             noise = torch.rand(x.shape, generator=generator, device="cpu").to(x.device, x.dtype)
             x_adv = torch.max(torch.min(x + eps * (2 * noise - 1), hi), lo)
+        i = run
         for _ in range(steps):
-            _, grad = _gradient(model, x_adv, y, loss_fn)
-            x_adv = torch.max(torch.min(x_adv + sign * alpha * grad.sign(), hi), lo).detach()
+            if len(i) == 0:
+                break
+            _, grad, scores = _gradient(model, x_adv[i], y[i], loss_fn, objective)
+            if early_stop:  # iterates that fool already: keep them as they are
+                keep = ~fools(scores, y[i])
+                i, grad = i[keep], grad[keep]
+            x_adv[i] = torch.max(torch.min(x_adv[i] + sign * alpha * grad.sign(), hi[i]), lo[i]).detach()
         with torch.no_grad():
-            scores = _scores(model, x_adv)
-            loss = sign * loss_fn(scores, y)  # higher is better for the attack
-            hit = scores.argmax(1) == y
-            fooled = hit if targeted else ~hit
-        if best_fooled is None:
-            best_fooled = torch.zeros_like(fooled)
+            out = model(x_adv[run])
+            scores = out.scores if hasattr(out, "scores") else out
+            loss = sign * (loss_fn(scores, y[run]) if objective is None else objective(out, x_adv[run], y[run]))
+            fooled = fools(scores, y[run])
         # an image keeps a fooling restart once it has one; otherwise the restart with the best loss
-        take = (fooled & ~best_fooled) | (~best_fooled & ~fooled & (loss > best_loss))
-        best[take], best_loss[take] = x_adv[take], loss[take]
-        best_fooled |= fooled
+        take = fooled | (loss > best_loss[run])
+        best[run[take]], best_loss[run[take]] = x_adv[run[take]], loss[take].float()
+        best_fooled[run] |= fooled
     return best.detach()
 
 
@@ -191,13 +266,14 @@ def robust_accuracy(
     fn = fgsm if attack == "fgsm" else bim
     device = next(model.parameters()).device
     x_all = images.float() / 255 if images.dtype == torch.uint8 else images.float()
-    out: dict[float, float] = {}
-    for e in eps:
-        correct = 0
-        for i in range(0, len(x_all), batch_size):
-            x, y = x_all[i : i + batch_size].to(device), labels[i : i + batch_size].to(device)
-            x_adv = x if e == 0 else fn(model, x, y, e, **kwargs)
+    correct = dict.fromkeys(map(float, eps), 0)
+    for i in range(0, len(x_all), batch_size):
+        x, y = x_all[i : i + batch_size].to(device), labels[i : i + batch_size].to(device)
+        if attack == "fgsm":  # one gradient for every budget
+            advs = dict(zip(correct, fgsm_sweep(model, x, y, list(correct), **kwargs)))
+        else:
+            advs = {e: x if e == 0 else fn(model, x, y, e, **kwargs) for e in correct}
+        for e, x_adv in advs.items():
             with torch.no_grad():
-                correct += int((_scores(model, x_adv).argmax(1) == y).sum())
-        out[float(e)] = correct / len(x_all)
-    return out
+                correct[e] += int((_scores(model, x_adv).argmax(1) == y).sum())
+    return {e: c / len(x_all) for e, c in correct.items()}

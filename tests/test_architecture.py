@@ -34,6 +34,7 @@ LAYERS = [
     "data",
     "evaluation",
     "attacks",
+    "robustness",
     "cost",
     "distributed",
     "training",

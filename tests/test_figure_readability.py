@@ -110,7 +110,19 @@ def test_column_width_matches_the_browser_check():
 
 
 # ------------------------------------------------------------------------------- every figure is tested
-FIGURE_MODULES = ("plots", "toy", "capsules", "data", "compare", "em", "heinsen", "inverted", "explorers", "page")
+FIGURE_MODULES = (
+    "plots",
+    "toy",
+    "capsules",
+    "data",
+    "compare",
+    "robustness",
+    "em",
+    "heinsen",
+    "inverted",
+    "explorers",
+    "page",
+)
 
 
 def _figure_functions() -> list[str]:

@@ -41,6 +41,7 @@ __all__ = [
     "PAGE_EXPLORER_CLASS",
     "pose_page_explorer",
     "attention_page_explorer",
+    "adversarial_page_explorer",
 ]
 
 #: the CSS class of every page-mode explorer (the page checks of the book build look for it)
@@ -331,4 +332,32 @@ def attention_page_explorer(
         caption=f"{images.shape[0]} images x {len(iterations)} routings computed when this page was built; the "
         "sliders choose one in your browser (no kernel needed).",
         frame_title="routing into the predicted class (last update)",
+    )
+
+
+def adversarial_page_explorer(
+    frames: dict[str, Sequence[dict]],
+    eps: Sequence[float],
+    image: torch.Tensor,
+    label: int,
+    names: dict[str, str] | None = None,
+    dpi: int = 80,
+) -> W.VBox:
+    """The robustness chapter's epsilon explorer in page mode: for each attack of ``frames`` (attack name -> one
+    dict of :class:`~capsule_lib.robustness.AdversarialExample` per budget of ``eps``, from
+    :func:`~capsule_lib.robustness.adversarial_examples`), the figure of
+    :func:`~capsule_lib.viz.robustness.plot_adversarial_frame` at every budget, chosen by two sliders."""
+    from .robustness import plot_adversarial_frame
+
+    attacks = list(frames)
+    pngs = [[figure_png(plot_adversarial_frame(f, label, names), dpi) for f in frames[a]] for a in attacks]
+    return page_explorer(
+        pngs,
+        rows=("attack", attacks),
+        cols=("epsilon", [f"{e:g}" for e in eps]),
+        initial=(0, min(2, len(eps) - 1)),
+        fixed=[(f"clean ({label})", png_bytes(image, 3))],
+        frame_title="each model's adversarial copy and its prediction (red: wrong)",
+        caption=f"{len(attacks)} x {len(eps)} figures computed when this page was built; the sliders choose one in "
+        "your browser (no kernel needed).",
     )
