@@ -218,6 +218,8 @@ def bim(
     best_fooled = torch.zeros_like(y, dtype=torch.bool)
     for _ in range(restarts):
         run = (~best_fooled).nonzero().squeeze(1)  # an image a restart fooled keeps that restart
+        if len(run) == 0:
+            break
         x_adv = x.clone()
         if random_start:
             noise = torch.rand(x.shape, generator=generator, device="cpu").to(x.device, x.dtype)

@@ -311,5 +311,9 @@ def test_the_command_line_trains_a_recipe_with_overrides(tmp_path, monkeypatch, 
 
 def test_every_public_module_is_in_the_library_reference():
     documented = set(re.findall(r"automodule:: (capsule_lib[\w.]*)", (REPO / "book/appendix/api.md").read_text()))
-    public = {m for path, m, _ in _modules() if path.name != "__init__.py" and not path.name.startswith("_")}
+    public = {
+        m
+        for path, m, _ in _modules()
+        if path.name != "__init__.py" and not any(part.startswith("_") for part in m.split("."))  # routing._kernels
+    }
     assert public - documented == set(), f"missing from book/appendix/api.md: {sorted(public - documented)}"

@@ -103,3 +103,17 @@ def test_bad_input_is_refused_in_one_line():
         bim(model, x, y, 0.1, steps=0)
     with pytest.raises(ValueError, match="'fgsm' or 'bim'"):
         robust_accuracy(model, x, y, [0.1], attack="pgd")
+
+
+def test_restarts_stop_once_every_image_is_fooled():
+    """A later restart has nothing left to attack when an earlier one fooled every image (no empty forward pass)."""
+
+    class Strict(Linear):  # refuses an empty batch, as the library's models do
+        def forward(self, x):
+            assert len(x) > 0, "empty batch"
+            return super().forward(x)
+
+    model, (x, y) = Strict().eval(), _data(16)
+    x_adv = bim(model, x, y, 1.0, steps=3, restarts=3, random_start=True, early_stop=True)
+    with torch.no_grad():
+        assert (model(x_adv).argmax(1) != y).all()

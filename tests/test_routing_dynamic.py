@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from capsule_lib.functional import squash_hinton
-from capsule_lib.routing.dynamic import DynamicRouting, capsule_votes, dynamic_routing
+from capsule_lib.routing.dynamic import DynamicRouting, capsule_votes, dynamic_routing, dynamic_routing_reference
 
 
 def loop_dynamic_routing(votes, iterations, bias=None):
@@ -231,10 +231,10 @@ def test_fused_backward_under_bf16_autocast_and_with_frozen_votes():
 def test_parent_major_votes_equal_the_einsum_in_float64(monkeypatch, block_bytes, needs):
     """capsule_votes' blocked function (parent-major memory) = the plain einsum: values and both gradients, for an
     upstream gradient in any layout, with blocks that do not divide the children evenly."""
-    from capsule_lib.routing import dynamic as dyn
+    from capsule_lib.routing._kernels import dynamic as dyn_kernels
 
     if block_bytes is not None:
-        monkeypatch.setattr(dyn, "_VOTES_BLOCK_BYTES", block_bytes)
+        monkeypatch.setattr(dyn_kernels, "_VOTES_BLOCK_BYTES", block_bytes)
     B, I, J, d, E = 4, 7, 2, 3, 5
     u = torch.randn(B, I, d, dtype=torch.float64, requires_grad=needs in ("both", "u"))
     W = torch.randn(I, J, d, E, dtype=torch.float64, requires_grad=needs in ("both", "weight"))
@@ -267,3 +267,35 @@ def test_parent_major_votes_are_routed_without_a_copy_and_fall_back_under_autoca
 def test_votes_with_mismatched_shapes_raise_the_einsum_error():
     with pytest.raises(RuntimeError, match="einsum"):
         capsule_votes(torch.randn(2, 3, 4), torch.randn(5, 2, 4, 6))  # 3 input capsules, weights for 5
+
+
+@pytest.mark.parametrize("iterations", [1, 3])
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_reference_form_is_what_the_library_computes_in_float64(iterations, bias):
+    """dynamic_routing_reference (the chapter's definition) = dynamic_routing on the fused path (gradients, CPU) and
+    on the plain path (a trace asked for): values and the gradients of the votes and the bias; and = the loop
+    re-derivation."""
+    g = torch.Generator().manual_seed(0)
+    votes = torch.randn(3, 11, 4, 6, dtype=torch.float64, generator=g) * 0.7
+    b = torch.randn(4, 6, dtype=torch.float64, generator=g) if bias else None
+    upstream = torch.randn(3, 4, 6, dtype=torch.float64, generator=g)
+
+    def run(fn):
+        x = votes.clone().requires_grad_(True)
+        bb = b.clone().requires_grad_(True) if b is not None else None
+        v = fn(x, bb)
+        v = v[0] if isinstance(v, tuple) else v
+        grads = torch.autograd.grad(v, [x] + ([bb] if bb is not None else []), upstream)
+        return v.detach(), grads
+
+    ref = run(lambda x, bb: dynamic_routing_reference(x, iterations, bb))
+    for fn in (
+        lambda x, bb: dynamic_routing(x, iterations, bb),
+        lambda x, bb: dynamic_routing(x, iterations, bb, return_routing=True),
+    ):
+        got = run(fn)
+        torch.testing.assert_close(got[0], ref[0], rtol=1e-12, atol=1e-12)
+        for a, r in zip(got[1], ref[1]):
+            torch.testing.assert_close(a, r, rtol=1e-10, atol=1e-12)
+    loop, _ = loop_dynamic_routing(votes, iterations, b)
+    torch.testing.assert_close(ref[0], loop, rtol=1e-6, atol=1e-8)  # the loop's squash has no epsilon

@@ -45,11 +45,34 @@ from .._checks import check_module_input, check_nonempty, check_tensor
 from ..functional import squash
 from ..types import RoutingTrace
 from ._common import use_kernel
+from ._kernels.dynamic import _VOTES_BLOCK_BYTES, _CapsuleVotes, _FusedRouting, _Replay  # noqa: F401
 
-__all__ = ["dynamic_routing", "DynamicRouting", "capsule_votes", "DYNAMIC_PRESETS"]
+__all__ = ["dynamic_routing_reference", "dynamic_routing", "DynamicRouting", "capsule_votes", "DYNAMIC_PRESETS"]
 
 _COUPLING = ("parents", "children")
 _DETACH = ("none", "non_final")
+
+
+def dynamic_routing_reference(
+    votes: torch.Tensor, iterations: int = 3, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Dynamic routing as the paper writes it (Procedure 1), one step per line: ``votes [B, n_inp, n_out, d_out]``
+    (``u_hat_{j|i}``), optional ``bias [n_out, d_out]`` -> output capsules ``[B, n_out, d_out]``.
+
+    This is the definition. :func:`dynamic_routing` computes the same values and gradients (tested in float64),
+    with the public implementations' variants, a trace, and on the CPU a fused backward.
+    """
+    b = votes.new_zeros(votes.shape[:3])  # [B, i, j]  routing logits b_ij, all zero at the start
+    for t in range(iterations):
+        c = torch.softmax(b, dim=2)  # [B, i, j]  coupling coefficients: sum to 1 over the parents j
+        s = torch.einsum("bij,bije->bje", c, votes)  # [B, j, e]  s_j = sum_i c_ij u_hat_{j|i}
+        if bias is not None:
+            s = s + bias  # [B, j, e]
+        v = squash(s, "hinton")  # [B, j, e]  v_j = squash(s_j)
+        if t < iterations - 1:
+            b = b + torch.einsum("bije,bje->bij", votes, v)  # [B, i, j]  agreement u_hat_{j|i} . v_j
+    return v
+
 
 #: keyword arguments of :class:`DynamicRouting` that reproduce each implementation (see the module docstring);
 #: ``init_std`` is a number or ``"sqrt(2 / (n_inp * d_inp))"`` (acburigo's scaling, computed by ``preset``)
@@ -68,11 +91,6 @@ DYNAMIC_PRESETS: dict[str, dict] = {
 }
 
 
-#: bytes of one block of votes in :class:`_CapsuleVotes` (a few MiB: the block stays in the CPU's cache between
-#: the batched product that writes it and the transposing copy that reads it)
-_VOTES_BLOCK_BYTES = 4 << 20
-
-
 def capsule_votes(u: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """Votes ``u_hat_{j|i} = W_ij^T u_i``: ``u [B, n_inp, d_inp]``, ``W [n_inp, n_out, d_inp, d_out]``
     -> ``[B, n_inp, n_out, d_out]``.
@@ -86,53 +104,6 @@ def capsule_votes(u: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if shapes_match and use_kernel(u, weight):  # (mismatched shapes: the einsum says what does not match)
         return _CapsuleVotes.apply(u, weight)
     return torch.einsum("bid,ijde->bije", u, weight)  # [B, I, J, E]
-
-
-class _CapsuleVotes(torch.autograd.Function):
-    """:func:`capsule_votes` written parent-major: ``u [B, I, d]``, ``W [I, J, d, E]`` -> a ``[B, I, J, E]`` view
-    of ``[B, J, I, E]`` memory. Per block of children ``i0:i1``: ``[i, B, d] @ [i, d, J*E]`` into a cache-sized
-    buffer, then one transposing copy into ``out[:, :, i0:i1]``. The plain einsum writes all ``[I, B, J*E]``
-    products to memory and the routing then copies them to parent-major, reading and writing the votes twice
-    more; the backward likewise gathers the gradient per block instead of transposing it whole."""
-
-    @staticmethod
-    def forward(ctx, u, weight):
-        B, I, d = u.shape
-        J, E = weight.shape[1], weight.shape[3]
-        ut = u.transpose(0, 1)  # [I, B, d]
-        Wf = weight.transpose(1, 2).reshape(I, d, J * E)  # [I, d, J*E]   (a copy of the weight: J and d swap)
-        out = u.new_empty(B, J, I, E)
-        n = max(1, min(I, _VOTES_BLOCK_BYTES // (B * J * E * u.element_size())))  # children per block
-        buf = u.new_empty(n, B, J * E)
-        for i0 in range(0, I, n):
-            i1 = min(i0 + n, I)
-            blk = torch.bmm(ut[i0:i1], Wf[i0:i1], out=buf[: i1 - i0])  # [i, B, d] @ [i, d, J*E] -> [i, B, J*E]
-            out[:, :, i0:i1].copy_(blk.view(i1 - i0, B, J, E).permute(1, 2, 0, 3))  # -> [B, J, i, E]
-        ctx.save_for_backward(u, Wf)
-        ctx.block = n
-        return out.transpose(1, 2)  # [B, I, J, E]
-
-    @staticmethod
-    def backward(ctx, g):
-        u, Wf = ctx.saved_tensors
-        B, I, J, E = g.shape
-        d, n = u.shape[-1], ctx.block
-        gj = g.transpose(1, 2)  # [B, J, I, E] (contiguous when it comes from dynamic_routing)
-        ut = u.transpose(0, 1)  # [I, B, d]
-        g_u = u.new_empty(I, B, d) if ctx.needs_input_grad[0] else None
-        g_W = u.new_empty(I, d, J * E) if ctx.needs_input_grad[1] else None
-        buf = g.new_empty(n, B, J * E)
-        for i0 in range(0, I, n):
-            i1 = min(i0 + n, I)
-            blk = buf[: i1 - i0]
-            blk.view(i1 - i0, B, J, E).copy_(gj[:, :, i0:i1].permute(2, 0, 1, 3))  # [i, B, J, E]
-            if g_u is not None:
-                torch.bmm(blk, Wf[i0:i1].transpose(1, 2), out=g_u[i0:i1])  # [i, B, J*E] @ [i, J*E, d]
-            if g_W is not None:
-                torch.bmm(ut[i0:i1].transpose(1, 2), blk, out=g_W[i0:i1])  # [i, d, B] @ [i, B, J*E]
-        g_u = g_u.transpose(0, 1) if g_u is not None else None  # [B, I, d]
-        g_W = g_W.view(I, d, J, E).transpose(1, 2) if g_W is not None else None  # [I, J, d, E]
-        return g_u, g_W
 
 
 def _coupling(logits: torch.Tensor, coupling: str, leaky: bool) -> torch.Tensor:
@@ -192,75 +163,6 @@ def _route(
     return v, st
 
 
-class _Replay(torch.autograd.Function):
-    """``s = c u`` (``kind="s"``) or ``agree = u . v`` (``kind="agree"``) with the value already known (a leaf
-    that requires grad, so the output always does): the backward returns the small operand's gradient only,
-    ``dL/dc = dL/ds . u`` or ``dL/dv = dL/dagree u``, reading the votes ``u [B, J, I, E]`` once."""
-
-    @staticmethod
-    def forward(ctx, small, u, value, kind):
-        ctx.save_for_backward(u)
-        ctx.kind, ctx.small_dtype = kind, small.dtype
-        return value.detach().clone()
-
-    @staticmethod
-    def backward(ctx, g):
-        (u,) = ctx.saved_tensors
-        g = g.to(u.dtype).unsqueeze(2)  # [B, J, 1, E] (kind "s") or [B, J, 1, I] (kind "agree")
-        if ctx.kind == "s":
-            g_small = torch.matmul(g, u.transpose(-1, -2)).squeeze(2)  # [B, J, 1, E] @ [B, J, E, I] -> [B, J, I]
-        else:
-            g_small = torch.matmul(g, u).squeeze(2)  # [B, J, 1, I] @ [B, J, I, E] -> [B, J, E]
-        return g_small.to(ctx.small_dtype), None, None, None
-
-
-class _FusedRouting(torch.autograd.Function):
-    """:func:`dynamic_routing` whose backward forms the votes' gradient in **one** batched product.
-
-    The votes ``u [B, J, I, E]`` enter the loop only through ``s_t = c_t u`` (a sum over the children) and
-    ``agree_t = u v_t`` (a dot product over ``e``), so
-    ``dL/du_ji = sum_t c_t,ji dL/ds_t,j + sum_t dL/dagree_t,ji v_t,j``: a ``[I, K] @ [K, E]`` product per
-    ``(b, j)`` with ``K = 2T - 1`` (1 with ``detach="non_final"``). Autograd instead writes one votes-sized
-    outer product per use and adds them up (5 products + 4 additions of the largest tensor for T = 3). The
-    backward replays the loop on the saved votes with autograd on the small tensors only (``c``, ``s``, ``v``,
-    logits, bias: their gradients read the votes but never write a votes-sized tensor), reusing the forward's
-    products with the votes (``_Replay``).
-    """
-
-    @staticmethod
-    def forward(ctx, votes, bias, iterations, leaky, coupling, squash_kind, detach):
-        vj = votes.transpose(1, 2).contiguous()  # [B, J, I, E]
-        ctx.autocast = (torch.is_autocast_enabled(vj.device.type), torch.get_autocast_dtype(vj.device.type))
-        ctx.options = (iterations, leaky, coupling, squash_kind, detach)
-        v, st = _route(vj, iterations, bias, leaky, coupling, squash_kind, detach, False)
-        ctx.save_for_backward(vj, bias, *st["s"], *st["agree"])
-        return v
-
-    @staticmethod
-    def backward(ctx, g_v):
-        vj, bias, *values = ctx.saved_tensors
-        iterations, leaky, coupling, squash_kind, detach = ctx.options
-        given = {"s": values[:iterations], "agree": values[iterations:]}  # the forward's products with the votes
-        enabled, dtype = ctx.autocast
-        with torch.enable_grad(), torch.autocast(vj.device.type, dtype=dtype, enabled=enabled):
-            b = bias.detach().requires_grad_() if bias is not None else None
-            given = {k: [x.detach().requires_grad_() for x in xs] for k, xs in given.items()}
-            v, st = _route(vj, iterations, b, leaky, coupling, squash_kind, detach, False, given)
-            first = iterations - 1 if detach == "non_final" else 0  # iterations whose votes carry gradient
-            s_used, a_used = st["s"][first:], st["agree"][first:]
-            wrt = [*s_used, *a_used] + ([b] if b is not None else [])
-            grads = torch.autograd.grad(v, wrt, g_v, allow_unused=True)
-        n_s = len(s_used)
-        g_s = [torch.zeros_like(x) if g is None else g for x, g in zip(s_used, grads[:n_s])]
-        g_a = [torch.zeros_like(x) if g is None else g for x, g in zip(a_used, grads[n_s : n_s + len(a_used)])]
-        g_bias = grads[-1] if b is not None else None
-        dt = vj.dtype
-        L = torch.stack([c.to(dt) for c in st["c"][first:]] + [g.to(dt) for g in g_a], dim=-1)  # [B, J, I, K]
-        R = torch.stack([g.to(dt) for g in g_s] + [x.detach().to(dt) for x in st["v"][first : first + len(g_a)]], 2)
-        g_votes = torch.matmul(L, R)  # [B, J, I, K] @ [B, J, K, E] -> [B, J, I, E]
-        return g_votes.transpose(1, 2), g_bias, None, None, None, None, None
-
-
 def dynamic_routing(
     votes: torch.Tensor,
     iterations: int = 3,
@@ -315,7 +217,7 @@ def dynamic_routing(
         check_tensor(bias, "bias", f"[n_out={J}, d_out={E}]", [J, E])
     needs_grad = torch.is_grad_enabled() and (votes.requires_grad or (bias is not None and bias.requires_grad))
     if needs_grad and use_kernel(votes, trace=return_routing, dtypes=None, autocast=True):
-        return _FusedRouting.apply(votes, bias, iterations, leaky, coupling, squash_kind, detach)
+        return _FusedRouting.apply(votes, bias, iterations, leaky, coupling, squash_kind, detach, _route)
     vj = votes.transpose(1, 2).contiguous()  # [B, J, I, E]
     v, st = _route(vj, iterations, bias, leaky, coupling, squash_kind, detach, return_routing)
     if not return_routing:

@@ -64,7 +64,7 @@ def plot_detection(detections: Mapping[str, Mapping[str, Detection]], title: str
     images that fooled the model, with the detection threshold (5% false positives on clean validation images).
 
     ``detections``: model label -> attack name -> :class:`~capsule_lib.robustness.Detection`."""
-    fig, axs = plt.subplots(1, len(detections), figsize=(4.4 * len(detections), 3.3), squeeze=False)
+    fig, axs = plt.subplots(1, len(detections), figsize=(4.4 * len(detections), 4.2), squeeze=False)
     for ax, (label, per_attack) in zip(axs[0], detections.items()):
         first = next(iter(per_attack.values()))
         dists = [first.clean] + [d.attacked[d.fooled] for d in per_attack.values()]
@@ -87,11 +87,17 @@ def plot_detection(detections: Mapping[str, Mapping[str, Detection]], title: str
         ax.set_xlabel("L2 distance between input and reconstruction", fontsize=9)
         ax.set_yticks([])
         ax.tick_params(labelsize=8)
-        ax.legend(fontsize=8, loc="upper right")
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False)
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig
+
+
+def _wrapped(name: str) -> str:
+    """A model name over lines short enough for a column of nine pictures ("inverted attention" ->
+    "inverted\nattention", "Efficient-CapsNet" -> "Efficient-\nCapsNet")."""
+    return name.replace(" ", "\n").replace("-", "-\n") if len(name) > 8 else name
 
 
 def _picture(ax, image, title: str = "", color: str = "black") -> None:
@@ -112,11 +118,12 @@ def plot_adversarial_frame(
     keys = list(examples)
     with_recon = any(e.reconstruction is not None for e in examples.values())
     rows = 2 if with_recon else 1
-    fig, axs = plt.subplots(rows, len(keys), figsize=(0.95 * len(keys), 1.25 * rows + 0.2), squeeze=False)
+    fig, axs = plt.subplots(rows, len(keys), figsize=(0.95 * len(keys), 1.4 * rows + 0.45), squeeze=False)
     for j, k in enumerate(keys):
         e = examples[k]
         right = e.prediction == label
-        _picture(axs[0][j], e.image, f"{(names or {}).get(k, k)}\n-> {e.prediction}", "black" if right else "red")
+        head = _wrapped((names or {}).get(k, k))
+        _picture(axs[0][j], e.image, f"{head}\n-> {e.prediction}", "black" if right else "red")
         if with_recon:
             if e.reconstruction is None:
                 axs[1][j].axis("off")
@@ -136,11 +143,11 @@ def plot_adversarial_grid(
     """The static twin of the epsilon explorer: one row per budget of ``eps`` (``frames[i]`` for ``eps[i]``),
     each model's adversarial copy titled with its prediction (red when wrong)."""
     keys = list(frames[0])
-    fig, axs = plt.subplots(len(eps), len(keys), figsize=(0.8 * len(keys), 1.05 * len(eps) + 0.4), squeeze=False)
+    fig, axs = plt.subplots(len(eps), len(keys), figsize=(0.8 * len(keys), 1.05 * len(eps) + 0.8), squeeze=False)
     for i, (frame, e) in enumerate(zip(frames, eps)):
         for j, k in enumerate(keys):
             ex = frame[k]
-            head = f"{(names or {}).get(k, k)}\n" if i == 0 else ""
+            head = _wrapped((names or {}).get(k, k)) + "\n" if i == 0 else ""
             _picture(axs[i][j], ex.image, f"{head}-> {ex.prediction}", "black" if ex.prediction == label else "red")
         axs[i][0].set_ylabel(f"eps {e:g}", fontsize=8)
     if title:
