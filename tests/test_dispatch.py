@@ -11,6 +11,8 @@ from torch.profiler import ProfilerActivity, profile
 import capsule_lib.routing._common as common
 from capsule_lib.layers import ConvCapsules
 from capsule_lib.routing import dynamic, em, inverted, self_attention
+from capsule_lib.routing._kernels import em as em_kernel
+from capsule_lib.routing._kernels import inverted as inverted_kernel
 from capsule_lib.routing.heinsen import generative_matrix_routing
 
 #: the plain EM ConvCapsules forward + backward below issues 367 top-level operators (torch 2.14, CPU) whatever the
@@ -49,8 +51,8 @@ def test_no_fused_kernel_runs_on_the_cuda_path(cuda_rule, monkeypatch):
     for cls in (
         dynamic._CapsuleVotes,
         dynamic._FusedRouting,
-        em._EMRoutingFunction,
-        inverted._AttendMatrix,
+        em_kernel._EMRoutingFunction,
+        inverted_kernel._AttendMatrix,
         self_attention._FusedSelfAttention,
     ):
         _forbid(monkeypatch, cls)
@@ -77,7 +79,7 @@ def test_the_kernels_run_on_the_cpu(monkeypatch):
     for cls in (
         dynamic._CapsuleVotes,
         dynamic._FusedRouting,
-        em._EMRoutingFunction,
+        em_kernel._EMRoutingFunction,
         self_attention._FusedSelfAttention,
     ):
         real = cls.apply

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from capsule_lib.routing import inverted
+from capsule_lib.routing._kernels import inverted as inverted_kernel
 from capsule_lib.routing.dynamic import _CapsuleVotes, dynamic_routing
 from capsule_lib.routing.em import em_routing
 from capsule_lib.routing.heinsen import generative_matrix_routing
@@ -140,7 +141,7 @@ def test_inverted_attention_kernel(scales, seed):
     P, W, Q = _scaled((I, p, s, s), SCALES[scales], g, 2), _normal(g, I, s, s, M), _normal(g, p, M, s * s)
     weights = [_normal(g, p, s * s, M), _normal(g, I, p, M), _normal(g, I, p, M)]
     _check(
-        lambda xs: inverted._AttendMatrix.apply(*xs, 4, 7),
+        lambda xs: inverted_kernel._AttendMatrix.apply(*xs, 4, 7),
         lambda xs: inverted._attend_matrix_unfused(*xs),
         [P, W, Q],
         weights,

@@ -656,10 +656,10 @@ def _grads(outs, leaves, seed):
 def test_fast_path_matches_previous_implementation_float64(monkeypatch, block, shape, quirk, norm_costs, lam, iters):
     """Outputs and the gradients w.r.t. votes, a_in, beta_u, beta_a equal the previous implementation, with one
     block, one routing per block and blocks that do not divide the batch."""
-    import capsule_lib.routing.em as em_module
+    import capsule_lib.routing._kernels.em as em_kernel
 
     if block is not None:
-        monkeypatch.setattr(em_module, "_BLOCK_ELEMENTS", block)
+        monkeypatch.setattr(em_kernel, "_BLOCK_ELEMENTS", block)
     leaves = _leaves64(shape, seed=len(shape) + iters)
     lams = inverse_temperature_schedule(iters) if lam is None else ([lam] * iters if isinstance(lam, float) else lam)
     opts = dict(inverse_temperature=lam, normalize_over_outputs=quirk, normalize_costs=norm_costs)
@@ -703,7 +703,7 @@ def test_trace_path_matches_previous_implementation_float64(shape, quirk, norm_c
 
 
 def test_fast_function_passes_gradcheck():
-    from capsule_lib.routing.em import _EMRoutingFunction
+    from capsule_lib.routing._kernels.em import _EMRoutingFunction
 
     V, a, bu, ba = _leaves64((3, 5, 2, 4), seed=3)  # child-major [N, I=5, J=2, D=4]
     V = V.detach().transpose(1, 2).contiguous().requires_grad_()  # parent-major [N, J, I, D], as the function takes

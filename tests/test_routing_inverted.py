@@ -582,7 +582,7 @@ def _grads(out_fn, tensors, seed):
 def test_fused_conv_update_matches_votes_path_float64(monkeypatch, block_bytes, expansion):
     """Outputs, r, a and every gradient (poses, weight, prev_pose, LayerNorm) of the fused update equal the
     explicit-votes einsum path; the small blocks do not divide p = 3*3*3 = 27 positions or I = 27 children."""
-    import capsule_lib.routing.inverted as inv
+    import capsule_lib.routing._kernels.inverted as inv
 
     if block_bytes is not None:
         monkeypatch.setattr(inv, "_BLOCK_BYTES", block_bytes)
@@ -614,7 +614,7 @@ def test_fused_conv_update_matches_votes_path_float64(monkeypatch, block_bytes, 
 
 @pytest.mark.parametrize("block_bytes", [None, 1600])
 def test_fused_fc_update_matches_votes_path_float64(monkeypatch, block_bytes):
-    import capsule_lib.routing.inverted as inv
+    import capsule_lib.routing._kernels.inverted as inv
 
     if block_bytes is not None:
         monkeypatch.setattr(inv, "_BLOCK_BYTES", block_bytes)  # 1 sample, 3 of the 10 children
