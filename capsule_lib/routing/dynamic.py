@@ -56,21 +56,23 @@ _DETACH = ("none", "non_final")
 def dynamic_routing_reference(
     votes: torch.Tensor, iterations: int = 3, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """Dynamic routing as the paper writes it (Procedure 1), one step per line: ``votes [B, n_inp, n_out, d_out]``
-    (``u_hat_{j|i}``), optional ``bias [n_out, d_out]`` -> output capsules ``[B, n_out, d_out]``.
+    """Dynamic routing as the paper writes it (Procedure 1), a step per line.
 
-    This is the definition. :func:`dynamic_routing` computes the same values and gradients (tested in float64),
-    with the public implementations' variants, a trace, and on the CPU a fused backward.
+    ``votes [B, n_inp, n_out, d_out]`` (``u_hat_{j|i}``), optional bias
+    ``[n_out, d_out]`` -> output capsules ``[B, n_out, d_out]``. This is the
+    definition: :func:`dynamic_routing` computes the same values and gradients
+    (tested in float64), with the public implementations' variants, a trace,
+    and on the CPU a fused backward.
     """
-    b = votes.new_zeros(votes.shape[:3])  # [B, i, j]  routing logits b_ij, all zero at the start
+    b = votes.new_zeros(votes.shape[:3])  # [B, i, j] logits b_ij, all 0
     for t in range(iterations):
-        c = torch.softmax(b, dim=2)  # [B, i, j]  coupling coefficients: sum to 1 over the parents j
-        s = torch.einsum("bij,bije->bje", c, votes)  # [B, j, e]  s_j = sum_i c_ij u_hat_{j|i}
+        c = torch.softmax(b, dim=2)  # [B, i, j] sums to 1 over parents j
+        s = torch.einsum("bij,bije->bje", c, votes)  # [B, j, e] s_j
         if bias is not None:
             s = s + bias  # [B, j, e]
-        v = squash(s, "hinton")  # [B, j, e]  v_j = squash(s_j)
-        if t < iterations - 1:
-            b = b + torch.einsum("bije,bje->bij", votes, v)  # [B, i, j]  agreement u_hat_{j|i} . v_j
+        v = squash(s, "hinton")  # [B, j, e] v_j = squash(s_j)
+        if t < iterations - 1:  # agreement u_hat_{j|i} . v_j, [B, i, j]
+            b = b + torch.einsum("bije,bje->bij", votes, v)
     return v
 
 
