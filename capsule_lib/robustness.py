@@ -24,6 +24,8 @@ from torch import nn
 
 from .attacks import (
     Objective,
+    _float_images,
+    _scores,
     attack_loss,
     bim,
     fgsm_sweep,
@@ -77,10 +79,6 @@ class AttackCurve:
         if float(eps) not in self.eps:
             raise ValueError(f"eps {eps} was not measured; this curve has {list(self.eps)}")
         return self.accuracy(n)[self.eps.index(float(eps))]
-
-
-def _float_images(images: torch.Tensor) -> torch.Tensor:
-    return images.float() / 255 if images.dtype == torch.uint8 else images.float()
 
 
 def _budgets(eps: Sequence[float]) -> tuple[float, ...]:
@@ -155,8 +153,7 @@ def attack_curve(
 
 
 def _predict(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    out = model(x)
-    return (out.scores if hasattr(out, "scores") else out).argmax(1)
+    return _scores(model, x).argmax(1)
 
 
 def masking_check(
@@ -263,37 +260,44 @@ def detection(
     images: torch.Tensor,
     labels: torch.Tensor,
     eps: float,
+    attacks: dict[str, float] | None = None,
     *,
     steps: int = 10,
-    reconstruction_weight: float = 0.0,
     fpr: float = 0.05,
     batch_size: int = 100,
-) -> Detection:
-    """Detect BIM adversarial images by their reconstruction distance (DARCCC).
+) -> dict[str, Detection]:
+    """Detect BIM adversarial images by their reconstruction distance (DARCCC), for each attack of ``attacks``.
 
     The threshold is the ``1 - fpr`` quantile of the distances of ``val_images`` (clean validation images, never
-    the test images). ``images`` / ``labels`` (test images the model classifies) are attacked with BIM at ``eps``
-    (``steps`` steps, an image's first fooling iterate kept). ``reconstruction_weight > 0``: the
-    reconstruction-aware attack, which ascends ``CE - weight * ||x - reconstruction||``
+    the test images), computed once. ``images`` / ``labels`` (test images the model classifies) are attacked with
+    BIM at ``eps`` (``steps`` steps) once per entry of ``attacks``, name -> reconstruction weight (default
+    ``{"BIM": 0.0}``). Weight 0: plain BIM, an image's first fooling iterate kept. Weight ``w > 0``: the
+    reconstruction-aware attack, which ascends ``CE - w * ||x - reconstruction||``
     (:func:`~capsule_lib.attacks.reconstruction_aware_objective`) so the distance stays small while the class
     changes; it takes every step (no early stop), so that after the class has changed it goes on shrinking the
-    distance.
+    distance. Returns name -> :class:`Detection`.
     """
+    attacks = {"BIM": 0.0} if attacks is None else attacks
     threshold = float(torch.quantile(reconstruction_distances(model, val_images), 1 - fpr))
-    objective: Objective | None = (
-        reconstruction_aware_objective(reconstruction_weight, attack_loss) if reconstruction_weight > 0 else None
-    )
     x_all, y_all, device = _float_images(images), labels.long(), next(model.parameters()).device
-    clean, attacked, fooled = [], [], []
+    clean: list[torch.Tensor] = []
+    attacked: dict[str, list] = {a: [] for a in attacks}
+    fooled: dict[str, list] = {a: [] for a in attacks}
     for s in range(0, len(x_all), batch_size):
         x, y = x_all[s : s + batch_size].to(device), y_all[s : s + batch_size].to(device)
-        x_adv = bim(model, x, y, eps, steps=steps, early_stop=objective is None, objective=objective)
         with torch.no_grad():
-            out_c, out_a = model(x), model(x_adv)
-            clean.append(reconstruction_distance(x, out_c.reconstruction).cpu())
-            attacked.append(reconstruction_distance(x_adv, out_a.reconstruction).cpu())
-            fooled.append(((out_c.scores.argmax(1) == y) & (out_a.scores.argmax(1) != y)).cpu())
-    return Detection(threshold, torch.cat(clean), torch.cat(attacked), torch.cat(fooled))
+            out = model(x)
+        clean.append(reconstruction_distance(x, out.reconstruction).cpu())
+        ok = out.scores.argmax(1) == y
+        for name, w in attacks.items():
+            objective: Objective | None = reconstruction_aware_objective(w, attack_loss) if w > 0 else None
+            x_adv = bim(model, x, y, eps, steps=steps, early_stop=objective is None, objective=objective)
+            with torch.no_grad():
+                out_a = model(x_adv)
+            attacked[name].append(reconstruction_distance(x_adv, out_a.reconstruction).cpu())
+            fooled[name].append((ok & (out_a.scores.argmax(1) != y)).cpu())
+    d_clean = torch.cat(clean)
+    return {a: Detection(threshold, d_clean, torch.cat(attacked[a]), torch.cat(fooled[a])) for a in attacks}
 
 
 @dataclass

@@ -105,11 +105,11 @@ def test_detection_threshold_is_the_clean_quantile_and_needs_a_decoder():
     model = _tiny_capsnet()
     g = torch.Generator().manual_seed(0)
     val, test, labels = torch.rand(40, 1, 28, 28, generator=g), torch.rand(8, 1, 28, 28, generator=g), torch.arange(8)
-    d = rb.detection(model, val, test, labels, 0.1, steps=2)
+    both = rb.detection(model, val, test, labels, 0.1, {"BIM": 0.0, "aware": 0.5}, steps=2)
+    d, aware = both["BIM"], both["aware"]
     assert d.threshold == pytest.approx(float(torch.quantile(rb.reconstruction_distances(model, val), 0.95)))
     assert d.clean.shape == d.attacked.shape == d.fooled.shape == (8,)
     assert torch.isfinite(d.attacked).all() and 0 <= d.undetected_rate <= d.success_rate <= 1
-    aware = rb.detection(model, val, test, labels, 0.1, steps=2, reconstruction_weight=0.5)
     assert torch.isfinite(aware.attacked).all()
     heads, rows = rb.detection_table({"tiny": {"BIM": d, "aware": aware}})
     assert len(rows) == 2 and len(rows[0]) == len(heads)
@@ -153,7 +153,7 @@ def test_the_figures_are_readable_at_the_books_size():
     model, g = _tiny_capsnet(), torch.Generator().manual_seed(1)
     val, test = torch.rand(20, 1, 28, 28, generator=g), torch.rand(6, 1, 28, 28, generator=g)
     d = rb.detection(model, val, test, torch.arange(6), 0.2, steps=2)
-    assert check_figure_readable(vr.plot_detection({"tiny": {"BIM": d}}, title="t")) == []
+    assert check_figure_readable(vr.plot_detection({"tiny": d}, title="t")) == []
     frames = rb.adversarial_examples({"caps": model, "lin": _model(d=784, k=10)}, test[0], 3, [0.0, 0.1], "bim", 2)
     assert frames[0]["caps"].reconstruction is not None and frames[0]["lin"].reconstruction is None
     assert (frames[1]["lin"].image - test[0]).abs().max() <= 0.1 + 1e-6
