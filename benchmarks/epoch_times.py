@@ -22,8 +22,9 @@ from pathlib import Path
 import torch
 
 from capsule_lib.cost import time_training_step
+from capsule_lib.losses import CapsuleObjective, ClassifierObjective
 from capsule_lib.models import BaselineCNN, CapsNet, EfficientCapsNet, EfficientCapsNetConfig
-from capsule_lib.training import CapsuleObjective, ClassifierObjective, select_device
+from capsule_lib.train import select_device
 
 MODELS = {  # name -> (builder, objective, batch size of the shipped run)
     "capsnet_mnist": (lambda: CapsNet(), lambda: CapsuleObjective(0.0005), 128),

@@ -40,8 +40,8 @@ sys.path.insert(0, str(REPO))
 from capsule_lib.cost import machine_info, peak_memory, time_training_step  # noqa: E402
 from capsule_lib.data import DatasetUnavailableError  # noqa: E402
 from capsule_lib.models import RoutingClassifier, RoutingClassifierConfig  # noqa: E402
-from capsule_lib.recipes import make_recipe  # noqa: E402
 from capsule_lib.routing.kinds import ROUTING_KINDS  # noqa: E402
+from capsule_lib.train.recipes import make_recipe  # noqa: E402
 
 #: the recipes whose training step is timed (the book's models; MultiMNIST and the sequence head are left out:
 #: their batches are not images of one class)

@@ -24,11 +24,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from capsule_lib.data import TensorLoader
 from capsule_lib.data.datasets import ImageDataset
 from capsule_lib.data.render import CATEGORIES, HINTON_AZIMUTHS_FAMILIAR, HINTON_ELEVATIONS_FAMILIAR, render_norb_like
 from capsule_lib.data.transforms import random_shift
+from capsule_lib.losses import CapsuleObjective
 from capsule_lib.models.capsnet import CapsNet, CapsNetConfig
-from capsule_lib.training import CapsuleObjective, TensorLoader, Trainer, seed_everything
+from capsule_lib.train import Trainer, seed_everything
 
 
 def downscale(x: torch.Tensor, size: int) -> torch.Tensor:

@@ -29,8 +29,8 @@ import torch
 from torch import nn
 
 from .cost import model_costs
-from .recipes import Recipe, make_recipe
 from .routing.kinds import ROUTING_KINDS
+from .train.recipes import Recipe, make_recipe
 
 __all__ = [
     "RUN_BUDGET_HEADERS",

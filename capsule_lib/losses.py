@@ -1,7 +1,11 @@
 """Losses of the capsule papers: margin (Sabour 2017 / Mazzia 2021), spread (Hinton 2018),
-reconstruction, and soft-target cross-entropy (Heinsen 2019, used with mixup)."""
+reconstruction, and soft-target cross-entropy (Heinsen 2019, used with mixup); and the training objectives
+(``*Objective``) that apply them to a model's output for one batch, returning a :class:`StepOutput`."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +24,12 @@ __all__ = [
     "ReconstructionLoss",
     "SpreadLoss",
     "SoftTargetCrossEntropy",
+    "StepOutput",
+    "ClassifierObjective",
+    "CapsuleObjective",
+    "SpreadObjective",
+    "ScoreObjective",
+    "MultiDigitObjective",
 ]
 
 
@@ -160,3 +170,152 @@ class SoftTargetCrossEntropy(nn.Module):
 
     def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return soft_target_cross_entropy(logits, targets)
+
+
+# ------------------------------------------------------------------------------------------- objectives
+@dataclass
+class StepOutput:
+    """What an objective returns for one batch: the loss to minimise, its named parts (detached floats),
+    and the number of correct predictions out of ``n``."""
+
+    loss: torch.Tensor
+    parts: dict[str, float]
+    correct: float
+    n: int
+
+
+class ClassifierObjective:
+    """Cross-entropy on logits for plain classifiers ``model(x) -> [B, K]`` (e.g. the CNN baselines), or
+    on ``out.scores`` for capsule models that return a :class:`~capsule_lib.types.CapsuleOutput`."""
+
+    def __call__(self, model: nn.Module, batch: tuple[torch.Tensor, ...], train: bool) -> StepOutput:
+        x, y = batch[0], batch[1]
+        out = model(x)
+        logits = out if isinstance(out, torch.Tensor) else out.scores
+        loss = nn.functional.cross_entropy(logits.float(), y)
+        correct = (logits.argmax(1) == y).sum().item()
+        return StepOutput(loss, {"ce": loss.item()}, correct, y.shape[0])
+
+
+def _require_lengths(out: Any, objective: str) -> None:
+    """The margin loss is defined on capsule lengths in [0, 1); refuse logits or activations in one line."""
+    if out.kind != "lengths":
+        raise ValueError(
+            f"{objective}: the margin loss needs capsule lengths, but the model's scores are "
+            f"{out.kind}; train it with ClassifierObjective (cross-entropy) or its own loss"
+        )
+
+
+class CapsuleObjective:
+    """Margin loss + ``recon_weight`` x reconstruction loss for models returning a ``CapsuleOutput``.
+
+    The decoder is masked by the true label in training and in evaluation (so the validation loss is the
+    same quantity as the training loss); accuracy is the argmax of the capsule lengths.
+    ``margin_reduction``: ``"paper"`` or ``"official"`` (see :func:`~capsule_lib.losses.margin_loss`);
+    ``recon_reduction``: ``"sum"`` (Sabour, weight 0.0005) or ``"mean"`` (Efficient-CapsNet, weight 0.392).
+    """
+
+    def __init__(
+        self, recon_weight: float = 0.0005, margin_reduction: str = "paper", recon_reduction: str = "sum"
+    ) -> None:
+        self.recon_weight, self.margin_reduction, self.recon_reduction = recon_weight, margin_reduction, recon_reduction
+
+    def __call__(self, model: nn.Module, batch: tuple[torch.Tensor, ...], train: bool) -> StepOutput:
+        x, y = batch[0], batch[1]
+        use_decoder = self.recon_weight > 0
+        out = model(x, y) if use_decoder else model(x)
+        _require_lengths(out, type(self).__name__)
+        margin = margin_loss(out.scores, y, reduction=self.margin_reduction)
+        parts = {"margin": margin.item()}
+        loss = margin
+        if use_decoder and out.reconstruction is not None:
+            recon = reconstruction_loss(out.reconstruction, x, self.recon_reduction)
+            loss = loss + self.recon_weight * recon
+            parts["recon"] = recon.item()
+        correct = (out.scores.argmax(1) == y).sum().item()
+        return StepOutput(loss, parts, correct, y.shape[0])
+
+
+class SpreadObjective:
+    """Spread loss (Hinton, Sabour & Frosst 2018) on the class capsules' activations (``out.kind ==
+    "activations"``, e.g. :class:`~capsule_lib.models.EMCapsNet`); accuracy is the argmax activation.
+
+    The margin grows linearly from ``m_min`` to ``m_max`` over the run, one value per epoch (epoch ``e`` of
+    ``E``: ``m_min + (m_max - m_min) * e / (E - 1)``), so a resumed run uses exactly the margins of an
+    uninterrupted one. The :class:`Trainer` calls :meth:`set_epoch` before every epoch; validation uses the
+    margin of the epoch just trained.
+    """
+
+    def __init__(self, m_min: float = 0.2, m_max: float = 0.9) -> None:
+        self.m_min, self.m_max = m_min, m_max
+        self.margin = m_min
+
+    def set_epoch(self, epoch: int, epochs: int) -> None:
+        self.margin = spread_margin(epoch, max(epochs - 1, 0), self.m_min, self.m_max)
+
+    def __call__(self, model: nn.Module, batch: tuple[torch.Tensor, ...], train: bool) -> StepOutput:
+        x, y = batch[0], batch[1]
+        out = model(x)
+        if out.kind != "activations":
+            raise ValueError(f"SpreadObjective: the spread loss needs class activations, but the scores are {out.kind}")
+        loss = spread_loss(out.scores, y, self.margin)
+        correct = (out.scores.argmax(1) == y).sum().item()
+        return StepOutput(loss, {"spread": loss.item(), "margin": self.margin}, correct, y.shape[0])
+
+
+class ScoreObjective:
+    """Each kind of class score with the loss its paper trains it with: capsule ``"lengths"`` with the margin
+    loss, ``"activations"`` with the spread loss (margin from ``m_min`` to ``m_max`` over the run, as in
+    :class:`SpreadObjective`), ``"logits"`` with cross-entropy. For models whose score kind depends on their
+    configuration (:class:`~capsule_lib.models.RoutingClassifier`); no reconstruction. Accuracy is the argmax."""
+
+    def __init__(self, m_min: float = 0.2, m_max: float = 0.9) -> None:
+        self.spread = SpreadObjective(m_min, m_max)
+
+    def set_epoch(self, epoch: int, epochs: int) -> None:
+        self.spread.set_epoch(epoch, epochs)
+
+    def __call__(self, model: nn.Module, batch: tuple[torch.Tensor, ...], train: bool) -> StepOutput:
+        x, y = batch[0], batch[1]
+        out = model(x)
+        scores = out.scores.float()
+        if out.kind == "lengths":
+            loss, part = margin_loss(scores, y), "margin"
+        elif out.kind == "activations":
+            loss, part = spread_loss(scores, y, self.spread.margin), "spread"
+        else:
+            loss, part = nn.functional.cross_entropy(scores, y), "ce"
+        correct = (scores.argmax(1) == y).sum().item()
+        return StepOutput(loss, {part: loss.item()}, correct, y.shape[0])
+
+
+class MultiDigitObjective:
+    """Two-digit images (MultiMNIST): batches ``(x, labels [B, 2], source_a, source_b)``.
+
+    Margin loss against the two-hot target, plus ``recon_weight`` x the reconstruction error of **each**
+    digit decoded on its own from its capsule (the model must put per-digit decodes in
+    ``out.extra["reconstructions"] [B, 2, C, H, W]``, e.g. ``EfficientCapsNet`` with ``decode_separately``;
+    Efficient-CapsNet weights each 0.196 with ``recon_reduction="mean"``). ``correct`` counts images whose
+    two labels are the two longest capsules (Sabour et al.'s strict metric).
+    """
+
+    def __init__(self, recon_weight: float = 0.196, recon_reduction: str = "mean") -> None:
+        self.recon_weight, self.recon_reduction = recon_weight, recon_reduction
+
+    def __call__(self, model: nn.Module, batch: tuple[torch.Tensor, ...], train: bool) -> StepOutput:
+        x, y2, src_a, src_b = batch[:4]
+        out = model(x, y2)
+        _require_lengths(out, type(self).__name__)
+        target = torch.zeros_like(out.scores, dtype=torch.float32).scatter_(1, y2.long(), 1.0)
+        margin = margin_loss(out.scores, target)
+        parts = {"margin": margin.item()}
+        loss = margin
+        recons = out.extra.get("reconstructions")
+        if self.recon_weight > 0 and recons is not None:
+            ra = reconstruction_loss(recons[:, 0], src_a, self.recon_reduction)
+            rb = reconstruction_loss(recons[:, 1], src_b, self.recon_reduction)
+            loss = loss + self.recon_weight * (ra + rb)
+            parts["recon"] = (ra + rb).item() / 2
+        top2 = out.scores.topk(2, dim=1).indices
+        both = (top2.sort(1).values == y2.long().sort(1).values).all(1)
+        return StepOutput(loss, parts, both.sum().item(), x.shape[0])

@@ -125,7 +125,7 @@ def settings(
     Seeds Python, NumPy and torch with ``seed``, sets the book's matplotlib style (``style=False`` keeps
     yours) and prints :meth:`Settings.banner` unless ``quiet``.
     """
-    from .training import seed_everything
+    from .train import seed_everything
 
     smoke = bool(SMOKE) or env_flag("CAPSULE_SMOKE")
     epochs = int(EPOCHS)
@@ -187,10 +187,10 @@ def _dataset_here(name: str, cfg: Settings) -> bool:
 
 
 def chapter_device(preference: str | torch.device | None = "auto") -> torch.device:
-    """The device a chapter runs on: ``"auto"`` as :func:`~capsule_lib.training.select_device`; an explicit
+    """The device a chapter runs on: ``"auto"`` as :func:`~capsule_lib.train.select_device`; an explicit
     ``"cuda"``/``"mps"`` that this machine does not have falls back to the CPU with one printed line (a
     notebook written for Colab's GPU still runs on a laptop)."""
-    from .training import select_device
+    from .train import select_device
 
     dev = select_device(preference or "auto")
     ok = {

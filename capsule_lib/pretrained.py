@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .training import History
+from .train.checkpoint import History
 
 __all__ = [
     "CHECKPOINT_DIR",
@@ -254,11 +254,11 @@ def export_run(
     max_epoch: int | None = None,
     batch_size: int = 256,
 ) -> dict[str, Any]:
-    """Export the best-validation weights of a :class:`~capsule_lib.training.Trainer` run directory.
+    """Export the best-validation weights of a :class:`~capsule_lib.train.Trainer` run directory.
 
     The model is rebuilt from the run's ``history.json`` metadata, its weights are rounded to fp16 (what is
     shipped), and the **rounded** model is evaluated on the recipe's evaluation sets
-    (:meth:`~capsule_lib.recipes.Recipe.evaluation_sets`: the validation and test splits of the run's dataset,
+    (:meth:`~capsule_lib.train.recipes.Recipe.evaluation_sets`: the validation and test splits of the run's dataset,
     or e.g. the familiar and novel test views of a viewpoint protocol),
     so the registry's metrics are those of the file readers load. ``max_epoch`` limits the budget: the best
     validation epoch among the first ``max_epoch`` is exported (needs the run's ``epoch_NNN.pt`` snapshots
@@ -266,7 +266,7 @@ def export_run(
     (a smaller one for models whose activations are large, e.g. the paper-size Tsai network).
     """
     from .evaluation import accuracy, predict
-    from .recipes import recipe_config
+    from .train.recipes import recipe_config
 
     run = Path(run_dir)
     hist = History.from_dict(json.loads((run / "history.json").read_text()))

@@ -25,9 +25,9 @@ from capsule_lib.comparison import (  # noqa: E402
     shipped_name,
 )
 from capsule_lib.pretrained import load_pretrained_history, registry  # noqa: E402
-from capsule_lib.recipes import recipe_config  # noqa: E402
 from capsule_lib.routing.kinds import DEFAULT_ITERATIONS, ROUTING_KINDS  # noqa: E402
-from capsule_lib.training import History  # noqa: E402
+from capsule_lib.train import History  # noqa: E402
+from capsule_lib.train.recipes import recipe_config  # noqa: E402
 from capsule_lib.viz.compare import plot_budget_curves, plot_iteration_sweeps, plot_routing_costs  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 import torch
 
-from capsule_lib.data import get_dataset
+from capsule_lib.data import TensorLoader, get_dataset
 from capsule_lib.data.datasets import check_labels, data_fingerprint
 from capsule_lib.evaluation import predict
+from capsule_lib.losses import CapsuleObjective
 from capsule_lib.models import (
     CapsNet,
     CapsNetConfig,
@@ -24,7 +25,7 @@ from capsule_lib.models import (
     RoutingClassifierConfig,
 )
 from capsule_lib.models.heinsen import SmallNORBClassifier, SmallNORBConfig
-from capsule_lib.training import CapsuleObjective, RunMismatchError, TensorLoader, Trainer, TrainingInterrupted
+from capsule_lib.train import RunMismatchError, Trainer, TrainingInterrupted
 
 TINY_CAPSNET = CapsNetConfig(conv_channels=8, primary_types=4, class_dim=8, decoder_hidden=(32, 64))
 
@@ -209,8 +210,7 @@ def test_a_run_never_resumes_onto_other_images(tmp_path, glyphs):
 
 def test_train_records_the_fingerprint_and_refuses_labels_outside_the_classes(tmp_path, monkeypatch):
     """Item 5: labels outside the class range loaded without error."""
-    from capsule_lib import recipes
-    from capsule_lib.train import train
+    from capsule_lib.train import recipes, train
 
     monkeypatch.setenv("CAPSULE_OFFLINE", "1")
     r = recipes.CapsNetRecipe(epochs=1, train_subset=64, eval_subset=32, model=TINY_CAPSNET, device="cpu")
@@ -257,7 +257,7 @@ def _cli(capsys, *argv):
 def test_cli_checks_every_value_before_loading_data(tmp_path, capsys, monkeypatch, setting, message):
     """Item 6: these trained 2 epochs, trained nothing and exited 0, or ended in 14-41-line tracebacks after the data
     had loaded. Now: exit status 2 and one error line, before any data is read."""
-    from capsule_lib import recipes
+    from capsule_lib.train import recipes
 
     monkeypatch.setattr(recipes.Recipe, "loaders", lambda *a, **k: pytest.fail("data loaded"))
     code, err = _cli(capsys, "capsnet", "--out", str(tmp_path / "run"), "--set", setting)
@@ -267,7 +267,7 @@ def test_cli_checks_every_value_before_loading_data(tmp_path, capsys, monkeypatc
 
 
 def test_cli_adds_up_several_set_flags_and_refuses_a_key_given_twice(tmp_path, capsys, monkeypatch):
-    import capsule_lib.train as train_module
+    import capsule_lib.train.cli as train_module
 
     seen = {}
 
@@ -325,7 +325,7 @@ def test_ctrl_c_stops_after_the_batch_with_a_checkpoint_and_the_rerun_says_it_re
 
 
 def test_cli_prints_one_line_on_ctrl_c(tmp_path, capsys, monkeypatch):
-    import capsule_lib.train as train_module
+    import capsule_lib.train.cli as train_module
 
     def interrupted(recipe, **kw):
         raise TrainingInterrupted("training interrupted (Ctrl-C) after batch 3 of 9 of epoch 1; run the same command")

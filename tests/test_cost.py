@@ -68,8 +68,8 @@ def test_peak_memory_counts_what_a_step_allocates_and_machine_info():
 
 def test_model_costs_measure_without_changing_the_model():
     from capsule_lib.cost import model_costs
+    from capsule_lib.losses import ScoreObjective
     from capsule_lib.models import RoutingClassifier, RoutingClassifierConfig
-    from capsule_lib.training import ScoreObjective
 
     torch.manual_seed(0)
     m = RoutingClassifier(RoutingClassifierConfig(routing="inverted", stem_channels=(4, 8), primary_types=2))

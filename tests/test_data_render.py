@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from capsule_lib.data import get_dataset
+from capsule_lib.data import get_dataset, raycast
 from capsule_lib.data import render as R
 
 
@@ -35,7 +35,7 @@ def test_trace_matches_analytic_hit_distances(kind, size, axis, expected):
     t, which = R.trace(o, d, _prims(kind, size))
     assert t[0, 0].item() == pytest.approx(expected, abs=1e-5) and which[0, 0] == 0
     assert math.isinf(t[0, 1].item()) and which[0, 1] == -1
-    n = R._normals(o + t[0, :1, None] * d[0, :1], which[0, :1], _prims(kind, size))
+    n = raycast._normals(o + t[0, :1, None] * d[0, :1], which[0, :1], _prims(kind, size))
     assert torch.allclose(n, -d[0, :1], atol=1e-5)  # the normal faces the camera
 
 

@@ -12,8 +12,9 @@ import capsule_lib.routing._common as common
 from capsule_lib.layers import ConvCapsules
 from capsule_lib.routing import dynamic, em, inverted, self_attention
 from capsule_lib.routing._kernels import em as em_kernel
+from capsule_lib.routing._kernels import heinsen as heinsen_kernel
 from capsule_lib.routing._kernels import inverted as inverted_kernel
-from capsule_lib.routing.heinsen import generative_matrix_routing
+from capsule_lib.routing.heinsen_2019 import generative_matrix_routing
 
 #: the plain EM ConvCapsules forward + backward below issues 367 top-level operators (torch 2.14, CPU) whatever the
 #: batch and grid; the bound leaves room for other torch versions. The blocked CPU kernel issues ~3,700 at batch 8
@@ -65,10 +66,8 @@ def test_no_fused_kernel_runs_on_the_cuda_path(cuda_rule, monkeypatch):
     layer(torch.rand(2, 4, 5, 5, 16, requires_grad=True)).sum().backward()
     shared = [torch.rand(1, 3, 4, 4), torch.rand(1, 3, 4, 4), torch.rand(1, 3), torch.rand(1, 3)]
     calls = []
-    real = generative_matrix_routing.__globals__["_shared_weight_routing"]
-    monkeypatch.setitem(
-        generative_matrix_routing.__globals__, "_shared_weight_routing", lambda *a: calls.append(1) or real(*a)
-    )
+    real = heinsen_kernel.moments_routing
+    monkeypatch.setattr(heinsen_kernel, "moments_routing", lambda *a: calls.append(1) or real(*a))
     generative_matrix_routing(torch.rand(2, 9), torch.rand(2, 9, 4, 4), *shared)
     assert calls == []  # Heinsen's moments path is CPU-only too: the votes path ran
 

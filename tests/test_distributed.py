@@ -31,7 +31,7 @@ SCRIPT = textwrap.dedent(
 
     from capsule_lib.models import CapsNetConfig
     from capsule_lib.train import train
-    from capsule_lib.training import Trainer
+    from capsule_lib.train import Trainer
 
     out, root, epochs, fail = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "fail"
     RUN.update(json.loads(sys.argv[5]))

@@ -212,7 +212,7 @@ def test_book_toy_figures_with_three_parents():
 
 @pytest.mark.usefixtures("readable_figures")
 def test_book_capsnet_figures(digits, dynamic_trace):
-    from capsule_lib.training import History
+    from capsule_lib.train import History
     from capsule_lib.viz import capsules as vc
     from capsule_lib.viz import plots
 
@@ -336,7 +336,7 @@ def test_book_heinsen_figures():
 @pytest.mark.usefixtures("readable_figures")
 def test_book_comparison_figures():
     from capsule_lib.comparison import CONTESTANTS, LABELS
-    from capsule_lib.training import History
+    from capsule_lib.train import History
     from capsule_lib.viz import compare
 
     rows = [

@@ -149,7 +149,7 @@ def test_weights_script_points_at_the_pinned_file():
 
 # ------------------------------------------------------------------------------- recipes and data
 def test_heinsen_viewpoint_recipes():
-    from capsule_lib.recipes import make_recipe
+    from capsule_lib.train.recipes import make_recipe
 
     r = make_recipe("heinsen_norb")
     m = r.build_model()
@@ -166,7 +166,7 @@ def test_heinsen_viewpoint_recipes():
 
 
 def test_shift_augmentation_fills_edges_and_moves_content():
-    from capsule_lib.recipes import make_recipe
+    from capsule_lib.train.recipes import make_recipe
 
     r = make_recipe("heinsen_norb", max_shift=3)
     x = torch.zeros(64, 1, 12, 12)

@@ -98,8 +98,8 @@ def test_capsnet_multimnist_recipe_trains_on_pairs_and_decodes_each_digit(tmp_pa
     """``capsnet_multimnist`` (#36): the 36 x 36 CapsNet keeps its two longest capsules and decodes each alone
     (``extra["reconstructions"]``), trained on generated pairs with the two-digit objective."""
     from capsule_lib.models import CapsNet, CapsNetConfig
-    from capsule_lib.recipes import make_recipe
     from capsule_lib.train import train
+    from capsule_lib.train.recipes import make_recipe
 
     r = make_recipe("capsnet_multimnist")
     assert (r.model.image_size, r.model.mask_k, r.variant, r.lr_decay, r.lr_decay_steps) == (

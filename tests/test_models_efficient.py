@@ -358,10 +358,10 @@ def test_random_squish_narrows_by_1_to_7_columns():
 
 # --------------------------------------------------------------------------------------------- recipe
 def test_recipe_smoke(tmp_path, monkeypatch):
-    import capsule_lib.recipes as recipes
+    import capsule_lib.train.recipes.base as recipes
     from capsule_lib.data import get_dataset
-    from capsule_lib.recipes import RECIPES, EfficientCapsNetRecipe
     from capsule_lib.train import train
+    from capsule_lib.train.recipes import RECIPES, EfficientCapsNetRecipe
 
     # small generated splits (rendering the default 10k glyphs dominates the run time otherwise)
     monkeypatch.setattr(

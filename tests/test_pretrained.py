@@ -12,7 +12,7 @@ from capsule_lib.pretrained import (
     registry,
     sha256_file,
 )
-from capsule_lib.training import History
+from capsule_lib.train import History
 
 TINY = CapsNetConfig(conv_channels=8, primary_types=4, class_dim=8, decoder_hidden=(16, 32))
 

@@ -117,7 +117,7 @@ def test_train_cost_is_the_shipped_runs_time_per_epoch_times_epochs():
 
 def test_history_rows_golden():
     from capsule_lib.report import HISTORY_HEADERS, history_rows
-    from capsule_lib.training import History
+    from capsule_lib.train import History
 
     h = History(meta={"hardware": "x86_64 CPU, 2 threads"})
     h.append({"epoch": 1, "val_acc": 0.8, "wall_time": 600.0})

@@ -9,10 +9,11 @@ import pytest
 import torch
 
 import capsule_lib.routing as R
-from capsule_lib.data import get_dataset, read_idx
+from capsule_lib.data import TensorLoader, get_dataset, read_idx
+from capsule_lib.losses import CapsuleObjective
 from capsule_lib.models.capsnet import CapsNet, CapsNetConfig
 from capsule_lib.pretrained import export_checkpoint, registry
-from capsule_lib.training import CapsuleObjective, TensorLoader, Trainer
+from capsule_lib.train import Trainer
 
 TINY = CapsNetConfig(conv_channels=8, primary_types=4, class_dim=8, decoder_hidden=(32, 64))
 
@@ -125,7 +126,7 @@ def test_without_out_dir_load_best_restores_the_best_epoch(glyphs):
 
 def test_resume_refuses_a_different_run_in_one_line(tmp_path, glyphs):
     """A full run must not silently continue a smoke run that used the same folder."""
-    from capsule_lib.training import RunMismatchError
+    from capsule_lib.train import RunMismatchError
 
     tr, va = glyphs
     tl, vl = TensorLoader.from_dataset(tr, 64), TensorLoader.from_dataset(va, 128)
@@ -147,9 +148,8 @@ def test_resume_refuses_a_different_run_in_one_line(tmp_path, glyphs):
 
 
 def test_recipes_read_the_test_split_once_after_selection(tmp_path, monkeypatch):
-    from capsule_lib import recipes
-    from capsule_lib.train import train
-    from capsule_lib.training import Trainer as T
+    from capsule_lib.train import Trainer as T
+    from capsule_lib.train import recipes, train
 
     calls = []
     real = T.evaluate
@@ -314,7 +314,7 @@ def test_layernorm_routings_train_stably_under_bf16_from_near_zero_inputs(name):
 
 def _fake_clock_objective(monkeypatch):
     """The Trainer's clock made to advance 10 s per training batch (and not otherwise): the objective to train with."""
-    import capsule_lib.training as training
+    import capsule_lib.train.trainer as training
 
     clock = {"t": 1_000_000.0}
     monkeypatch.setattr(training.time, "time", lambda: clock["t"])

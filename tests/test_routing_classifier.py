@@ -6,10 +6,10 @@ import json
 import pytest
 import torch
 
+from capsule_lib.losses import ScoreObjective
 from capsule_lib.models import RoutingClassifier, RoutingClassifierConfig
 from capsule_lib.pretrained import build_model
 from capsule_lib.routing.kinds import DEFAULT_ITERATIONS, ROUTING_KINDS
-from capsule_lib.training import ScoreObjective
 
 TINY = RoutingClassifierConfig(stem_channels=(8, 16), primary_types=4)
 SCORE_KIND = {

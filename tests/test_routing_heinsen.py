@@ -16,11 +16,15 @@ from capsule_lib.models.heinsen import (
     SmallNORBClassifier,
     SmallNORBConfig,
 )
-from capsule_lib.routing.heinsen import (
-    EfficientVectorRouting,
+from capsule_lib.routing.heinsen_2019 import (
     GenerativeMatrixRouting,
-    efficient_vector_routing,
     generative_matrix_routing,
+    generative_matrix_routing_reference,
+)
+from capsule_lib.routing.heinsen_2022 import (
+    EfficientVectorRouting,
+    efficient_vector_routing,
+    efficient_vector_routing_reference,
 )
 
 AUTOCAST_OUT = {"autocast_bf16": torch.bfloat16, "autocast_fp16": torch.float16}  # every routing layer
@@ -886,3 +890,47 @@ def test_compile_matches_eager():
         got = compiled(*args, **kw)
         for r, g in zip(ref if isinstance(ref, tuple) else (ref,), got if isinstance(got, tuple) else (got,)):
             torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-5)
+
+
+# ------------------------------------------------------------------ the reference forms (first in each module)
+def _grads(out, inputs):
+    g = torch.Generator().manual_seed(7)
+    outs = out if isinstance(out, tuple) else (out,)
+    loss = sum((o * torch.randn(o.shape, generator=g, dtype=o.dtype)).sum() for o in outs)
+    return torch.autograd.grad(loss, inputs)
+
+
+@pytest.mark.parametrize("shared,method", [(False, "votes"), (True, "votes"), (True, "moments")])
+def test_generative_matrix_routing_equals_its_reference_in_float64(shared, method):
+    """The paper's loop, a step per line, is what the library computes: every path (per-input weights, weights
+    shared by all inputs, the CPU moments kernel), values and the gradients of every input and parameter."""
+    g = torch.Generator().manual_seed(0)
+    Bsz, I, J, C, D, E = 3, 7, 4, 2, 3, 5
+    i1 = 1 if shared else I
+
+    def r(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=g, dtype=torch.float64) * scale).requires_grad_()
+
+    a, mu = r(Bsz, I, scale=2.0), r(Bsz, I, C, D)
+    W, B, bu, bi = r(i1, J, D, E, scale=0.5), r(i1, J, C, E, scale=0.3), r(i1, J), r(i1, J)
+    inputs = (a, mu, W, B, bu, bi)
+    ours = generative_matrix_routing(a, mu, W, B, bu, bi, 3, method=method)
+    ref = generative_matrix_routing_reference(
+        a, mu, W.expand(I, -1, -1, -1), B.expand(I, -1, -1, -1), bu.expand(I, -1), bi.expand(I, -1), 3
+    )
+    for x, y in zip(ours, ref):
+        torch.testing.assert_close(x, y, rtol=1e-9, atol=1e-11)
+    for x, y in zip(_grads(ours, inputs), _grads(ref, inputs)):
+        torch.testing.assert_close(x, y, rtol=1e-8, atol=1e-10)
+
+
+@pytest.mark.parametrize("memory_efficient", [True, False])
+def test_efficient_vector_routing_equals_its_reference_in_float64(memory_efficient):
+    m = randomize_(EfficientVectorRouting(6, 4, 5, 3, iterations=3, memory_efficient=memory_efficient), 0.5).double()
+    x = torch.randn(2, 6, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(1)).requires_grad_()
+    params = [m.W_A, m.B_A, m.W_F1, m.W_F2, m.B_F2, m.W_G1, m.W_G2, m.B_G2, m.W_S, m.B_S, m.beta_use, m.beta_ign]
+    ours = m(x)
+    ref = efficient_vector_routing_reference(x, *params, iterations=3)
+    torch.testing.assert_close(ours, ref, rtol=1e-9, atol=1e-11)
+    for a, b in zip(_grads(ours, [x, *params]), _grads(ref, [x, *params])):
+        torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10)

@@ -3,19 +3,12 @@ import json
 import pytest
 import torch
 
-from capsule_lib.data import get_dataset
+from capsule_lib.data import TensorLoader, get_dataset
 from capsule_lib.data.transforms import random_shift
+from capsule_lib.losses import CapsuleObjective, ClassifierObjective
 from capsule_lib.models.baselines import BaselineCNN
 from capsule_lib.models.capsnet import CapsNet, CapsNetConfig
-from capsule_lib.training import (
-    CapsuleObjective,
-    ClassifierObjective,
-    History,
-    TensorLoader,
-    Trainer,
-    load_history,
-    select_device,
-)
+from capsule_lib.train import History, Trainer, load_history, select_device
 
 TINY = CapsNetConfig(conv_channels=8, primary_types=4, class_dim=8, decoder_hidden=(32, 64))
 
@@ -183,9 +176,9 @@ def test_bf16_autocast_training_step_is_finite(glyphs):
 
 
 def test_multidigit_objective_and_multimnist_loader():
+    from capsule_lib.data.multimnist import MultiMNISTLoader
+    from capsule_lib.losses import MultiDigitObjective
     from capsule_lib.models.efficient import EfficientCapsNet, EfficientCapsNetConfig
-    from capsule_lib.recipes import MultiMNISTLoader
-    from capsule_lib.training import MultiDigitObjective
 
     src = get_dataset("glyph_digits", split="train", n=200)
     loader = MultiMNISTLoader(src, 64, 32, "efficient", seed=0)
@@ -226,8 +219,8 @@ def test_time_training_step_leaves_model_unchanged(glyphs):
 def test_recipes_smoke(tmp_path):
     """Each recipe runs end to end on a few generated images and writes a resumable run directory."""
     from capsule_lib.models.baselines import BaselineCNNConfig
-    from capsule_lib.recipes import BaselineCNNRecipe, CapsNetRecipe, EfficientMultiMNISTRecipe
     from capsule_lib.train import train
+    from capsule_lib.train.recipes import BaselineCNNRecipe, CapsNetRecipe, EfficientMultiMNISTRecipe
 
     _, tr = train(
         CapsNetRecipe(epochs=1, dataset="glyph_digits", train_subset=64, eval_subset=64, device="cpu", model=TINY),

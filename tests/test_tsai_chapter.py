@@ -19,7 +19,6 @@ from capsule_lib.evaluation import iteration_sweep
 from capsule_lib.models import BackboneClassifier, CapsModel, CapsModelConfig
 from capsule_lib.models.inverted import CIFAR10_MEAN, CIFAR10_STD
 from capsule_lib.pretrained import build_model
-from capsule_lib.recipes import make_recipe, recipe_config
 from capsule_lib.routing.inverted import (
     conv_matrix_votes,
     conv_windows,
@@ -28,6 +27,7 @@ from capsule_lib.routing.inverted import (
     inverted_conv_update,
     inverted_fc_update,
 )
+from capsule_lib.train.recipes import make_recipe, recipe_config
 
 matplotlib.use("Agg")
 

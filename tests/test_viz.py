@@ -13,7 +13,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from capsule_lib import capsule_lengths, dynamic_routing  # noqa: E402
-from capsule_lib.training import History  # noqa: E402
+from capsule_lib.train import History  # noqa: E402
 from capsule_lib.viz import plots, toy  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("readable_figures")  # figures readable at the book's size (conftest.py)
@@ -203,7 +203,9 @@ def test_liveplot_as_trainer_callback(monkeypatch):
     import IPython.display as ipd
     from torch import nn
 
-    from capsule_lib.training import ClassifierObjective, TensorLoader, Trainer
+    from capsule_lib.data import TensorLoader
+    from capsule_lib.losses import ClassifierObjective
+    from capsule_lib.train import Trainer
 
     shown = []
     monkeypatch.setattr(

@@ -23,7 +23,7 @@ from capsule_lib.data.datasets import ImageDataset  # noqa: E402
 from capsule_lib.data.generated import glyph_digits  # noqa: E402
 from capsule_lib.models import CapsNet, CapsNetConfig, EfficientCapsNet, EfficientCapsNetConfig  # noqa: E402
 from capsule_lib.routing import dynamic_routing  # noqa: E402
-from capsule_lib.training import History  # noqa: E402
+from capsule_lib.train import History  # noqa: E402
 from capsule_lib.viz import capsules as vc  # noqa: E402
 from capsule_lib.viz import data as vd  # noqa: E402
 from capsule_lib.viz import plots, toy  # noqa: E402

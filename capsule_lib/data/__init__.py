@@ -12,7 +12,8 @@ from .affnist import center_pad, random_place, read_affnist_mat
 from .datasets import (DatasetUnavailableError, ImageDataset, available_datasets, data_root, get_dataset, repository_root,
                        STANDINS, is_offline, read_idx, register_dataset, train_val_indices)
 from .generated import colour_shapes, glyph_digits
-from .multimnist import make_multimnist, overlap_stats
+from .loaders import TensorLoader
+from .multimnist import MultiMNISTLoader, make_multimnist, overlap_stats
 from .render import render_norb_like, viewpoint_split
 from .smallnorb import (EfficientNorbTransform, NorbFormatError, channel_stats, heinsen_transform, hinton_transform,
                         read_norb_matrix, stereo_as_samples, write_norb_matrix)
@@ -21,7 +22,7 @@ __all__ = [
     "DatasetUnavailableError", "ImageDataset", "available_datasets", "data_root", "repository_root", "get_dataset",
     "is_offline",
     "read_idx", "register_dataset", "train_val_indices", "STANDINS", "glyph_digits", "colour_shapes",
-    "make_multimnist", "overlap_stats", "make_affine_mnist", "read_affnist_mat", "center_pad", "random_place",
+    "TensorLoader", "MultiMNISTLoader", "make_multimnist", "overlap_stats", "make_affine_mnist", "read_affnist_mat", "center_pad", "random_place",
     "render_norb_like", "viewpoint_split", "read_norb_matrix", "write_norb_matrix", "NorbFormatError",
     "heinsen_transform", "EfficientNorbTransform", "hinton_transform", "channel_stats", "stereo_as_samples",
 ]

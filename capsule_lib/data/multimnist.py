@@ -19,8 +19,10 @@ Both return the merged image, both labels and both shifted source images (the re
 The source digits are real MNIST from the data root when present; in offline mode (``CAPSULE_OFFLINE=1``)
 or with ``source="glyph_digits"`` they are the generated glyph digits, and the description says so.
 """
+
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -28,17 +30,32 @@ import torch
 import torch.nn.functional as F
 
 from .datasets import _REGISTRY, DatasetUnavailableError, ImageDataset, _check_split, register_dataset, unavailable
+from .loaders import TensorLoader
 from .transforms import shift_images
 
-__all__ = ["make_multimnist", "bounding_boxes", "bbox_overlap", "overlap_stats", "mnist_source", "VARIANTS"]
+__all__ = [
+    "make_multimnist",
+    "bounding_boxes",
+    "bbox_overlap",
+    "overlap_stats",
+    "mnist_source",
+    "MultiMNISTLoader",
+    "VARIANTS",
+]
 
 #: variant -> (pad, max_shift)
 VARIANTS = {"sabour": (4, 4), "efficient": (4, 6)}
 _SPLIT_SEED = {"train": 0, "val": 1, "train_full": 2, "test": 3}
 
 
-def mnist_source(root: Path, split: str, download: bool, source: str = "auto", dataset: str = "multimnist",
-                 n_glyph: int | None = None) -> tuple[ImageDataset, str]:
+def mnist_source(
+    root: Path,
+    split: str,
+    download: bool,
+    source: str = "auto",
+    dataset: str = "multimnist",
+    n_glyph: int | None = None,
+) -> tuple[ImageDataset, str]:
     """The digits a generated MNIST variant is built from: ``(dataset, "mnist" | "glyph_digits")``.
 
     ``source="auto"`` or ``"mnist"``: real MNIST (under ``root`` or downloaded) or a
@@ -53,14 +70,25 @@ def mnist_source(root: Path, split: str, download: bool, source: str = "auto", d
     try:
         return _REGISTRY["mnist"](root, split, download), "mnist"
     except DatasetUnavailableError as e:
-        raise unavailable(f"{dataset} (built from mnist)", root / "mnist", "mnist.py",
-                          "its source MNIST is missing; with CAPSULE_OFFLINE=1 or standin=True it is built from "
-                          "the generated glyph_digits instead") from e
+        raise unavailable(
+            f"{dataset} (built from mnist)",
+            root / "mnist",
+            "mnist.py",
+            "its source MNIST is missing; with CAPSULE_OFFLINE=1 or standin=True it is built from "
+            "the generated glyph_digits instead",
+        ) from e
 
 
-def make_multimnist(images: torch.Tensor, labels: torch.Tensor, n: int | None = None, variant: str = "sabour",
-                    seed: int = 0, allow_same_class: bool = False, max_shift: int | None = None,
-                    pad: int | None = None) -> dict[str, torch.Tensor]:
+def make_multimnist(
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    n: int | None = None,
+    variant: str = "sabour",
+    seed: int = 0,
+    allow_same_class: bool = False,
+    max_shift: int | None = None,
+    pad: int | None = None,
+) -> dict[str, torch.Tensor]:
     """Pairs of shifted, overlaid digits from ``images`` uint8 ``[N, 1, 28, 28]`` and ``labels [N]``.
 
     Base digit ``k`` is source ``k % N`` (so bases are used equally often); its partner is uniform over the
@@ -102,8 +130,17 @@ def make_multimnist(images: torch.Tensor, labels: torch.Tensor, n: int | None = 
     src_a = shift_images(canvas_a, sh[0, :, 0], sh[0, :, 1])
     src_b = shift_images(canvas_b, sh[1, :, 0], sh[1, :, 1])
     merged = (src_a.int() + src_b.int()).clamp_max(255).to(torch.uint8)
-    return {"merged": merged, "source_a": src_a, "source_b": src_b, "label_a": labels[a], "label_b": labels[b],
-            "index_a": a, "index_b": b, "shift_a": sh[0], "shift_b": sh[1]}
+    return {
+        "merged": merged,
+        "source_a": src_a,
+        "source_b": src_b,
+        "label_a": labels[a],
+        "label_b": labels[b],
+        "index_a": a,
+        "index_b": b,
+        "shift_a": sh[0],
+        "shift_b": sh[1],
+    }
 
 
 def bounding_boxes(images: torch.Tensor, threshold: int = 0) -> torch.Tensor:
@@ -125,7 +162,10 @@ def bbox_overlap(a: torch.Tensor, b: torch.Tensor, threshold: int = 0) -> dict[s
     """Per pair of images ``[N, C, H, W]``: ``iou`` (intersection / union of the two digits' boxes) and
     ``inter_over_min`` (intersection / area of the smaller box), both ``[N]`` in [0, 1]."""
     ba, bb = bounding_boxes(a, threshold), bounding_boxes(b, threshold)
-    area = lambda x: ((x[:, 1] - x[:, 0] + 1).clamp_min(0) * (x[:, 3] - x[:, 2] + 1).clamp_min(0)).float()
+
+    def area(x):
+        return ((x[:, 1] - x[:, 0] + 1).clamp_min(0) * (x[:, 3] - x[:, 2] + 1).clamp_min(0)).float()
+
     ih = (torch.minimum(ba[:, 1], bb[:, 1]) - torch.maximum(ba[:, 0], bb[:, 0]) + 1).clamp_min(0)
     iw = (torch.minimum(ba[:, 3], bb[:, 3]) - torch.maximum(ba[:, 2], bb[:, 2]) + 1).clamp_min(0)
     inter = (ih * iw).float()
@@ -155,8 +195,18 @@ def overlap_stats(ds: ImageDataset | dict[str, torch.Tensor]) -> dict[str, float
 
 
 @register_dataset("multimnist")
-def _load_multimnist(root: Path, split: str, download: bool, *, variant: str = "sabour", n: int | None = None,
-                     seed: int = 0, source: str = "auto", allow_same_class: bool = False, **_: Any) -> ImageDataset:
+def _load_multimnist(
+    root: Path,
+    split: str,
+    download: bool,
+    *,
+    variant: str = "sabour",
+    n: int | None = None,
+    seed: int = 0,
+    source: str = "auto",
+    allow_same_class: bool = False,
+    **_: Any,
+) -> ImageDataset:
     """``get_dataset("multimnist", root, split, variant="sabour" | "efficient", n=None, seed=0,
     source="auto")``: GENERATED pairs from the MNIST ``split`` (``n`` defaults to one pair per source
     digit). Images uint8 ``[n, 1, 36, 36]``; labels multi-hot int64 ``[n, 10]``; ``extra``:
@@ -164,14 +214,84 @@ def _load_multimnist(root: Path, split: str, download: bool, *, variant: str = "
     ``shift_a``/``shift_b``, ``index_a``/``index_b``."""
     _check_split(split)
     src, kind = mnist_source(root, split, download, source, "multimnist", n_glyph=n)
-    d = make_multimnist(src.images, src.labels, n, variant, seed=1000 * seed + _SPLIT_SEED[split],
-                        allow_same_class=allow_same_class)
+    d = make_multimnist(
+        src.images, src.labels, n, variant, seed=1000 * seed + _SPLIT_SEED[split], allow_same_class=allow_same_class
+    )
     multi_hot = F.one_hot(d["label_a"], 10) | F.one_hot(d["label_b"], 10)
     pad, shift = VARIANTS[variant]
     what = "real MNIST" if kind == "mnist" else "the generated glyph_digits (NOT MNIST)"
-    desc = (f"GENERATED MultiMNIST ({variant} recipe: pad {pad} to 36x36, shifts up to ±{shift} px, "
-            f"{'any other digit' if allow_same_class else 'different classes'}, merged min(a+b, 255)) built from "
-            f"{what} {split} digits, seed {seed}.")
+    desc = (
+        f"GENERATED MultiMNIST ({variant} recipe: pad {pad} to 36x36, shifts up to ±{shift} px, "
+        f"{'any other digit' if allow_same_class else 'different classes'}, merged min(a+b, 255)) built from "
+        f"{what} {split} digits, seed {seed}."
+    )
     extra = {k: v for k, v in d.items() if k != "merged"}
-    return ImageDataset("multimnist", split, d["merged"], multi_hot.long(), [str(i) for i in range(10)],
-                        generated=True, description=desc, extra=extra)
+    return ImageDataset(
+        "multimnist",
+        split,
+        d["merged"],
+        multi_hot.long(),
+        [str(i) for i in range(10)],
+        generated=True,
+        description=desc,
+        extra=extra,
+    )
+
+
+class MultiMNISTLoader:
+    """Batches ``(merged, labels [B, 2], source_a, source_b)`` of MultiMNIST pairs built from ``source``
+    digits (an :class:`~capsule_lib.data.ImageDataset`), with **fresh pairs every epoch** when ``fresh``
+    (the official training stream is endless); evaluation loaders keep one fixed set (``fresh=False``)."""
+
+    def __init__(
+        self,
+        source: Any,
+        n: int,
+        batch_size: int,
+        variant: str,
+        *,
+        seed: int = 0,
+        fresh: bool = True,
+        shuffle: bool = True,
+        device: torch.device | str = "cpu",
+        **shard: Any,
+    ) -> None:
+        self.shard = shard  # rank / world_size / pad_shards for the TensorLoader (distributed jobs)
+        self.source, self.n, self.batch_size, self.variant = source, n, batch_size, variant
+        self.seed, self.fresh, self.shuffle, self.device = seed, fresh, shuffle, torch.device(device)
+        self.epoch = 0
+        self._cache: tuple[int, TensorLoader] | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def _loader(self) -> TensorLoader:
+
+        key = self.epoch if self.fresh else 0
+        if self._cache is None or self._cache[0] != key:
+            d = make_multimnist(
+                self.source.images, self.source.labels, self.n, self.variant, seed=self.seed * 1_000_003 + key
+            )
+            y2 = torch.stack([d["label_a"], d["label_b"]], 1)
+            self._cache = (
+                key,
+                TensorLoader(
+                    [d["merged"], y2, d["source_a"], d["source_b"]],
+                    self.batch_size,
+                    shuffle=self.shuffle,
+                    seed=self.seed,
+                    device=self.device,
+                    **self.shard,
+                ),
+            )
+        return self._cache[1]
+
+    def __len__(self) -> int:
+        rank, world = self.shard.get("rank", 0), self.shard.get("world_size", 1)
+        n = math.ceil(self.n / world) if self.shard.get("pad_shards", True) else len(range(rank, self.n, world))
+        return math.ceil(n / self.batch_size)
+
+    def __iter__(self):
+        loader = self._loader()
+        loader.set_epoch(self.epoch)
+        return iter(loader)

@@ -218,7 +218,7 @@ def shift_edge(x: torch.Tensor, dx: torch.Tensor, dy: torch.Tensor) -> torch.Ten
 
 
 def heinsen_transform(train: bool, max_shift: int = 16, coords: bool = True) -> Callable[[tuple, torch.Generator | None], tuple]:
-    """Heinsen (2019) smallNORB input pipeline for :class:`~capsule_lib.training.TensorLoader`:
+    """Heinsen (2019) smallNORB input pipeline for :class:`~capsule_lib.data.TensorLoader`:
     training batches get a random shift of up to ``max_shift`` px (edge fill, i.e.
     ``RandomCrop(96, padding=16, padding_mode='edge')``) on the [0, 1] 96x96 pair; then (train and test) two
     coordinate channels are appended: ``[B, 2, 96, 96] -> [B, 4, 96, 96]``. No resizing."""

@@ -1,5 +1,5 @@
 """Heinsen (2019), "An Algorithm for Routing Capsules in All Domains": the smallNORB classifier and the
-sequence (SST) classification head, both built from :class:`~capsule_lib.routing.heinsen.GenerativeMatrixRouting`.
+sequence (SST) classification head, both built from :class:`~capsule_lib.routing.heinsen_2019.GenerativeMatrixRouting`.
 
 smallNORB (the default :class:`SmallNORBConfig`, 271,688 parameters)::
 
@@ -31,7 +31,7 @@ from torch import nn
 
 from .._checks import check_images, check_model_input, check_tensor
 from ..functional import add_coordinate_channels
-from ..routing.heinsen import GenerativeMatrixRouting
+from ..routing.heinsen_2019 import GenerativeMatrixRouting
 from ..types import CapsuleOutput, ImageContract
 
 __all__ = [

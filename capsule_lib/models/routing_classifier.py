@@ -10,14 +10,14 @@ that routes the primary capsules to the class capsules differs (``config.routing
   with squash_E; lengths, margin loss;
 * ``em``: :class:`~capsule_lib.routing.em.EMRouting` on 4x4 poses with sigmoid activations; the class
   activations, spread loss;
-* ``heinsen_2019``: :class:`~capsule_lib.routing.heinsen.GenerativeMatrixRouting` with the activation logits;
+* ``heinsen_2019``: :class:`~capsule_lib.routing.heinsen_2019.GenerativeMatrixRouting` with the activation logits;
   its output activation logits, cross-entropy;
-* ``heinsen_2022``: :class:`~capsule_lib.routing.heinsen.EfficientVectorRouting`, then one linear readout shared
+* ``heinsen_2022``: :class:`~capsule_lib.routing.heinsen_2022.EfficientVectorRouting`, then one linear readout shared
   by the classes; logits, cross-entropy;
 * ``inverted``: :class:`~capsule_lib.routing.inverted.InvertedFCCapsules`, T updates, then the shared linear
   readout; logits, cross-entropy.
 
-(:class:`~capsule_lib.training.ScoreObjective` picks the loss from the score kind.) Shapes, for the default MNIST
+(:class:`~capsule_lib.losses.ScoreObjective` picks the loss from the score kind.) Shapes, for the default MNIST
 configuration::
 
     x [B, 1, 28, 28] -> stem (conv 5x5, conv 3x3 stride 2) [B, 128, 12, 12]

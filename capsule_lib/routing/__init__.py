@@ -5,7 +5,9 @@ module                 algorithm                                     main entry 
 =====================  ============================================  ==============================
 ``dynamic``            Sabour et al. 2017, routing by agreement      ``dynamic_routing``, ``DynamicRouting``
 ``em``                 Hinton et al. 2018, EM routing (log space)    ``em_routing``, ``EMRouting``
-``heinsen``            Heinsen 2019 / 2022                           ``generative_matrix_routing``,
+``heinsen_2019``       Heinsen 2019, generative matrix routing       ``generative_matrix_routing``,
+                                                                     ``GenerativeMatrixRouting``
+``heinsen_2022``       Heinsen 2022, efficient vector routing        ``efficient_vector_routing``,
                                                                      ``EfficientVectorRouting``
 ``inverted``           Tsai et al. 2020, inverted dot-product attn   ``InvertedFCCapsules``, ``InvertedConvCapsules``
 ``self_attention``     Mazzia et al. 2021, self-attention routing    ``self_attention_routing``, ``FCCapsules``
@@ -14,13 +16,8 @@ module                 algorithm                                     main entry 
 
 from .dynamic import DynamicRouting, capsule_votes, dynamic_routing
 from .em import EMRouting, EMRoutingBase, em_routing, em_routing_naive, inverse_temperature_schedule, matrix_votes
-from .heinsen import (
-    EfficientVectorRouting,
-    GenerativeMatrixRouting,
-    efficient_vector_routing,
-    generative_matrix_routing,
-    heinsen_votes,
-)
+from .heinsen_2019 import GenerativeMatrixRouting, generative_matrix_routing, heinsen_votes
+from .heinsen_2022 import EfficientVectorRouting, efficient_vector_routing
 from .inverted import (
     InvertedConvCapsules,
     InvertedFCCapsules,

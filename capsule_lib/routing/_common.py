@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from .._checks import check_tensor
 from ..types import RoutingTrace
 
 
@@ -66,3 +67,20 @@ def use_kernel(
     if not autocast and torch.is_autocast_enabled(t0.device.type):
         return False
     return dtypes is None or (t0.dtype in dtypes and all(t.dtype == t0.dtype for t in tensors))
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float16/bfloat16/float32 -> float32; float64 -> float64."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def no_autocast(t: torch.Tensor):
+    """Context that turns autocast off on ``t``'s device (so einsums really run in the compute dtype)."""
+    return torch.autocast(device_type=t.device.type, enabled=False)
+
+
+def check_one_or(p: torch.Tensor, name: str, spec: str, n: int, rest: list) -> None:
+    """``p`` must be ``[n, *rest]`` or ``[1, *rest]`` (weights shared across inputs)."""
+    check_tensor(p, name, spec, [None, *rest])
+    if p.shape[0] not in (1, n):
+        raise ValueError(f"{name}: expected shape {spec} with first size 1 or {n}, got {tuple(p.shape)}")

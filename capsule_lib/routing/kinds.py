@@ -38,7 +38,8 @@ def build_routing(kind: str, n_inp: int, n_out: int, d: int, iterations: int | N
     (:class:`~capsule_lib.routing.inverted.InvertedFCCapsules`): the caller runs it ``iterations`` times."""
     from .dynamic import DynamicRouting
     from .em import EMRouting
-    from .heinsen import EfficientVectorRouting, GenerativeMatrixRouting
+    from .heinsen_2019 import GenerativeMatrixRouting
+    from .heinsen_2022 import EfficientVectorRouting
     from .inverted import InvertedFCCapsules
     from .self_attention import SelfAttentionRouting
 

@@ -1,5 +1,5 @@
-"""Training: seeding, device selection, an in-memory batch loader, objectives, and a ``Trainer`` with
-per-epoch JSON history, best/last checkpoints and exact resume.
+"""The training loop: seeding, device selection and a :class:`Trainer` with per-epoch JSON history, best/last
+checkpoints and exact resume.
 
 Model selection uses the validation split only; a test loader, if given, is evaluated for the record and
 never used to choose a checkpoint.
@@ -15,8 +15,7 @@ import random
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -24,25 +23,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from .distributed import DistInfo, all_reduce_sums
-from .losses import margin_loss, reconstruction_loss, spread_loss, spread_margin
+from ..distributed import DistInfo, all_reduce_sums
+from ..losses import (
+    StepOutput,
+)
+from .checkpoint import History, RunMismatchError, _atomic_save, _load_checkpoint
 
-__all__ = [
-    "seed_everything",
-    "select_device",
-    "TensorLoader",
-    "StepOutput",
-    "CapsuleObjective",
-    "ClassifierObjective",
-    "MultiDigitObjective",
-    "SpreadObjective",
-    "ScoreObjective",
-    "History",
-    "Trainer",
-    "RunMismatchError",
-    "TrainingInterrupted",
-    "load_history",
-]
+__all__ = ["seed_everything", "select_device", "Trainer", "TrainingInterrupted"]
 
 
 # ------------------------------------------------------------------------------------------------ basics
@@ -63,307 +50,6 @@ def select_device(preference: str | torch.device | None = "auto") -> torch.devic
             return torch.device("mps")
         return torch.device("cpu")
     return torch.device(preference)
-
-
-class TensorLoader:
-    """Batches from in-memory tensors, shuffled by ``(seed, epoch)`` so that an epoch is reproducible.
-
-    ``tensors``: tensors with the same first dimension (``uint8`` images are scaled to ``[0, 1]`` floats on
-    the device). ``transform(batch, generator) -> batch`` augments a batch tuple (training only).
-    Call :meth:`set_epoch` before iterating (the :class:`Trainer` does).
-
-    Under ``torch.distributed`` pass ``rank`` and ``world_size``: ``batch_size`` is then this rank's share
-    of each global batch. Every rank draws the same permutation, pads it to a multiple of ``world_size``
-    (repeating its first samples) and takes every ``world_size``-th index from ``rank`` on, as
-    ``DistributedSampler`` does, so that step ``k`` of the job covers exactly the samples of batch ``k`` of a
-    single process with batch ``batch_size * world_size``. Augmentation draws from a per-rank generator.
-    ``pad_shards=False`` (evaluation loaders) skips the padding: each sample is counted once, and ranks may
-    differ by one sample (and one batch).
-    """
-
-    def __init__(
-        self,
-        tensors: Sequence[torch.Tensor],
-        batch_size: int = 128,
-        *,
-        shuffle: bool = False,
-        seed: int = 0,
-        transform: Callable[..., tuple] | None = None,
-        drop_last: bool = False,
-        device: torch.device | str = "cpu",
-        rank: int = 0,
-        world_size: int = 1,
-        pad_shards: bool = True,
-    ) -> None:
-        n = tensors[0].shape[0]
-        if any(t.shape[0] != n for t in tensors):
-            raise ValueError(f"all tensors need the same first dimension, got {[tuple(t.shape) for t in tensors]}")
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
-        self.rank, self.world_size, self.pad_shards = rank, world_size, pad_shards
-        self.tensors, self.batch_size, self.shuffle, self.seed = list(tensors), batch_size, shuffle, seed
-        self.transform, self.drop_last, self.device = transform, drop_last, torch.device(device)
-        self.epoch = 0
-        self.position = 0  # batches yielded so far in the current epoch
-        self._generator: torch.Generator | None = None
-        self._start: dict[str, Any] | None = None
-
-    @classmethod
-    def from_dataset(cls, ds: Any, batch_size: int = 128, **kw: Any) -> TensorLoader:
-        """From an :class:`~capsule_lib.data.ImageDataset` (images, labels)."""
-        return cls([ds.images, ds.labels], batch_size, **kw)
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def _n_local(self) -> int:
-        """Samples this rank sees per epoch (all of them for one process)."""
-        n = self.tensors[0].shape[0]
-        return math.ceil(n / self.world_size) if self.pad_shards else len(range(self.rank, n, self.world_size))
-
-    def __len__(self) -> int:
-        n = self._n_local()
-        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
-
-    def state(self) -> dict[str, Any]:
-        """Where the current epoch's iteration is: epoch, batches done, and the shuffling/augmentation
-        generator's state (saved in mid-epoch checkpoints)."""
-        gen = self._generator.get_state() if self._generator is not None else None
-        return {"epoch": self.epoch, "batch": self.position, "generator": gen}
-
-    def resume_at(self, state: dict[str, Any]) -> None:
-        """Make the next iteration of epoch ``state["epoch"]`` start after ``state["batch"]`` batches, with the
-        generator as it was there: the remaining batches are exactly those of an uninterrupted epoch."""
-        self._start = state
-
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
-        n = self.tensors[0].shape[0]
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-        order = torch.randperm(n, generator=g) if self.shuffle else torch.arange(n)
-        if self.world_size > 1:  # this rank's interleaved shard; augmentation gets a generator of its own
-            if self.pad_shards:
-                order = torch.cat([order, order[: self._n_local() * self.world_size - n]])
-            order = order[self.rank :: self.world_size]
-            g.manual_seed((self.seed * 1_000_003 + self.epoch) * 1_009 + self.rank)
-        start, self._start = self._start, None
-        first = 0
-        if start is not None and start["epoch"] == self.epoch:
-            first = int(start["batch"])
-            if start.get("generator") is not None:
-                g.set_state(start["generator"])
-        self._generator, self.position = g, first
-        for k in range(first, len(self)):
-            idx = order[k * self.batch_size : (k + 1) * self.batch_size]
-            batch = tuple(_to_device(t[idx], self.device) for t in self.tensors)
-            if self.transform is not None:
-                batch = self.transform(batch, g)
-            self.position = k + 1
-            yield batch
-
-
-def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    t = t.to(device, non_blocking=True)
-    return t.float().div_(255.0) if t.dtype == torch.uint8 else t
-
-
-# ------------------------------------------------------------------------------------------- objectives
-@dataclass
-class StepOutput:
-    """What an objective returns for one batch: the loss to minimise, its named parts (detached floats),
-    and the number of correct predictions out of ``n``."""
-
-    loss: torch.Tensor
-    parts: dict[str, float]
-    correct: float
-    n: int
-
-
-class ClassifierObjective:
-    """Cross-entropy on logits for plain classifiers ``model(x) -> [B, K]`` (e.g. the CNN baselines), or
-    on ``out.scores`` for capsule models that return a :class:`~capsule_lib.types.CapsuleOutput`."""
-
-    def __call__(self, model: nn.Module, batch: tuple[torch.Tensor, ...], train: bool) -> StepOutput:
-        x, y = batch[0], batch[1]
-        out = model(x)
-        logits = out if isinstance(out, torch.Tensor) else out.scores
-        loss = nn.functional.cross_entropy(logits.float(), y)
-        correct = (logits.argmax(1) == y).sum().item()
-        return StepOutput(loss, {"ce": loss.item()}, correct, y.shape[0])
-
-
-def _require_lengths(out: Any, objective: str) -> None:
-    """The margin loss is defined on capsule lengths in [0, 1); refuse logits or activations in one line."""
-    if out.kind != "lengths":
-        raise ValueError(
-            f"{objective}: the margin loss needs capsule lengths, but the model's scores are "
-            f"{out.kind}; train it with ClassifierObjective (cross-entropy) or its own loss"
-        )
-
-
-class CapsuleObjective:
-    """Margin loss + ``recon_weight`` x reconstruction loss for models returning a ``CapsuleOutput``.
-
-    The decoder is masked by the true label in training and in evaluation (so the validation loss is the
-    same quantity as the training loss); accuracy is the argmax of the capsule lengths.
-    ``margin_reduction``: ``"paper"`` or ``"official"`` (see :func:`~capsule_lib.losses.margin_loss`);
-    ``recon_reduction``: ``"sum"`` (Sabour, weight 0.0005) or ``"mean"`` (Efficient-CapsNet, weight 0.392).
-    """
-
-    def __init__(
-        self, recon_weight: float = 0.0005, margin_reduction: str = "paper", recon_reduction: str = "sum"
-    ) -> None:
-        self.recon_weight, self.margin_reduction, self.recon_reduction = recon_weight, margin_reduction, recon_reduction
-
-    def __call__(self, model: nn.Module, batch: tuple[torch.Tensor, ...], train: bool) -> StepOutput:
-        x, y = batch[0], batch[1]
-        use_decoder = self.recon_weight > 0
-        out = model(x, y) if use_decoder else model(x)
-        _require_lengths(out, type(self).__name__)
-        margin = margin_loss(out.scores, y, reduction=self.margin_reduction)
-        parts = {"margin": margin.item()}
-        loss = margin
-        if use_decoder and out.reconstruction is not None:
-            recon = reconstruction_loss(out.reconstruction, x, self.recon_reduction)
-            loss = loss + self.recon_weight * recon
-            parts["recon"] = recon.item()
-        correct = (out.scores.argmax(1) == y).sum().item()
-        return StepOutput(loss, parts, correct, y.shape[0])
-
-
-class SpreadObjective:
-    """Spread loss (Hinton, Sabour & Frosst 2018) on the class capsules' activations (``out.kind ==
-    "activations"``, e.g. :class:`~capsule_lib.models.EMCapsNet`); accuracy is the argmax activation.
-
-    The margin grows linearly from ``m_min`` to ``m_max`` over the run, one value per epoch (epoch ``e`` of
-    ``E``: ``m_min + (m_max - m_min) * e / (E - 1)``), so a resumed run uses exactly the margins of an
-    uninterrupted one. The :class:`Trainer` calls :meth:`set_epoch` before every epoch; validation uses the
-    margin of the epoch just trained.
-    """
-
-    def __init__(self, m_min: float = 0.2, m_max: float = 0.9) -> None:
-        self.m_min, self.m_max = m_min, m_max
-        self.margin = m_min
-
-    def set_epoch(self, epoch: int, epochs: int) -> None:
-        self.margin = spread_margin(epoch, max(epochs - 1, 0), self.m_min, self.m_max)
-
-    def __call__(self, model: nn.Module, batch: tuple[torch.Tensor, ...], train: bool) -> StepOutput:
-        x, y = batch[0], batch[1]
-        out = model(x)
-        if out.kind != "activations":
-            raise ValueError(f"SpreadObjective: the spread loss needs class activations, but the scores are {out.kind}")
-        loss = spread_loss(out.scores, y, self.margin)
-        correct = (out.scores.argmax(1) == y).sum().item()
-        return StepOutput(loss, {"spread": loss.item(), "margin": self.margin}, correct, y.shape[0])
-
-
-class ScoreObjective:
-    """Each kind of class score with the loss its paper trains it with: capsule ``"lengths"`` with the margin
-    loss, ``"activations"`` with the spread loss (margin from ``m_min`` to ``m_max`` over the run, as in
-    :class:`SpreadObjective`), ``"logits"`` with cross-entropy. For models whose score kind depends on their
-    configuration (:class:`~capsule_lib.models.RoutingClassifier`); no reconstruction. Accuracy is the argmax."""
-
-    def __init__(self, m_min: float = 0.2, m_max: float = 0.9) -> None:
-        self.spread = SpreadObjective(m_min, m_max)
-
-    def set_epoch(self, epoch: int, epochs: int) -> None:
-        self.spread.set_epoch(epoch, epochs)
-
-    def __call__(self, model: nn.Module, batch: tuple[torch.Tensor, ...], train: bool) -> StepOutput:
-        x, y = batch[0], batch[1]
-        out = model(x)
-        scores = out.scores.float()
-        if out.kind == "lengths":
-            loss, part = margin_loss(scores, y), "margin"
-        elif out.kind == "activations":
-            loss, part = spread_loss(scores, y, self.spread.margin), "spread"
-        else:
-            loss, part = nn.functional.cross_entropy(scores, y), "ce"
-        correct = (scores.argmax(1) == y).sum().item()
-        return StepOutput(loss, {part: loss.item()}, correct, y.shape[0])
-
-
-class MultiDigitObjective:
-    """Two-digit images (MultiMNIST): batches ``(x, labels [B, 2], source_a, source_b)``.
-
-    Margin loss against the two-hot target, plus ``recon_weight`` x the reconstruction error of **each**
-    digit decoded on its own from its capsule (the model must put per-digit decodes in
-    ``out.extra["reconstructions"] [B, 2, C, H, W]``, e.g. ``EfficientCapsNet`` with ``decode_separately``;
-    Efficient-CapsNet weights each 0.196 with ``recon_reduction="mean"``). ``correct`` counts images whose
-    two labels are the two longest capsules (Sabour et al.'s strict metric).
-    """
-
-    def __init__(self, recon_weight: float = 0.196, recon_reduction: str = "mean") -> None:
-        self.recon_weight, self.recon_reduction = recon_weight, recon_reduction
-
-    def __call__(self, model: nn.Module, batch: tuple[torch.Tensor, ...], train: bool) -> StepOutput:
-        x, y2, src_a, src_b = batch[:4]
-        out = model(x, y2)
-        _require_lengths(out, type(self).__name__)
-        target = torch.zeros_like(out.scores, dtype=torch.float32).scatter_(1, y2.long(), 1.0)
-        margin = margin_loss(out.scores, target)
-        parts = {"margin": margin.item()}
-        loss = margin
-        recons = out.extra.get("reconstructions")
-        if self.recon_weight > 0 and recons is not None:
-            ra = reconstruction_loss(recons[:, 0], src_a, self.recon_reduction)
-            rb = reconstruction_loss(recons[:, 1], src_b, self.recon_reduction)
-            loss = loss + self.recon_weight * (ra + rb)
-            parts["recon"] = (ra + rb).item() / 2
-        top2 = out.scores.topk(2, dim=1).indices
-        both = (top2.sort(1).values == y2.long().sort(1).values).all(1)
-        return StepOutput(loss, parts, both.sum().item(), x.shape[0])
-
-
-# -------------------------------------------------------------------------------------------- history
-@dataclass
-class History:
-    """Per-epoch records (dicts with ``epoch``, ``train_loss``, ``train_acc``, ``val_loss``, ``val_acc``,
-    optional ``test_acc``, loss parts, ``lr``, ``epoch_time``, ``wall_time``) plus run metadata."""
-
-    records: list[dict[str, Any]] = field(default_factory=list)
-    meta: dict[str, Any] = field(default_factory=dict)
-
-    def append(self, rec: dict[str, Any]) -> None:
-        self.records.append(rec)
-
-    def __len__(self) -> int:
-        return len(self.records)
-
-    def column(self, key: str) -> list[Any]:
-        return [r.get(key) for r in self.records]
-
-    def best(self, key: str = "val_acc") -> dict[str, Any] | None:
-        recs = [r for r in self.records if r.get(key) is not None]
-        return max(recs, key=lambda r: r[key]) if recs else None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"meta": self.meta, "records": self.records}
-
-    def save(self, path: str | os.PathLike) -> None:
-        p = Path(path)
-        tmp = p.with_suffix(p.suffix + ".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=1))
-        os.replace(tmp, p)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> History:
-        return cls(list(d.get("records", [])), dict(d.get("meta", {})))
-
-
-def load_history(path: str | os.PathLike) -> History:
-    return History.from_dict(json.loads(Path(path).read_text()))
-
-
-# -------------------------------------------------------------------------------------------- trainer
-def _atomic_save(obj: Any, path: Path) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
-
-
-class RunMismatchError(ValueError):
-    """``out_dir/last.pt`` belongs to another run than the one being trained."""
 
 
 class TrainingInterrupted(KeyboardInterrupt):
@@ -388,17 +74,6 @@ def _stop_on_sigint(flag: dict[str, bool]):
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
-
-
-def _load_checkpoint(path: Path, device: torch.device | str) -> Any:
-    """``torch.load`` with a one-line, actionable error for a truncated or corrupt run checkpoint."""
-    try:
-        return torch.load(path, map_location=device, weights_only=False)
-    except (RuntimeError, EOFError, OSError, ValueError) as e:
-        raise RuntimeError(
-            f"{path}: cannot read this checkpoint ({type(e).__name__}: {str(e).splitlines()[0][:120]}); "
-            f"it is truncated or corrupt. Delete it (or the run folder) to start the run afresh"
-        ) from e
 
 
 class Trainer:
@@ -582,7 +257,7 @@ class Trainer:
     def _bar(self, it: Iterable, total: int, desc: str):
         if not self.progress:
             return it
-        from ._progress import progress
+        from .._progress import progress
 
         return progress(it, total=total, desc=desc)
 

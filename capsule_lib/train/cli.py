@@ -1,4 +1,4 @@
-"""The one training entry point: :func:`train` runs any recipe of :mod:`capsule_lib.recipes`.
+"""The one training entry point: :func:`train` runs any recipe of :mod:`capsule_lib.train.recipes`.
 
 Chapters (``TRAIN = True``), the command line and the tests all train through :func:`train`::
 
@@ -6,10 +6,10 @@ Chapters (``TRAIN = True``), the command line and the tests all train through :f
     python -m capsule_lib.train --shipped capsnet_mnist --out runs/capsnet_mnist   # the shipped model's recipe
 
 It builds the recipe's data loaders (training augmentation only), model, optimiser, schedule and objective,
-then runs :class:`~capsule_lib.training.Trainer` with checkpoints and resume in ``out_dir``. ``standin`` is
+then runs :class:`~capsule_lib.train.Trainer` with checkpoints and resume in ``out_dir``. ``standin`` is
 passed to :func:`~capsule_lib.data.get_dataset`: ``None`` uses the generated stand-in only in offline mode
 (``CAPSULE_OFFLINE=1``), ``True`` whenever the real data cannot be had (the chapters), ``False`` never.
-``resume=True`` continues the run in ``out_dir`` (only the same run: see :class:`~capsule_lib.training.Trainer`);
+``resume=True`` continues the run in ``out_dir`` (only the same run: see :class:`~capsule_lib.train.Trainer`);
 ``resume=False`` starts afresh. The test split is evaluated once, after the epoch is chosen on validation,
 and recorded in ``trainer.history.meta["test"]``. ``--export NAME`` (or :func:`capsule_lib.pretrained.export_run`)
 turns a finished run into a shipped checkpoint and its registry entry.
@@ -27,10 +27,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from .data.datasets import check_labels, data_fingerprint
-from .distributed import setup as setup_distributed
-from .recipes import RECIPES, Recipe, check_device_available, make_recipe, recipe_config
-from .training import Trainer, select_device
+from ..data.datasets import check_labels, data_fingerprint
+from ..distributed import setup as setup_distributed
+from .recipes import RECIPES, make_recipe, recipe_config
+from .recipes.base import (
+    Recipe,
+    check_device_available,
+)
+from .trainer import Trainer, select_device
 
 __all__ = ["train", "shipped_recipe", "hardware_string", "main", "COMPILE_MODES"]
 
@@ -50,7 +54,7 @@ def shipped_recipe(checkpoint: str, **overrides: Any) -> Recipe:
     ``train(shipped_recipe("capsnet_mnist"), out_dir=...)`` retrains it. Where the run was resumed with a
     changed recipe, ``phase=k`` (an override) picks the recipe of the k-th recorded change instead
     (``history.meta["changes"]``, whose ``from_epoch`` says when it applied)."""
-    from .pretrained import load_pretrained_history
+    from ..pretrained import load_pretrained_history
 
     meta = load_pretrained_history(checkpoint).meta
     phase = overrides.pop("phase", 0)
@@ -64,7 +68,7 @@ def shipped_recipe(checkpoint: str, **overrides: Any) -> Recipe:
 def _start_from(model: nn.Module, recipe: Recipe, name: str) -> dict[str, Any]:
     """Load the shipped checkpoint ``name``'s weights into ``model`` (same model configuration required);
     returns what the run records about it."""
-    from .pretrained import load_pretrained
+    from ..pretrained import load_pretrained
 
     shipped, entry = load_pretrained(name)
     want = json.loads(json.dumps(recipe.config().get("model"), default=str))
@@ -106,10 +110,11 @@ def train(
     compile: str | None = None,
     **overrides: Any,
 ) -> tuple[nn.Module, Trainer]:
-    """Train ``recipe`` (a name in :data:`~capsule_lib.recipes.RECIPES` or a :class:`~capsule_lib.recipes.Recipe`)
+    """Train ``recipe`` (a name in :data:`~capsule_lib.train.recipes.RECIPES` or a
+    :class:`~capsule_lib.train.recipes.Recipe`)
     with ``overrides`` (recipe fields, ``model__<field>`` for the model config).
 
-    Returns the model (best validation weights loaded) and the :class:`~capsule_lib.training.Trainer` (its
+    Returns the model (best validation weights loaded) and the :class:`~capsule_lib.train.Trainer` (its
     ``history`` holds the per-epoch records and, when ``test``, the test accuracy of the selected epoch).
     ``out_dir=None`` keeps everything in memory (no checkpoints, no resume). Under ``torchrun`` the same call
     trains one process of a distributed job (:mod:`capsule_lib.distributed`): ``batch_size`` stays the global
@@ -117,7 +122,7 @@ def train(
 
     ``budget_minutes`` stops training once the run's training wall time reaches it, inside an epoch if need be
     (the weights reached are validated and recorded as a partial epoch; a later call with a larger budget goes
-    on from there: :class:`~capsule_lib.training.Trainer`). ``start_from`` names a shipped checkpoint whose
+    on from there: :class:`~capsule_lib.train.Trainer`). ``start_from`` names a shipped checkpoint whose
     weights (of the same model configuration) the model starts from instead of its initialisation: the
     optimiser's state (momentum) and the schedule start afresh; the run records it (``meta["start_from"]``).
     ``compile`` (one of :data:`COMPILE_MODES`) compiles the training step with ``torch.compile`` in that mode
@@ -258,11 +263,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     print(json.dumps({"best": trainer.history.best("val_acc"), "test": trainer.history.meta.get("test")}, default=str))
     if a.export:
-        from .pretrained import export_run
+        from ..pretrained import export_run
 
         entry = export_run(a.out, a.export, data_root=a.data_root)
         print(json.dumps({k: entry[k] for k in ("file", "sha256", "metrics")}, indent=1))
-
-
-if __name__ == "__main__":
-    main()

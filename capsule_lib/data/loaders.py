@@ -1,0 +1,115 @@
+"""An in-memory batch loader: :class:`TensorLoader` (reproducible shuffling by ``(seed, epoch)``, per-batch
+augmentation, ``torch.distributed`` shards, a position that a checkpoint can save and restore).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+
+
+__all__ = ["TensorLoader"]
+
+
+class TensorLoader:
+    """Batches from in-memory tensors, shuffled by ``(seed, epoch)`` so that an epoch is reproducible.
+
+    ``tensors``: tensors with the same first dimension (``uint8`` images are scaled to ``[0, 1]`` floats on
+    the device). ``transform(batch, generator) -> batch`` augments a batch tuple (training only).
+    Call :meth:`set_epoch` before iterating (the :class:`Trainer` does).
+
+    Under ``torch.distributed`` pass ``rank`` and ``world_size``: ``batch_size`` is then this rank's share
+    of each global batch. Every rank draws the same permutation, pads it to a multiple of ``world_size``
+    (repeating its first samples) and takes every ``world_size``-th index from ``rank`` on, as
+    ``DistributedSampler`` does, so that step ``k`` of the job covers exactly the samples of batch ``k`` of a
+    single process with batch ``batch_size * world_size``. Augmentation draws from a per-rank generator.
+    ``pad_shards=False`` (evaluation loaders) skips the padding: each sample is counted once, and ranks may
+    differ by one sample (and one batch).
+    """
+
+    def __init__(
+        self,
+        tensors: Sequence[torch.Tensor],
+        batch_size: int = 128,
+        *,
+        shuffle: bool = False,
+        seed: int = 0,
+        transform: Callable[..., tuple] | None = None,
+        drop_last: bool = False,
+        device: torch.device | str = "cpu",
+        rank: int = 0,
+        world_size: int = 1,
+        pad_shards: bool = True,
+    ) -> None:
+        n = tensors[0].shape[0]
+        if any(t.shape[0] != n for t in tensors):
+            raise ValueError(f"all tensors need the same first dimension, got {[tuple(t.shape) for t in tensors]}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+        self.rank, self.world_size, self.pad_shards = rank, world_size, pad_shards
+        self.tensors, self.batch_size, self.shuffle, self.seed = list(tensors), batch_size, shuffle, seed
+        self.transform, self.drop_last, self.device = transform, drop_last, torch.device(device)
+        self.epoch = 0
+        self.position = 0  # batches yielded so far in the current epoch
+        self._generator: torch.Generator | None = None
+        self._start: dict[str, Any] | None = None
+
+    @classmethod
+    def from_dataset(cls, ds: Any, batch_size: int = 128, **kw: Any) -> TensorLoader:
+        """From an :class:`~capsule_lib.data.ImageDataset` (images, labels)."""
+        return cls([ds.images, ds.labels], batch_size, **kw)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def _n_local(self) -> int:
+        """Samples this rank sees per epoch (all of them for one process)."""
+        n = self.tensors[0].shape[0]
+        return math.ceil(n / self.world_size) if self.pad_shards else len(range(self.rank, n, self.world_size))
+
+    def __len__(self) -> int:
+        n = self._n_local()
+        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+
+    def state(self) -> dict[str, Any]:
+        """Where the current epoch's iteration is: epoch, batches done, and the shuffling/augmentation
+        generator's state (saved in mid-epoch checkpoints)."""
+        gen = self._generator.get_state() if self._generator is not None else None
+        return {"epoch": self.epoch, "batch": self.position, "generator": gen}
+
+    def resume_at(self, state: dict[str, Any]) -> None:
+        """Make the next iteration of epoch ``state["epoch"]`` start after ``state["batch"]`` batches, with the
+        generator as it was there: the remaining batches are exactly those of an uninterrupted epoch."""
+        self._start = state
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
+        n = self.tensors[0].shape[0]
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        order = torch.randperm(n, generator=g) if self.shuffle else torch.arange(n)
+        if self.world_size > 1:  # this rank's interleaved shard; augmentation gets a generator of its own
+            if self.pad_shards:
+                order = torch.cat([order, order[: self._n_local() * self.world_size - n]])
+            order = order[self.rank :: self.world_size]
+            g.manual_seed((self.seed * 1_000_003 + self.epoch) * 1_009 + self.rank)
+        start, self._start = self._start, None
+        first = 0
+        if start is not None and start["epoch"] == self.epoch:
+            first = int(start["batch"])
+            if start.get("generator") is not None:
+                g.set_state(start["generator"])
+        self._generator, self.position = g, first
+        for k in range(first, len(self)):
+            idx = order[k * self.batch_size : (k + 1) * self.batch_size]
+            batch = tuple(_to_device(t[idx], self.device) for t in self.tensors)
+            if self.transform is not None:
+                batch = self.transform(batch, g)
+            self.position = k + 1
+            yield batch
+
+
+def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    t = t.to(device, non_blocking=True)
+    return t.float().div_(255.0) if t.dtype == torch.uint8 else t

@@ -1,0 +1,78 @@
+"""The papers' training recipes: one dataclass per recipe, whose defaults are the paper's settings, one module per
+family (``mnist``, ``viewpoints``, ``sequences``, ``cifar``, ``comparison``; what they share in ``base``).
+
+A recipe says *what* to train (data, model, objective, optimiser, schedule, augmentation); the one entry point
+that trains any of them is :func:`capsule_lib.train.train` (also the command line,
+``python -m capsule_lib.train <recipe> --set key=value``). Recipes are looked up by name in :data:`RECIPES`
+and built with overrides by :func:`make_recipe`; ``model.<field>`` overrides reach the model config.
+
+=================================  ==========================================================================
+name                               recipe
+=================================  ==========================================================================
+``capsnet``                        :class:`CapsNetRecipe` (Sabour et al. 2017, MNIST)
+``baseline_cnn``                   :class:`BaselineCNNRecipe` (the CNN baseline on CapsNet's budget)
+``efficient``                      :class:`EfficientCapsNetRecipe` (Mazzia et al. 2021, MNIST)
+``efficient_multimnist``           :class:`EfficientMultiMNISTRecipe` (Mazzia et al. 2021, MultiMNIST pairs)
+``capsnet_multimnist``             :class:`CapsNetMultiMNISTRecipe` (Sabour et al. 2017, MultiMNIST pairs)
+``em_norb``                        :class:`EMNorbRecipe` (Hinton et al. 2018, smallNORB novel-viewpoint protocol)
+``baseline_cnn_norb``              :class:`NorbCNNRecipe` (a CNN of EM's size, same protocol, data and budget)
+``heinsen_norb``                   :class:`HeinsenNorbRecipe` (Heinsen 2019, same protocol, 48 x 48 full views)
+``baseline_cnn_norb48``            :class:`NorbCNN48Recipe` (a CNN of Heinsen's size, same data and budget)
+``heinsen_sequences``              :class:`HeinsenSequenceRecipe` (Heinsen's head on GENERATED token sequences)
+``tsai_cifar10``                   :class:`TsaiCifarRecipe` (Tsai et al. 2020, CIFAR-10, the paper's recipe)
+``tsai_cifar10_cpu``               :class:`TsaiCifarCPURecipe` (its CPU-sized variant, one-cycle schedule)
+``baseline_backbone_cifar10_cpu``  :class:`BackboneCifarCPURecipe` (that variant's backbone + a linear head)
+``routing_compare_mnist``          :class:`RoutingCompareRecipe` (one network, each routing, MNIST, equal time)
+``routing_compare_norb``           :class:`RoutingCompareNorbRecipe` (the same on the viewpoint protocol)
+=================================  ==========================================================================
+"""
+
+from .base import Loaders, Recipe, ShiftDecayRecipe, check_device_available
+from .cifar import BackboneCifarCPURecipe, TsaiCifarCPURecipe, TsaiCifarRecipe
+from .comparison import RoutingCompareNorbRecipe, RoutingCompareRecipe
+from .mnist import (
+    BaselineCNNRecipe,
+    CapsNetMultiMNISTRecipe,
+    CapsNetRecipe,
+    EfficientCapsNetRecipe,
+    EfficientMultiMNISTRecipe,
+    MultiMNISTRecipe,
+)
+from .registry import RECIPES, make_recipe, recipe_config
+from .sequences import HeinsenSequenceRecipe
+from .viewpoints import (
+    EMNorbRecipe,
+    HeinsenNorbRecipe,
+    NorbCNN48Recipe,
+    NorbCNNRecipe,
+    ShiftViewpointRecipe,
+    ViewpointRecipe,
+)
+
+__all__ = [
+    "Recipe",
+    "Loaders",
+    "ShiftDecayRecipe",
+    "CapsNetRecipe",
+    "BaselineCNNRecipe",
+    "EfficientCapsNetRecipe",
+    "MultiMNISTRecipe",
+    "EfficientMultiMNISTRecipe",
+    "CapsNetMultiMNISTRecipe",
+    "ViewpointRecipe",
+    "EMNorbRecipe",
+    "NorbCNNRecipe",
+    "ShiftViewpointRecipe",
+    "HeinsenNorbRecipe",
+    "NorbCNN48Recipe",
+    "HeinsenSequenceRecipe",
+    "TsaiCifarRecipe",
+    "TsaiCifarCPURecipe",
+    "BackboneCifarCPURecipe",
+    "RoutingCompareRecipe",
+    "RoutingCompareNorbRecipe",
+    "RECIPES",
+    "make_recipe",
+    "recipe_config",
+    "check_device_available",
+]

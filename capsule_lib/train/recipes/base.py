@@ -1,0 +1,233 @@
+"""What every recipe shares: :class:`Recipe` (data, model, objective, optimiser, schedule, augmentation as
+dataclass fields), :class:`Loaders`, the device check and the step-decay schedule of the MNIST recipes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any, ClassVar, NamedTuple
+
+import torch
+from torch import nn
+
+from ...data import get_dataset
+from ...data.loaders import TensorLoader
+from ...data.transforms import random_shift
+from ...distributed import DistInfo
+
+__all__ = ["Recipe", "Loaders", "ShiftDecayRecipe", "check_device_available"]
+
+
+class Loaders(NamedTuple):
+    """What :meth:`Recipe.loaders` returns: the three loaders (``test`` may be ``None``), the training
+    dataset, and how the run names its data in the history (``dataset``, ``generated_data``)."""
+
+    train: Any
+    val: Any
+    test: Any
+    train_set: Any
+    dataset: str
+    generated_data: bool
+
+
+@dataclass
+class Recipe:
+    """Fields and defaults every recipe shares; a subclass sets :attr:`name` and overrides what differs.
+
+    ``dataset`` names a :func:`~capsule_lib.data.get_dataset` dataset; ``train_subset`` / ``eval_subset``
+    keep only the first N images (smoke runs); ``device`` is ``"auto"``, ``"cpu"``, ``"cuda"``...; ``amp``
+    ``None``, ``"bf16"`` or ``"fp16"`` (autocast).
+    """
+
+    #: the recipe's name in :data:`RECIPES`, in the command line and in the run's history
+    name: ClassVar[str] = ""
+    #: ``"batch"`` or ``"epoch"``, when the schedule steps
+    scheduler_step: ClassVar[str] = "epoch"
+    #: keep the weights of every epoch (``epoch_NNN.pt``) in the run folder
+    keep_epochs: ClassVar[bool] = False
+
+    epochs: int = 10
+    batch_size: int = 128
+    lr: float = 1e-3
+    dataset: str = "mnist"
+    train_subset: int | None = None
+    eval_subset: int | None = None
+    seed: int = 0
+    device: str = "auto"
+    amp: str | None = None
+
+    # ------------------------------------------------------------------ what a subclass provides
+    def build_model(self) -> nn.Module:
+        """The model, from ``self.model`` (the model config)."""
+        raise NotImplementedError
+
+    def build_objective(self) -> Any:
+        """The objective (loss, accuracy and logged parts) the :class:`~capsule_lib.train.Trainer` calls."""
+        raise NotImplementedError
+
+    def lr_factor(self, step: int) -> float:
+        """The learning-rate multiplier after ``step`` scheduler steps (batches or epochs, see
+        :attr:`scheduler_step`)."""
+        return 1.0
+
+    def augment_batch(self, batch: tuple, g: torch.Generator) -> tuple:
+        """Training augmentation of one batch (the identity by default)."""
+        return batch
+
+    def has_augmentation(self) -> bool:
+        """Whether :meth:`augment_batch` does anything (else the loader skips it)."""
+        return False
+
+    # ------------------------------------------------------------------ shared implementations
+    def build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        """Adam with the recipe's ``lr`` (and ``adam_eps`` where the recipe has one)."""
+        return torch.optim.Adam(model.parameters(), lr=self.lr, eps=getattr(self, "adam_eps", 1e-8))
+
+    def loaders(
+        self,
+        data_root: str | None,
+        device: torch.device,
+        *,
+        test: bool = True,
+        standin: bool | None = None,
+        dist: DistInfo | None = None,
+    ) -> Loaders:
+        """Training (augmented, shuffled), validation and test loaders; the test loader is ``None`` unless
+        ``test``. ``standin`` is passed to :func:`~capsule_lib.data.get_dataset`. In a distributed job
+        (``dist``) every loader is this rank's shard and the training batch is this rank's share of the
+        recipe's (global) ``batch_size``."""
+        shard = _shard(self, dist)
+        tr = get_dataset(self.dataset, data_root, "train", standin=standin)
+        va = get_dataset(self.dataset, data_root, "val", standin=standin)
+        te = get_dataset(self.dataset, data_root, "test", standin=standin) if test else None
+        if self.train_subset:
+            tr = tr.subset(self.train_subset)
+        if self.eval_subset:
+            va = va.subset(self.eval_subset)
+            te = te.subset(self.eval_subset) if te is not None else None
+        train = TensorLoader.from_dataset(
+            tr,
+            shard["batch_size"],
+            shuffle=True,
+            seed=self.seed,
+            transform=self.augment_batch if self.has_augmentation() else None,
+            device=device,
+            **shard["rank"],
+        )
+        val = TensorLoader.from_dataset(va, 256, device=device, pad_shards=False, **shard["rank"])
+        test_loader = None
+        if te is not None:
+            test_loader = TensorLoader.from_dataset(te, 256, device=device, pad_shards=False, **shard["rank"])
+        return Loaders(train, val, test_loader, tr, tr.name, tr.generated)
+
+    def evaluation_sets(self, data_root: str | None = None, standin: bool | None = None) -> dict[str, Any]:
+        """The datasets a shipped checkpoint of this recipe is evaluated on, by metric prefix (``"val"``,
+        ``"test"``): what :func:`~capsule_lib.pretrained.export_run` records in the registry."""
+        return {split: get_dataset(self.dataset, data_root, split, standin=standin) for split in ("val", "test")}
+
+    def check_data(self, model: nn.Module, loaders: Loaders) -> None:
+        """Refuse data the model cannot take (one line naming the mismatch)."""
+        config = getattr(model, "config", None)
+        if config is None or not hasattr(config, "image_size") or not hasattr(loaders.train_set, "images"):
+            return
+        want = (config.in_channels, config.image_size, config.image_size)
+        got = tuple(loaders.train_set.images.shape[1:])
+        if got != want:
+            raise ValueError(
+                f"dataset {self.dataset!r} has images {got}, the model expects {want}; "
+                f"pick a matching model config ({type(config).__name__})"
+            )
+
+    def validate(self) -> None:
+        """One-line ``ValueError`` for settings no run can use (checked by :func:`make_recipe`, before any data is
+        loaded): ``epochs``, ``batch_size`` and the subsets positive integers, ``lr`` a number >= 0 (0 keeps the
+        weights: e.g. to evaluate a start checkpoint through the loop), a known ``amp`` and a device name torch
+        knows."""
+        name = self.name or type(self).__name__
+        for key in ("epochs", "batch_size", "train_subset", "eval_subset"):
+            value = getattr(self, key)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ValueError(f"{name}: {key} must be a positive integer, got {value!r}")
+        if not isinstance(self.lr, (int, float)) or isinstance(self.lr, bool) or not self.lr >= 0:
+            raise ValueError(f"{name}: lr must be a number >= 0, got {self.lr!r}")
+        if self.amp not in (None, "bf16", "fp16"):
+            raise ValueError(f"{name}: amp must be null, 'bf16' or 'fp16', got {self.amp!r}")
+        _check_device(name, self.device)
+
+    def describe(self, model: nn.Module) -> dict[str, Any]:
+        """Model facts recorded in the run's history (parameter counts...)."""
+        return {"parameters": sum(p.numel() for p in model.parameters())}
+
+    def config(self) -> dict[str, Any]:
+        """The recipe's fields as plain JSON values (what the history records as ``config``)."""
+        return json.loads(json.dumps(dataclasses.asdict(self), default=str))
+
+
+def _check_device(name: str, device: Any) -> None:
+    """``device`` is ``"auto"`` or a device name torch knows (``cpu``, ``cuda``, ``cuda:1``, ``mps``); whether this
+    machine has it is checked when a run starts (:func:`check_device_available`), so that a recipe recorded on a GPU
+    can still be rebuilt here (e.g. to evaluate its checkpoint)."""
+    if device == "auto":
+        return
+    try:
+        torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"{name}: device must be 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps', got {device!r}") from None
+
+
+def check_device_available(recipe: Recipe) -> None:
+    """One line when ``recipe.device`` names a device this machine does not have (before any data is loaded)."""
+    if recipe.device == "auto":
+        return
+    dev = torch.device(recipe.device)
+    have = {
+        "cpu": True,
+        "cuda": torch.cuda.is_available() and (dev.index is None or dev.index < torch.cuda.device_count()),
+        "mps": getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available(),
+    }
+    if not have.get(dev.type, False):
+        raise ValueError(
+            f"{recipe.name}: device {recipe.device!r} is not available on this machine (use 'auto' or 'cpu')"
+        )
+
+
+def _shard(recipe: Recipe, dist: DistInfo | None) -> dict[str, Any]:
+    """This rank's training batch (global ``batch_size`` / world size) and its loader arguments."""
+    world = dist.world_size if dist is not None else 1
+    if recipe.batch_size % world:
+        raise ValueError(
+            f"batch_size {recipe.batch_size} (the global batch) does not split over {world} processes; "
+            f"pick a multiple of {world} (--set batch_size=...)"
+        )
+    rank = {"rank": dist.rank, "world_size": world} if dist is not None and world > 1 else {}
+    return {"batch_size": recipe.batch_size // world, "rank": rank}
+
+
+def _epoch_decay(r: Any, epoch: int) -> float:
+    """``max(lr_decay ** epoch, lr_min / lr)``: Keras ``LearningRateScheduler`` per epoch, with a floor."""
+    return max(r.lr_decay**epoch, r.lr_min / r.lr)
+
+
+@dataclass
+class ShiftDecayRecipe(Recipe):
+    """CapsNet's data pipeline and schedule, shared by the recipes trained on the same budget as it: +-``max_shift``
+    px random shifts of the training images, and the learning rate decayed ``lr_decay ** (step /
+    lr_decay_steps)`` per batch (continuous exponential decay, the official CapsNet's x0.96 every 2000 steps)."""
+
+    scheduler_step: ClassVar[str] = "batch"
+
+    lr_decay: float = 0.96
+    lr_decay_steps: int = 2000
+    max_shift: int = 2  # random +-2 px shift, training images only
+
+    def lr_factor(self, step: int) -> float:
+        return self.lr_decay ** (step / self.lr_decay_steps)
+
+    def augment_batch(self, batch: tuple, g: torch.Generator) -> tuple:
+        x, *rest = batch
+        return (random_shift(x, self.max_shift, g), *rest)
+
+    def has_augmentation(self) -> bool:
+        return bool(self.max_shift)
