@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import operator
 from collections.abc import Sequence
 
 import torch
@@ -17,6 +19,9 @@ __all__ = [
     "check_images",
     "check_image_values",
     "module_device",
+    "check_poses",
+    "check_activations",
+    "check_iterations",
 ]
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -143,3 +148,57 @@ def module_device(model: torch.nn.Module) -> torch.device:
     for t in (*model.parameters(), *model.buffers()):
         return t.device
     return torch.device("cpu")
+
+
+def check_poses(poses: torch.Tensor, pose_size: int, spec: str, dims: int) -> None:
+    """One-line errors for matrix-capsule poses that a layer with ``pose_size x pose_size`` poses cannot take:
+    ``poses`` must have ``dims`` dimensions (``spec``, e.g. ``"[B, n_inp, 16]"``) ending in the ``P*P`` entries of
+    square, row-major flattened pose matrices, and a non-empty batch."""
+    D = pose_size**2
+    if not isinstance(poses, torch.Tensor):
+        check_tensor(poses, "poses", spec, [None] * dims)  # names the wrong type
+    if poses.dim() == dims + 1 and poses.shape[-1] != poses.shape[-2]:
+        raise ValueError(
+            f"poses: got non-square {poses.shape[-2]}x{poses.shape[-1]} pose matrices {tuple(poses.shape)}; "
+            f"this layer takes {pose_size}x{pose_size} poses flattened to {D} entries, shape {spec}"
+        )
+    if poses.dim() == dims + 1 and poses.shape[-2:] == (pose_size, pose_size):
+        raise ValueError(
+            f"poses: got {pose_size}x{pose_size} matrices {tuple(poses.shape)}; flatten them to {D} entries "
+            f"(poses.flatten(-2)), shape {spec}"
+        )
+    if poses.dim() == dims and poses.shape[-1] != D:
+        n = poses.shape[-1]
+        root = math.isqrt(n)
+        what = f"{root}x{root} poses" if root * root == n else "not the entries of a square matrix"
+        raise ValueError(
+            f"poses: last dimension {n} ({what}); this layer has {pose_size}x{pose_size} poses, "
+            f"shape {spec} with {D} entries, got {tuple(poses.shape)}"
+        )
+    check_tensor(poses, "poses", spec, [None] * dims)
+    if poses.shape[0] == 0:
+        raise ValueError(f"poses: empty batch {tuple(poses.shape)}; EM routing needs at least one sample, shape {spec}")
+
+
+def check_activations(a: torch.Tensor, name: str = "activations") -> None:
+    """Activations weight the children in the M-step and must lie in ``[0, 1]``: one line naming the range found.
+    Skipped while ``torch.compile`` traces (a data-dependent check would break the graph)."""
+    if torch.compiler.is_compiling() or a.numel() == 0:
+        return
+    lo, hi = float(a.detach().min()), float(a.detach().max())
+    if lo < 0 or hi > 1 or lo != lo or hi != hi:
+        raise ValueError(
+            f"{name}: capsule activations must be probabilities in [0, 1], got values in [{lo:.3g}, {hi:.3g}] "
+            f"(apply a sigmoid, or pass the activations, not logits)"
+        )
+
+
+def check_iterations(iterations: int, name: str = "iterations") -> int:
+    """The one check of a number of routing iterations: an integer >= 1 (returned as ``int``), else one line."""
+    try:
+        n = operator.index(iterations)
+    except TypeError:
+        raise ValueError(f"{name} must be an integer >= 1, got {iterations!r}") from None
+    if n < 1:
+        raise ValueError(f"{name} must be >= 1, got {iterations}")
+    return n

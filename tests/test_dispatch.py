@@ -14,6 +14,7 @@ from capsule_lib.routing import dynamic, em, inverted, self_attention
 from capsule_lib.routing._kernels import em as em_kernel
 from capsule_lib.routing._kernels import heinsen as heinsen_kernel
 from capsule_lib.routing._kernels import inverted as inverted_kernel
+from capsule_lib.routing._kernels import self_attention as self_attention_kernel
 from capsule_lib.routing.heinsen_2019 import generative_matrix_routing
 
 #: the plain EM ConvCapsules forward + backward below issues 367 top-level operators (torch 2.14, CPU) whatever the
@@ -54,7 +55,7 @@ def test_no_fused_kernel_runs_on_the_cuda_path(cuda_rule, monkeypatch):
         dynamic._FusedRouting,
         em_kernel._EMRoutingFunction,
         inverted_kernel._AttendMatrix,
-        self_attention._FusedSelfAttention,
+        self_attention_kernel._FusedSelfAttention,
     ):
         _forbid(monkeypatch, cls)
     u = torch.rand(2, 12, 8, requires_grad=True)
@@ -79,7 +80,7 @@ def test_the_kernels_run_on_the_cpu(monkeypatch):
         dynamic._CapsuleVotes,
         dynamic._FusedRouting,
         em_kernel._EMRoutingFunction,
-        self_attention._FusedSelfAttention,
+        self_attention_kernel._FusedSelfAttention,
     ):
         real = cls.apply
         monkeypatch.setattr(cls, "apply", lambda *a, _c=cls, _r=real: seen.append(_c.__name__) or _r(*a))

@@ -17,10 +17,11 @@ import torch
 
 from capsule_lib.routing import inverted
 from capsule_lib.routing._kernels import inverted as inverted_kernel
+from capsule_lib.routing._kernels.self_attention import _FusedSelfAttention
 from capsule_lib.routing.dynamic import _CapsuleVotes, dynamic_routing
 from capsule_lib.routing.em import em_routing
 from capsule_lib.routing.heinsen_2019 import generative_matrix_routing
-from capsule_lib.routing.self_attention import _FusedSelfAttention, self_attention_routing, self_attention_votes
+from capsule_lib.routing.self_attention import self_attention_routing, self_attention_votes
 
 F64 = torch.float64
 FACTOR = 10.0  # float32: kernel error <= FACTOR x plain error + FLOOR

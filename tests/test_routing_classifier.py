@@ -72,12 +72,34 @@ def test_test_time_iterations_change_the_output_and_leave_the_model_as_it_was(ki
     assert m.config.routing_iterations == DEFAULT_ITERATIONS[kind]
 
 
+@pytest.mark.parametrize("kind", [k for k, t in DEFAULT_ITERATIONS.items() if t is not None])
+def test_test_time_iterations_are_a_call_argument_and_nothing_is_written(kind, monkeypatch):
+    """``iterations=T`` reaches the routing as an argument: no attribute of any module is set during the call, and
+    the result is that of the same weights built with ``T`` iterations (EM: with the schedule for ``T``)."""
+    torch.manual_seed(2)
+    m = RoutingClassifier(TINY.with_routing(kind)).eval()
+    built = RoutingClassifier(TINY.with_routing(kind, iterations=5)).eval()
+    built.load_state_dict(m.state_dict())
+    x = torch.rand(2, 1, 28, 28)
+
+    def refuse(self, name, value):
+        raise AssertionError(f"{type(self).__name__}.{name} set during a forward with iterations=5")
+
+    with torch.no_grad():
+        expected = built(x).scores
+        for module in m.modules():
+            monkeypatch.setattr(type(module), "__setattr__", refuse)
+        got = m(x, iterations=5).scores
+        monkeypatch.undo()
+    torch.testing.assert_close(got, expected)
+
+
 def test_config_checks_and_json_roundtrip():
     with pytest.raises(ValueError, match=r"^routing must be one of \["):
         RoutingClassifierConfig(routing="capsnet")
     with pytest.raises(ValueError, match=r"^self_attention routing has no iterations"):
         RoutingClassifierConfig(routing="self_attention", iterations=2)
-    with pytest.raises(ValueError, match=r"^iterations must be >= 1 \(or None for the default\), got 0"):
+    with pytest.raises(ValueError, match=r"^iterations \(None: the routing.s default\) must be >= 1, got 0"):
         RoutingClassifierConfig(routing="inverted", iterations=0)
     with pytest.raises(ValueError, match=r"^iterations must be >= 1, got 0"):
         RoutingClassifier(TINY.with_routing("inverted"))(torch.rand(1, 1, 28, 28), iterations=0)

@@ -279,7 +279,7 @@ def test_fused_layer_equals_the_plain_path_in_float64(B, sizes):
 
 
 def test_fused_layer_gradcheck():
-    from capsule_lib.routing.self_attention import _FusedSelfAttention
+    from capsule_lib.routing._kernels.self_attention import _FusedSelfAttention
 
     m = _layer(5, 3, 4, 6, seed=3, prior_std=0.3, dtype=torch.float64)
     u = (torch.randn(2, 5, 4, dtype=torch.float64) * 0.7).requires_grad_()
@@ -289,11 +289,11 @@ def test_fused_layer_gradcheck():
 
 def test_fused_layer_is_used_only_where_it_computes_the_same(monkeypatch):
     """Taken for float32/float64 without a trace, autocast or torch.compile; otherwise the plain path runs."""
-    from capsule_lib.routing import self_attention as sa
+    from capsule_lib.routing._kernels import self_attention as sa_kernel
 
     calls = []
-    fused_apply = sa._FusedSelfAttention.apply
-    monkeypatch.setattr(sa._FusedSelfAttention, "apply", lambda *a: calls.append(1) or fused_apply(*a))
+    fused_apply = sa_kernel._FusedSelfAttention.apply
+    monkeypatch.setattr(sa_kernel._FusedSelfAttention, "apply", lambda *a: calls.append(1) or fused_apply(*a))
     m, u = _layer(), torch.randn(2, 16, 8)
     m(u)
     assert len(calls) == 1

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from .._checks import check_module_input, check_tensor
-from ..routing.em import EMRoutingBase, check_activations, check_poses
+from .._checks import check_activations, check_module_input, check_poses, check_tensor
+from ..routing.em import EMRoutingBase
 
 __all__ = ["ConvCapsules", "ClassCapsules", "grid_centers"]
 
@@ -90,10 +90,14 @@ class ConvCapsules(EMRoutingBase):
         ac = ac.view(B, T, K, K, h, w).permute(0, 4, 5, 2, 3, 1).reshape(B, h, w, K * K * T)  # [B, h, w, I]
         return V, ac
 
-    def forward(self, poses: torch.Tensor, acts: torch.Tensor, return_routing: bool = False):
+    def forward(
+        self, poses: torch.Tensor, acts: torch.Tensor, return_routing: bool = False, iterations: int | None = None
+    ):
+        """``(poses [B, T, H, W, P*P], acts [B, T, H, W])`` -> ``(mu [B, J, h, w, P*P], a_out [B, J, h, w])``,
+        routing ``iterations`` times (default: the layer's)."""
         check_module_input(poses, self, type(self).__name__)
         V, a = self.votes(poses, acts)  # [B, h, w, I, J, D], [B, h, w, I]
-        out = self.route(V, a, return_routing)
+        out = self.route(V, a, return_routing, iterations)
         (mu, a_out), trace = out if return_routing else (out, None)
         mu = mu.permute(0, 3, 1, 2, 4)  # [B, J, h, w, D]
         a_out = a_out.permute(0, 3, 1, 2)  # [B, J, h, w]
@@ -185,10 +189,16 @@ class ClassCapsules(EMRoutingBase):
         return V, a
 
     def forward(
-        self, poses: torch.Tensor, acts: torch.Tensor, centers: torch.Tensor | None = None, return_routing: bool = False
+        self,
+        poses: torch.Tensor,
+        acts: torch.Tensor,
+        centers: torch.Tensor | None = None,
+        return_routing: bool = False,
+        iterations: int | None = None,
     ):
+        """Class capsules ``(mu [B, K, P*P], a_out [B, K])``, routing ``iterations`` times (default: the layer's)."""
         V, a = self.votes(poses, acts, centers)
-        return self.route(V, a, return_routing)
+        return self.route(V, a, return_routing, iterations)
 
     def extra_repr(self) -> str:
         return (

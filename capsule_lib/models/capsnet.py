@@ -130,13 +130,20 @@ class CapsNet(nn.Module):
         y = y.view(-1, 1) if y.dim() == 1 else y  # [B, k]
         return torch.stack([self.reconstruct(poses, y[:, j]) for j in range(y.shape[1])], dim=1)
 
-    def forward(self, x: torch.Tensor, y: torch.Tensor | None = None, return_routing: bool = False) -> CapsuleOutput:
+    def forward(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor | None = None,
+        return_routing: bool = False,
+        iterations: int | None = None,
+    ) -> CapsuleOutput:
+        """Images -> digit capsules (and reconstructions); ``iterations`` overrides the routing's for this call."""
         check_model_input(x, self)
         u = self.primary_capsules(x)  # [B, 1152, 8]
         if return_routing:
-            v, trace = self.digits(u, return_routing=True)  # [B, 10, 16]
+            v, trace = self.digits(u, return_routing=True, iterations=iterations)  # [B, 10, 16]
         else:
-            v, trace = self.digits(u), None
+            v, trace = self.digits(u, iterations=iterations), None
         lengths = capsule_lengths(v)  # [B, 10]
         recon, extra = None, {}
         if self.decoder is not None:

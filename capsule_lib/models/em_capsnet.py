@@ -35,6 +35,7 @@ to (0, 1) (``receptive_field_centers``); capsule transformations ~ N(0, 1/4) (va
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -172,7 +173,9 @@ class EMCapsNet(nn.Module):
         self.config = cfg
         routing = dict(
             iterations=cfg.iterations,
-            inverse_temperature=cfg.inverse_temperatures,
+            inverse_temperature=partial(
+                inverse_temperature_schedule, final_lambda=cfg.final_lambda, kind=cfg.lambda_schedule
+            ),
             normalize_over_outputs=cfg.normalize_over_outputs,
             normalize_costs=cfg.normalize_costs,
             eps=cfg.eps,
@@ -245,18 +248,20 @@ class EMCapsNet(nn.Module):
         """Images ``[B, in_channels, image_size, image_size]`` in [0, 1] (``predict`` converts uint8)."""
         return ImageContract(self.config.in_channels, self.config.image_size)
 
-    def forward(self, x: torch.Tensor, return_routing: bool = False) -> CapsuleOutput:
+    def forward(self, x: torch.Tensor, return_routing: bool = False, iterations: int | None = None) -> CapsuleOutput:
+        """Images -> class capsules; ``iterations`` overrides every EM layer's for this call (each derives its
+        inverse temperatures for that number, :meth:`~capsule_lib.routing.em.EMRoutingBase.inverse_temperatures`)."""
         check_model_input(x, self)
         p0, a0 = self.primary_caps(self.stem(x))  # [B, B_, 14, 14, 16], [B, B_, 14, 14]
-        traces = {}
+        traces, T = {}, {"iterations": iterations}
         if return_routing:
-            (p1, a1), traces["conv_caps1"] = self.conv_caps1(p0, a0, return_routing=True)
-            (p2, a2), traces["conv_caps2"] = self.conv_caps2(p1, a1, return_routing=True)
-            (poses, acts), traces["class_caps"] = self.class_caps(p2, a2, self.centers, return_routing=True)
+            (p1, a1), traces["conv_caps1"] = self.conv_caps1(p0, a0, return_routing=True, **T)
+            (p2, a2), traces["conv_caps2"] = self.conv_caps2(p1, a1, return_routing=True, **T)
+            (poses, acts), traces["class_caps"] = self.class_caps(p2, a2, self.centers, return_routing=True, **T)
         else:
-            p1, a1 = self.conv_caps1(p0, a0)  # [B, C, 6, 6, 16], [B, C, 6, 6]
-            p2, a2 = self.conv_caps2(p1, a1)  # [B, D, 4, 4, 16], [B, D, 4, 4]
-            poses, acts = self.class_caps(p2, a2, self.centers)  # [B, K, 16], [B, K]
+            p1, a1 = self.conv_caps1(p0, a0, **T)  # [B, C, 6, 6, 16], [B, C, 6, 6]
+            p2, a2 = self.conv_caps2(p1, a1, **T)  # [B, D, 4, 4, 16], [B, D, 4, 4]
+            poses, acts = self.class_caps(p2, a2, self.centers, **T)  # [B, K, 16], [B, K]
         extra = {"activations": {"primary_caps": a0, "conv_caps1": a1, "conv_caps2": a2}}
         if return_routing:
             extra["traces"] = traces

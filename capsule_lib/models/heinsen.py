@@ -147,16 +147,19 @@ class SmallNORBClassifier(nn.Module):
         mu = mu.permute(0, 1, 4, 5, 2, 3).reshape(Bsz, c.n_parts * h * w, c.d_pose, c.d_pose)  # [B, 5184, 4, 4]
         return a, mu
 
-    def forward(self, images: torch.Tensor, return_routing: bool = False) -> CapsuleOutput:
+    def forward(
+        self, images: torch.Tensor, return_routing: bool = False, iterations: int | None = None
+    ) -> CapsuleOutput:
+        """Images -> class capsules (logits); ``iterations`` overrides both routings' for this call."""
         check_model_input(images, self, "images")
         a, mu = self.part_capsules(images)
         traces = []
         for routing in self.routings:
             if return_routing:
-                (a, mu, sigma2), tr = routing(a, mu, return_routing=True)
+                (a, mu, sigma2), tr = routing(a, mu, return_routing=True, iterations=iterations)
                 traces.append(tr)
             else:
-                a, mu, sigma2 = routing(a, mu)  # [B, J], [B, J, 4, 4], [B, J, 4, 4]
+                a, mu, sigma2 = routing(a, mu, iterations=iterations)  # [B, J], [B, J, 4, 4], [B, J, 4, 4]
         extra = {"mu": mu, "sigma2": sigma2}
         if return_routing:
             extra["traces"] = traces

@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._checks import check_images, check_model_input
+from .._checks import check_images, check_iterations, check_model_input
 from ..layers import InvertedPrimaryCapsules
 from ..routing.inverted import EXPANSIONS, InvertedConvCapsules, InvertedFCCapsules
 from ..types import CapsuleOutput, ImageContract, RoutingTrace
@@ -303,8 +303,7 @@ class CapsModel(nn.Module):
     def __init__(self, config: CapsModelConfig | None = None, **overrides) -> None:
         super().__init__()
         cfg = replace(config or CapsModelConfig(), **overrides)  # re-validated (configs set field by field too)
-        if cfg.iterations < 1:
-            raise ValueError(f"iterations must be >= 1, got {cfg.iterations}")
+        check_iterations(cfg.iterations)
         if cfg.expansion not in EXPANSIONS:
             raise ValueError(f"expansion must be one of {EXPANSIONS}, got {cfg.expansion!r}")
         s = math.isqrt(cfg.pose_dim)
@@ -337,13 +336,19 @@ class CapsModel(nn.Module):
                 n_prev = spec.n_caps
             elif spec.kind == "fc":
                 n_inp = n_prev * grid * grid if grid is not None else n_prev
-                layer = InvertedFCCapsules(n_inp, spec.n_caps, d, dropout=cfg.dropout, eps=cfg.norm_eps)
+                layer = InvertedFCCapsules(
+                    n_inp, spec.n_caps, d, iterations=cfg.iterations, dropout=cfg.dropout, eps=cfg.norm_eps
+                )
                 n_prev, grid = spec.n_caps, None
             else:
                 raise ValueError(f"capsule layer kind must be 'conv' or 'fc', got {spec.kind!r}")
             layers.append(layer)
         n_inp = n_prev * grid * grid if grid is not None else n_prev
-        layers.append(InvertedFCCapsules(n_inp, cfg.n_classes, d, dropout=cfg.dropout, eps=cfg.norm_eps))
+        layers.append(
+            InvertedFCCapsules(
+                n_inp, cfg.n_classes, d, iterations=cfg.iterations, dropout=cfg.dropout, eps=cfg.norm_eps
+            )
+        )
         self.capsule_layers = nn.ModuleList(layers)
         self.final_fc = nn.Linear(d, 1)  # shared by all classes
         _register_input_norm(self, cfg)
@@ -386,9 +391,7 @@ class CapsModel(nn.Module):
         Both schedules coincide for ``T = 1``.
         """
         layers = self.capsule_layers
-        T = self.config.iterations if iterations is None else int(iterations)
-        if T < 1:
-            raise ValueError(f"iterations must be >= 1, got {T}")
+        T = self.config.iterations if iterations is None else check_iterations(iterations)
         seq = self.config.sequential_routing if sequential is None else bool(sequential)
         traces = [RoutingTrace("inverted") for _ in layers] if return_routing else None
 

@@ -32,9 +32,8 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from .._checks import check_model_input
+from .._checks import check_iterations, check_model_input
 from ..functional import capsule_lengths, squash_efficient, squash_hinton
-from ..routing.em import inverse_temperature_schedule
 from ..routing.kinds import DEFAULT_ITERATIONS, ROUTING_KINDS, build_routing
 from ..types import CapsuleOutput, ImageContract
 
@@ -62,8 +61,8 @@ class RoutingClassifierConfig:
         self.stem_channels = tuple(self.stem_channels)  # a config read back from JSON holds lists
         if self.routing not in ROUTING_KINDS:
             raise ValueError(f"routing must be one of {sorted(ROUTING_KINDS)}, got {self.routing!r}")
-        if self.iterations is not None and self.iterations < 1:
-            raise ValueError(f"iterations must be >= 1 (or None for the default), got {self.iterations}")
+        if self.iterations is not None:
+            check_iterations(self.iterations, "iterations (None: the routing's default)")
         if self.routing == "self_attention" and self.iterations is not None:
             raise ValueError("self_attention routing has no iterations (leave iterations=None)")
         if int(self.caps_dim**0.5) ** 2 != self.caps_dim:
@@ -132,44 +131,31 @@ class RoutingClassifier(nn.Module):
         return h[..., :d], h[..., d]  # [B, N, d], [B, N]
 
     def forward(self, x: torch.Tensor, return_routing: bool = False, iterations: int | None = None) -> CapsuleOutput:
+        """``x [B, C, H, W]`` -> class capsules; ``iterations`` (default: the config's) is passed to the routing
+        layer for this call only (nothing about the layer changes)."""
         check_model_input(x, self)
         kind = self.config.routing
         if iterations is not None and kind == "self_attention":
             raise ValueError("self_attention routing has no iterations to override")
-        if iterations is not None and iterations < 1:
-            raise ValueError(f"iterations must be >= 1, got {iterations}")
+        T = {} if iterations is None else {"iterations": check_iterations(iterations)}
         poses, logits = self.primary_capsules(x)  # [B, N, d], [B, N]
         trace = None
-        saved = {k: getattr(self.routing, k) for k in ("iterations", "inverse_temperature") if hasattr(self.routing, k)}
-        if iterations is not None and kind != "inverted":
-            self.routing.iterations = iterations
-            if kind == "em":  # EM's inverse temperatures are one per iteration (the default schedule)
-                self.routing.inverse_temperature = inverse_temperature_schedule(iterations)
-        try:
-            if kind in ("dynamic", "self_attention"):
-                u = squash_hinton(poses) if kind == "dynamic" else squash_efficient(poses)  # [B, N, d]
-                out = self.routing(u, return_routing=return_routing)
-                v, trace = out if return_routing else (out, None)  # [B, K, d]
-                return CapsuleOutput(capsule_lengths(v), "lengths", v, trace=trace)
-            if kind == "em":
-                out = self.routing(poses, torch.sigmoid(logits), return_routing=return_routing)
-                (mu, a_out), trace = out if return_routing else (out, None)  # [B, K, d], [B, K]
-                return CapsuleOutput(a_out, "activations", mu, trace=trace)
-            if kind == "heinsen_2019":
-                out = self.routing(logits, poses.unsqueeze(-2), return_routing=return_routing)
-                (a_out, mu, _), trace = out if return_routing else (out, None)  # [B, K], [B, K, 1, d]
-                return CapsuleOutput(a_out, "logits", mu.squeeze(-2), trace=trace)
-            if kind == "heinsen_2022":
-                out = self.routing(poses, return_routing=return_routing)
-                v, trace = out if return_routing else (out, None)  # [B, K, d]
-            else:  # inverted: T updates, each from the previous output
-                P = None
-                for _ in range(self.config.routing_iterations if iterations is None else iterations):
-                    P = self.routing(poses, P, return_routing=return_routing)
-                    if return_routing:
-                        P, trace = P
-                v = P  # [B, K, d]
-            return CapsuleOutput(self.readout(v).squeeze(-1), "logits", v, trace=trace)  # [B, K]
-        finally:
-            for k, v in saved.items():
-                setattr(self.routing, k, v)
+        if kind in ("dynamic", "self_attention"):
+            u = squash_hinton(poses) if kind == "dynamic" else squash_efficient(poses)  # [B, N, d]
+            out = self.routing(u, return_routing=return_routing, **T)
+            v, trace = out if return_routing else (out, None)  # [B, K, d]
+            return CapsuleOutput(capsule_lengths(v), "lengths", v, trace=trace)
+        if kind == "em":
+            out = self.routing(poses, torch.sigmoid(logits), return_routing=return_routing, **T)
+            (mu, a_out), trace = out if return_routing else (out, None)  # [B, K, d], [B, K]
+            return CapsuleOutput(a_out, "activations", mu, trace=trace)
+        if kind == "heinsen_2019":
+            out = self.routing(logits, poses.unsqueeze(-2), return_routing=return_routing, **T)
+            (a_out, mu, _), trace = out if return_routing else (out, None)  # [B, K], [B, K, 1, d]
+            return CapsuleOutput(a_out, "logits", mu.squeeze(-2), trace=trace)
+        if kind == "heinsen_2022":
+            out = self.routing(poses, return_routing=return_routing, **T)
+        else:  # inverted: the layer's T updates, each from the previous output
+            out = self.routing.route(poses, return_routing=return_routing, **T)
+        v, trace = out if return_routing else (out, None)  # [B, K, d]
+        return CapsuleOutput(self.readout(v).squeeze(-1), "logits", v, trace=trace)  # [B, K]

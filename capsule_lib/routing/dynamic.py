@@ -41,7 +41,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .._checks import check_module_input, check_nonempty, check_tensor
+from .._checks import check_iterations, check_module_input, check_nonempty, check_tensor
 from ..functional import squash
 from ..types import RoutingTrace
 from ._common import use_kernel
@@ -208,8 +208,7 @@ def dynamic_routing(
     """
     check_tensor(votes, "votes", "[B, n_inp, n_out, d_out]", [None, None, None, None])
     check_nonempty(votes, "votes", "[B, n_inp, n_out, d_out]")
-    if iterations < 1:
-        raise ValueError(f"iterations must be >= 1, got {iterations}")
+    iterations = check_iterations(iterations)
     if coupling not in _COUPLING:
         raise ValueError(f"coupling must be one of {_COUPLING}, got {coupling!r}")
     if detach not in _DETACH:
@@ -289,11 +288,12 @@ class DynamicRouting(nn.Module):
         check_nonempty(u, "u", spec)
         return capsule_votes(u, self.weight)
 
-    def forward(self, u: torch.Tensor, return_routing: bool = False):
+    def forward(self, u: torch.Tensor, return_routing: bool = False, iterations: int | None = None):
+        """``u [B, n_inp, d_inp] -> [B, n_out, d_out]``, routing ``iterations`` times (default: the module's)."""
         check_module_input(u, self, type(self).__name__)
         return dynamic_routing(
             self.votes(u),
-            self.iterations,
+            self.iterations if iterations is None else iterations,
             self.bias,
             leaky=self.leaky,
             coupling=self.coupling,

@@ -63,19 +63,18 @@ Choices where the paper is silent or where we deviate (see also :func:`inverse_t
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._checks import check_module_input, check_tensor
+from .._checks import check_activations, check_iterations, check_module_input, check_poses, check_tensor
 from ..types import RoutingTrace
 from ._common import use_kernel
 
 __all__ = [
-    "check_activations",
-    "check_poses",
+    "em_routing_reference",
     "compare_with_naive",
     "em_routing",
     "em_routing_naive",
@@ -87,6 +86,46 @@ __all__ = [
 
 LN_2PI = math.log(2.0 * math.pi)
 _SCHEDULES = ("hinton", "fixed", "linear")
+
+
+def em_routing_reference(
+    votes: torch.Tensor,
+    a_in: torch.Tensor,
+    beta_u: torch.Tensor,
+    beta_a: torch.Tensor,
+    lambdas: Sequence[float],
+    cost_scale: float = 1.0,
+    eps: float = 1e-8,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """EM routing as Procedure 1 of the paper writes it, in log space.
+
+    ``votes [B, n_inp, n_out, d]``, ``a_in [B, n_inp]``, ``beta_u``,
+    ``beta_a [n_out]``, one inverse temperature per iteration (``lambdas``)
+    -> ``(mu [B, n_out, d], a_out [B, n_out])``. ``cost_scale`` multiplies
+    ``sum_i R'_ij`` in the costs (``n_out / n_inp`` for :func:`em_routing`'s
+    ``normalize_costs``). This is the definition: :func:`em_routing` computes
+    the same values and gradients (tested in float64).
+    """
+    R = torch.full_like(votes[..., 0], 1 / votes.shape[2])  # [B, i, j] 1/J
+    for t, lam in enumerate(lambdas):
+        # M-step: each parent j fits a Gaussian to the votes it explains
+        Rp = R * a_in[..., None]  # [B, i, j] R'_ij = R_ij a_i
+        mass = Rp.sum(1)  # [B, j] sum_i R'_ij
+        c = Rp / (mass[:, None] + eps)  # [B, i, j]
+        mu = torch.einsum("bij,bijd->bjd", c, votes)  # [B, j, d]
+        sq = (votes - mu[:, None]) ** 2  # [B, i, j, d]
+        sigma2 = torch.einsum("bij,bijd->bjd", c, sq) + eps  # [B, j, d]
+        log_sigma = 0.5 * sigma2.log()  # [B, j, d]
+        cost = (beta_u[:, None] + log_sigma) * (cost_scale * mass)[..., None]
+        logit = lam * (beta_a - cost.sum(2))  # [B, j]
+        a_out = torch.sigmoid(logit)  # [B, j]
+        if t == len(lambdas) - 1:
+            break
+        # E-step: R_ij proportional to a_j p_ij, normalised over parents j
+        maha = torch.einsum("bijd,bjd->bij", sq, 1 / sigma2)  # [B, i, j]
+        log_p = -0.5 * maha - log_sigma.sum(2)[:, None]  # (const. dropped)
+        R = torch.softmax(log_p + F.logsigmoid(logit)[:, None], dim=2)
+    return mu, a_out
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -103,8 +142,7 @@ def inverse_temperature_schedule(iterations: int, final_lambda: float = 1.0, kin
     The default ``final_lambda = 1.0`` is meant for the per-child cost normalisation of :func:`em_routing`
     (``normalize_costs=True``); it equals IBM's 0.01 with their factor 100 in the costs.
     """
-    if iterations < 1:
-        raise ValueError(f"iterations must be >= 1, got {iterations}")
+    check_iterations(iterations)
     if kind == "hinton":
         return [final_lambda * (1.0 - 0.95 ** (t + 1)) for t in range(iterations)]
     if kind == "fixed":
@@ -114,58 +152,21 @@ def inverse_temperature_schedule(iterations: int, final_lambda: float = 1.0, kin
     raise ValueError(f"unknown schedule kind {kind!r}; expected one of {_SCHEDULES}")
 
 
-def _lambdas(inverse_temperature: float | Sequence[float] | None, iterations: int) -> list[float]:
+def _lambdas(
+    inverse_temperature: float | Sequence[float] | Callable[[int], Sequence[float]] | None, iterations: int
+) -> list[float]:
+    """One inverse temperature per iteration from ``None`` (the default schedule), a float (fixed), a schedule
+    ``iterations -> values`` (e.g. a ``functools.partial`` of :func:`inverse_temperature_schedule`), or a list."""
     if inverse_temperature is None:
         return inverse_temperature_schedule(iterations)
     if isinstance(inverse_temperature, (int, float)):
         return [float(inverse_temperature)] * iterations
+    if callable(inverse_temperature):
+        inverse_temperature = inverse_temperature(iterations)
     lams = [float(x) for x in inverse_temperature]
     if len(lams) != iterations:
         raise ValueError(f"inverse_temperature has {len(lams)} values for {iterations} iterations")
     return lams
-
-
-def check_poses(poses: torch.Tensor, pose_size: int, spec: str, dims: int) -> None:
-    """One-line errors for matrix-capsule poses that a layer with ``pose_size x pose_size`` poses cannot take:
-    ``poses`` must have ``dims`` dimensions (``spec``, e.g. ``"[B, n_inp, 16]"``) ending in the ``P*P`` entries of
-    square, row-major flattened pose matrices, and a non-empty batch."""
-    D = pose_size**2
-    if not isinstance(poses, torch.Tensor):
-        check_tensor(poses, "poses", spec, [None] * dims)  # names the wrong type
-    if poses.dim() == dims + 1 and poses.shape[-1] != poses.shape[-2]:
-        raise ValueError(
-            f"poses: got non-square {poses.shape[-2]}x{poses.shape[-1]} pose matrices {tuple(poses.shape)}; "
-            f"this layer takes {pose_size}x{pose_size} poses flattened to {D} entries, shape {spec}"
-        )
-    if poses.dim() == dims + 1 and poses.shape[-2:] == (pose_size, pose_size):
-        raise ValueError(
-            f"poses: got {pose_size}x{pose_size} matrices {tuple(poses.shape)}; flatten them to {D} entries "
-            f"(poses.flatten(-2)), shape {spec}"
-        )
-    if poses.dim() == dims and poses.shape[-1] != D:
-        n = poses.shape[-1]
-        root = math.isqrt(n)
-        what = f"{root}x{root} poses" if root * root == n else "not the entries of a square matrix"
-        raise ValueError(
-            f"poses: last dimension {n} ({what}); this layer has {pose_size}x{pose_size} poses, "
-            f"shape {spec} with {D} entries, got {tuple(poses.shape)}"
-        )
-    check_tensor(poses, "poses", spec, [None] * dims)
-    if poses.shape[0] == 0:
-        raise ValueError(f"poses: empty batch {tuple(poses.shape)}; EM routing needs at least one sample, shape {spec}")
-
-
-def check_activations(a: torch.Tensor, name: str = "activations") -> None:
-    """Activations weight the children in the M-step and must lie in ``[0, 1]``: one line naming the range found.
-    Skipped while ``torch.compile`` traces (a data-dependent check would break the graph)."""
-    if torch.compiler.is_compiling() or a.numel() == 0:
-        return
-    lo, hi = float(a.detach().min()), float(a.detach().max())
-    if lo < 0 or hi > 1 or lo != lo or hi != hi:
-        raise ValueError(
-            f"{name}: capsule activations must be probabilities in [0, 1], got values in [{lo:.3g}, {hi:.3g}] "
-            f"(apply a sigmoid, or pass the activations, not logits)"
-        )
 
 
 def _check_em_inputs(votes: torch.Tensor, a_in: torch.Tensor, beta_u: torch.Tensor, beta_a: torch.Tensor) -> None:
@@ -251,8 +252,7 @@ def em_routing(
     route with ``return_routing=True`` for that.
     """
     _check_em_inputs(votes, a_in, beta_u, beta_a)
-    if iterations < 1:
-        raise ValueError(f"iterations must be >= 1, got {iterations}")
+    check_iterations(iterations)
     lams = _lambdas(inverse_temperature, iterations)
     *_, I, J, D = votes.shape
     scale = J / I if normalize_costs else 1.0
@@ -275,16 +275,25 @@ def em_routing(
     mu, a_out = mu.view(*lead, J, D).to(votes.dtype), a_out.view(*lead, J).to(votes.dtype)
     if trace is None:
         return mu, a_out
-    unflat = lambda x: x.reshape(*lead, *x.shape[1:])  # noqa: E731  [N, ...] -> [B, ..., ...]
+    return (mu, a_out), _unflatten_trace(trace, lead, votes.dtype, a_in)
+
+
+def _unflatten_trace(trace: RoutingTrace, lead: torch.Size, dtype: torch.dtype, a_in: torch.Tensor) -> RoutingTrace:
+    """The trace of ``N`` flattened routings back in the votes' leading shape ``lead`` (``[B]`` or ``[B, h, w]``),
+    outputs and activations in the votes' ``dtype``; ``a_in`` (the children's activations) added to ``extra``."""
+
+    def unflat(x: torch.Tensor) -> torch.Tensor:  # [N, ...] -> [*lead, ...]
+        return x.reshape(*lead, *x.shape[1:])
+
     trace.coefficients[:] = [unflat(x) for x in trace.coefficients]  # [B, I, J] each
     trace.agreements[:] = [unflat(x) for x in trace.agreements]  # [B, I, J] each
-    trace.outputs[:] = [unflat(x).to(votes.dtype) for x in trace.outputs]  # [B, J, D] each
-    trace.activations[:] = [unflat(x).to(votes.dtype) for x in trace.activations]  # [B, J] each
+    trace.outputs[:] = [unflat(x).to(dtype) for x in trace.outputs]  # [B, J, D] each
+    trace.activations[:] = [unflat(x).to(dtype) for x in trace.activations]  # [B, J] each
     for k in ("sigma2", "costs", "mass"):
         trace.extra[k] = [unflat(x) for x in trace.extra.get(k, [])]
     trace.extra["posterior"] = unflat(trace.extra["posterior"])  # [B, I, J]
     trace.extra["a_in"] = a_in  # [B, I]
-    return (mu, a_out), trace
+    return trace
 
 
 def _m_step(
@@ -498,20 +507,37 @@ class EMRoutingBase(nn.Module):
         eps: float,
     ) -> None:
         super().__init__()
-        self.iterations = iterations
-        self.inverse_temperature = _lambdas(inverse_temperature, iterations)
+        self.iterations = check_iterations(iterations)
+        self._inverse_temperature = inverse_temperature  # None (the default schedule), a float, or one per iteration
+        _lambdas(inverse_temperature, iterations)  # refuse a schedule of the wrong length now
         self.normalize_over_outputs, self.normalize_costs, self.eps = normalize_over_outputs, normalize_costs, eps
         self.beta_u = nn.Parameter(torch.zeros(n_out))
         self.beta_a = nn.Parameter(torch.zeros(n_out))
 
-    def route(self, votes: torch.Tensor, a_in: torch.Tensor, return_routing: bool = False):
+    @property
+    def inverse_temperature(self) -> list[float]:
+        """The inverse temperatures of :attr:`iterations` iterations (see :meth:`inverse_temperatures`)."""
+        return self.inverse_temperatures(self.iterations)
+
+    def inverse_temperatures(self, iterations: int) -> list[float]:
+        """One inverse temperature per iteration for a call with ``iterations``, derived at call time from what the
+        layer was built with: the default schedule (:func:`inverse_temperature_schedule`) or a fixed value for any
+        number of iterations; a per-iteration list only for its own number."""
+        return _lambdas(self._inverse_temperature, iterations)
+
+    def route(
+        self, votes: torch.Tensor, a_in: torch.Tensor, return_routing: bool = False, iterations: int | None = None
+    ):
+        """EM routing of ``votes`` (see :func:`em_routing`) with the layer's parameters, ``iterations`` times
+        (default: the layer's), each with its inverse temperature."""
+        T = self.iterations if iterations is None else check_iterations(iterations)
         return em_routing(
             votes,
             a_in,
             self.beta_u,
             self.beta_a,
-            self.iterations,
-            inverse_temperature=self.inverse_temperature,
+            T,
+            inverse_temperature=self.inverse_temperatures(T),
             normalize_over_outputs=self.normalize_over_outputs,
             normalize_costs=self.normalize_costs,
             eps=self.eps,
@@ -561,9 +587,12 @@ class EMRouting(EMRoutingBase):
         check_tensor(poses, "poses", spec, [None, self.n_inp, d])
         return matrix_votes(poses, self.weight)
 
-    def forward(self, poses: torch.Tensor, a_in: torch.Tensor, return_routing: bool = False):
+    def forward(
+        self, poses: torch.Tensor, a_in: torch.Tensor, return_routing: bool = False, iterations: int | None = None
+    ):
+        """``poses [B, n_inp, P*P]``, ``a_in [B, n_inp]`` -> ``(mu [B, n_out, P*P], a_out [B, n_out])``."""
         check_module_input(poses, self, type(self).__name__)
-        return self.route(self.votes(poses), a_in, return_routing)
+        return self.route(self.votes(poses), a_in, return_routing, iterations)
 
     def extra_repr(self) -> str:
         return f"n_inp={self.n_inp}, n_out={self.n_out}, pose_size={self.pose_size}, " + self._repr()

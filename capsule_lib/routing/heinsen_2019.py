@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._checks import check_module_input, check_tensor
+from .._checks import check_iterations, check_module_input, check_tensor
 from ..types import RoutingTrace
 from ._common import autocast_outputs, check_one_or, compute_dtype, kernel_device, no_autocast
 
@@ -185,14 +185,7 @@ def generative_matrix_routing(
     out_dtype = mu_inp.dtype
     ct = compute_dtype(out_dtype)
     trace = RoutingTrace("heinsen") if return_routing else None
-    shared = all(p.shape[0] == 1 for p in (W, B, beta_use, beta_ign))
-    if method == "auto":  # the moments path was measured faster on the CPU only (routing/_common.KERNEL_DEVICES)
-        method = "moments" if shared and trace is None and kernel_device(mu_inp) else "votes"
-    elif method == "moments" and not (shared and trace is None):
-        raise ValueError(
-            "method='moments' needs W, B, beta_use and beta_ign shared by all inputs (first size 1) "
-            "and return_routing=False (the trace holds the votes); use method='votes' or 'auto'"
-        )
+    method = _choose_method(method, mu_inp, (W, B, beta_use, beta_ign), trace is not None)
     with no_autocast(mu_inp):
         mu = mu_inp.to(ct)
         f_a_inp = torch.sigmoid(a_inp.to(ct)).unsqueeze(-1)  # [..., I, 1]
@@ -216,14 +209,28 @@ def generative_matrix_routing(
     return outputs
 
 
+def _choose_method(method: str, mu_inp: torch.Tensor, params: tuple[torch.Tensor, ...], trace: bool) -> str:
+    """The one rule for the moments kernel: ``"auto"`` takes it where it was measured faster, on a device of
+    :data:`~capsule_lib.routing._common.KERNEL_DEVICES` (the CPU), when every parameter is shared by all inputs
+    (first size 1) and no trace is asked for; ``"moments"`` elsewhere is refused in one line."""
+    shared = all(p.shape[0] == 1 for p in params)
+    if method == "auto":
+        return "moments" if shared and not trace and kernel_device(mu_inp) else "votes"
+    if method == "moments" and not (shared and not trace):
+        raise ValueError(
+            "method='moments' needs W, B, beta_use and beta_ign shared by all inputs (first size 1) "
+            "and return_routing=False (the trace holds the votes); use method='votes' or 'auto'"
+        )
+    return method
+
+
 def _check_inputs(a_inp, mu_inp, W, B, beta_use, beta_ign, iterations, p_model, method) -> None:
     """One-line errors for :func:`generative_matrix_routing`'s arguments."""
     if p_model not in _P_MODELS:
         raise ValueError(f"p_model must be one of {_P_MODELS}, got {p_model!r}")
     if method not in _METHODS:
         raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
-    if iterations < 1:
-        raise ValueError(f"iterations must be >= 1, got {iterations}")
+    check_iterations(iterations)
     check_tensor(mu_inp, "mu_inp", "[..., n_inp, d_cov, d_inp]", [None, None, None], min_leading=0)
     I, C, D = mu_inp.shape[-3:]
     lead = mu_inp.shape[:-3]
@@ -336,8 +343,7 @@ class GenerativeMatrixRouting(nn.Module):
             raise ValueError(f"p_model must be one of {_P_MODELS}, got {p_model!r}")
         if not (n_inp > 0 or n_inp == -1) or not (n_out > 0 or n_out == -1):
             raise ValueError(f"n_inp and n_out must be > 0 or -1 (variable), got {n_inp}, {n_out}")
-        if iterations < 1:
-            raise ValueError(f"iterations must be >= 1, got {iterations}")
+        check_iterations(iterations)
         self.d_cov, self.d_inp, self.d_out, self.n_inp, self.n_out = d_cov, d_inp, d_out, n_inp, n_out
         self.iterations, self.single_beta, self.p_model, self.eps = iterations, single_beta, p_model, eps
         self.method = method
@@ -368,8 +374,15 @@ class GenerativeMatrixRouting(nn.Module):
         return W, B, self.beta_use.expand(-1, n_out), self.beta_ign.expand(-1, n_out)
 
     def forward(
-        self, a_inp: torch.Tensor, mu_inp: torch.Tensor, n_out: int | None = None, return_routing: bool = False
+        self,
+        a_inp: torch.Tensor,
+        mu_inp: torch.Tensor,
+        n_out: int | None = None,
+        return_routing: bool = False,
+        iterations: int | None = None,
     ):
+        """``(a_inp [..., n_inp], mu_inp [..., n_inp, d_cov, d_inp])`` -> ``(a_out, mu_out, sigma2_out)``, routing
+        ``iterations`` times (default: the module's)."""
         check_module_input(mu_inp, self, type(self).__name__, dtype=False)
         I = self.n_inp if self.n_inp > 0 else None
         check_tensor(
@@ -388,7 +401,7 @@ class GenerativeMatrixRouting(nn.Module):
                 B,
                 b_use,
                 b_ign,
-                self.iterations,
+                self.iterations if iterations is None else iterations,
                 self.p_model,
                 self.eps,
                 method=self.method,

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._checks import check_module_input, check_tensor
+from .._checks import check_iterations, check_module_input, check_tensor
 from ..types import RoutingTrace
 from ._common import autocast_outputs, check_one_or, compute_dtype, no_autocast
 
@@ -63,9 +63,9 @@ def efficient_vector_routing_reference(
 
     ``x_inp [B, n_inp, d_inp]`` and the parameters of
     :func:`efficient_vector_routing` (``beta_use``, ``beta_ign``
-    ``[n_inp, n_out]``) -> ``x_out [B, n_out, d_out]``. This is the definition:
-    :func:`efficient_vector_routing` computes the same values and gradients
-    (tested in float64).
+    ``[n_inp, n_out]``) -> ``x_out [B, n_out, d_out]``. This is the
+    definition: :func:`efficient_vector_routing` computes the same values
+    and gradients (tested in float64).
     """
     N = _normalize  # LayerNorm without affine parameters
     x = x_inp * x_inp.shape[1] ** -0.5  # [B, i, d] x~ = x / sqrt(I)
@@ -206,17 +206,15 @@ def efficient_vector_routing(
         W_A, B_A, W_F1, W_F2, B_F2, W_G1, W_G2, B_G2, W_S, B_S, beta_use, beta_ign = (
             p.to(ct) for p in (W_A, B_A, W_F1, W_F2, B_F2, W_G1, W_G2, B_G2, W_S, B_S, beta_use, beta_ign)
         )
-        W_A, B_A = W_A.expand(I, D), B_A.expand(I)  # [I, D], [I]
-        W_S, B_S = W_S.expand(I, J), B_S.expand(I, J)  # [I, J], [I, J]
         scaled_x_inp = x * I**-0.5  # [..., I, D]  x~ = x / sqrt(I)
-        a_inp = torch.einsum("...id,id->...i", scaled_x_inp, W_A) + B_A  # [..., I]
+        a_inp = torch.einsum("...id,id->...i", scaled_x_inp, W_A.expand(I, D)) + B_A.expand(I)  # [..., I]
         f_a_inp = torch.sigmoid(a_inp).unsqueeze(-1)  # [..., I, 1]
         if mask is not None:
             f_a_inp = torch.where(mask, 0.0, f_a_inp)  # [..., I, J]  a = -inf on masked pairs
         V = None
         if not memory_efficient:
             V = torch.einsum("...id,jd,de->...ije", scaled_x_inp, W_F1, W_F2) + B_F2  # [..., I, J, E]
-        params = (W_F1, W_F2, B_F2, W_G1, W_G2, B_G2, W_S, B_S, beta_use, beta_ign)
+        params = (W_F1, W_F2, B_F2, W_G1, W_G2, B_G2, W_S.expand(I, J), B_S.expand(I, J), beta_use, beta_ign)
         x_out = _route(x, scaled_x_inp, f_a_inp, V, params, iterations, mask, ln_eps, normalize, trace, out_dtype)
         if normalize:
             x_out = _normalize(x_out, ln_eps)  # [..., J, E]
@@ -231,8 +229,7 @@ def efficient_vector_routing(
 
 def _check_inputs(x_inp, W_A, B_A, W_F1, W_F2, B_F2, W_G1, W_G2, B_G2, W_S, B_S, beta_use, beta_ign, iterations):
     """One-line errors for :func:`efficient_vector_routing`'s arguments."""
-    if iterations < 1:
-        raise ValueError(f"iterations must be >= 1, got {iterations}")
+    check_iterations(iterations)
     check_tensor(x_inp, "x_inp", "[..., n_inp, d_inp]", [None, None], min_leading=0)
     I, D = x_inp.shape[-2:]
     check_tensor(B_F2, "B_F2", "[n_out, d_out]", [None, None])
@@ -340,8 +337,7 @@ class EfficientVectorRouting(nn.Module):
             raise ValueError(f"n_inp must be > 0 or -1 (variable), got {n_inp}")
         if n_out < 2:
             raise ValueError(f"n_out must be >= 2, got {n_out}")
-        if iterations < 1:
-            raise ValueError(f"iterations must be >= 1, got {iterations}")
+        check_iterations(iterations)
         self.n_inp, self.n_out, self.d_inp, self.d_out, self.iterations = n_inp, n_out, d_inp, d_out, iterations
         self.normalize, self.memory_efficient = normalize, memory_efficient
         i1 = max(1, n_inp)
@@ -375,7 +371,15 @@ class EfficientVectorRouting(nn.Module):
                 for m in (self.compute_beta_use, self.compute_beta_ign)
             )
 
-    def forward(self, x_inp: torch.Tensor, mask: torch.Tensor | None = None, return_routing: bool = False):
+    def forward(
+        self,
+        x_inp: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        return_routing: bool = False,
+        iterations: int | None = None,
+    ):
+        """``x_inp [..., n_inp, d_inp] -> x_out [..., n_out, d_out]``, routing ``iterations`` times (default: the
+        module's)."""
         check_module_input(x_inp, self, type(self).__name__, dtype=False)
         I = self.n_inp if self.n_inp > 0 else None
         check_tensor(x_inp, "x_inp", f"[..., n_inp={I or '*'}, d_inp={self.d_inp}]", [I, self.d_inp], min_leading=0)
@@ -395,7 +399,7 @@ class EfficientVectorRouting(nn.Module):
                 self.B_S,
                 beta_use,
                 beta_ign,
-                self.iterations,
+                self.iterations if iterations is None else iterations,
                 normalize=self.normalize,
                 memory_efficient=self.memory_efficient,
                 mask=mask,

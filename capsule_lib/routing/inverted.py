@@ -45,11 +45,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._checks import check_module_input, check_tensor
+from .._checks import check_iterations, check_module_input, check_tensor
 from ..types import RoutingTrace
 from ._common import autocast_outputs, use_kernel
 
 __all__ = [
+    "inverted_routing_reference",
     "fc_matrix_votes",
     "conv_windows",
     "conv_matrix_votes",
@@ -63,6 +64,40 @@ __all__ = [
 
 EXPANSIONS = ("unfold", "official_bug")
 _RENORM_EPS = 1e-10  # the official r / (sum_j r + 1e-10)
+
+
+def inverted_routing_reference(
+    poses: torch.Tensor,
+    weight: torch.Tensor,
+    iterations: int = 2,
+    norm_weight: torch.Tensor | None = None,
+    norm_bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
+) -> torch.Tensor:
+    """Inverted dot-product attention routing of one fully connected layer
+    as the paper writes it (Procedure 1, the layer's ``iterations`` updates).
+
+    ``poses [B, n_inp, d]`` (``s x s`` matrices, ``d = s*s``),
+    ``weight [n_inp, s, s, n_out]``, LayerNorm's affine parameters ``[d]`` ->
+    ``poses [B, n_out, d]``. This is the definition: calling
+    :func:`inverted_fc_update` ``iterations`` times, each call given the
+    previous one's output, computes the same values and gradients (tested in
+    float64).
+    """
+    B, I, d = poses.shape
+    s = math.isqrt(d)
+    P = poses.reshape(B, I, s, s)  # [B, i, a, x] child pose matrices
+    V = torch.einsum("biax,ixej->bijae", P, weight).flatten(-2)  # [B,i,j,d]
+    out = None
+    for _ in range(iterations):
+        if out is None:  # first pass: no parent poses yet, r_ij = 1/J
+            r = torch.full_like(V[..., 0], 1 / V.shape[2])  # [B, i, j]
+        else:  # agreement of each vote with the parent's pose
+            a = torch.einsum("bijd,bjd->bij", V, out) / d**0.5  # [B, i, j]
+            r = torch.softmax(a, dim=2)  # [B, i, j] sums to 1 over j
+        s_j = torch.einsum("bij,bijd->bjd", r, V)  # [B, j, d] plain sum
+        out = F.layer_norm(s_j, (d,), norm_weight, norm_bias, eps)
+    return out
 
 
 def _acc_dtype(x: torch.Tensor) -> torch.dtype:
@@ -371,12 +406,24 @@ class InvertedFCCapsules(nn.Module):
     ``forward(P_in, P_out_prev=None, return_routing=False)``: ``P_in [B, n_inp, d]`` or a CONV layer's
     grid ``[B, N, h, w, d]`` (flattened type-major, ``N*h*w = n_inp``); ``P_out_prev [B, n_out, d]`` is the
     post-LayerNorm output of this layer's previous update (``None``: uniform first pass).
+    ``route(P_in, iterations=None)``: the layer's own ``iterations`` updates, alone (a network of several layers
+    interleaves their updates itself: :class:`~capsule_lib.models.inverted.CapsModel`).
     """
 
-    def __init__(self, n_inp: int, n_out: int, pose_dim: int = 16, *, dropout: float = 0.0, eps: float = 1e-5) -> None:
+    def __init__(
+        self,
+        n_inp: int,
+        n_out: int,
+        pose_dim: int = 16,
+        *,
+        iterations: int = 2,
+        dropout: float = 0.0,
+        eps: float = 1e-5,
+    ) -> None:
         super().__init__()
         s = _side(pose_dim)
         self.n_inp, self.n_out, self.pose_dim, self.side = n_inp, n_out, pose_dim, s
+        self.iterations = check_iterations(iterations)
         self.dropout = dropout
         self.init_std = math.sqrt(n_out / (s * n_inp))
         self.weight = nn.Parameter(torch.randn(n_inp, s, s, n_out) * self.init_std)
@@ -387,7 +434,20 @@ class InvertedFCCapsules(nn.Module):
         check_tensor(P_in, "P_in", f"[B, n_inp={self.n_inp}, d={self.pose_dim}]", [None, self.n_inp, self.pose_dim])
         return fc_matrix_votes(P_in, self.weight)
 
+    def route(self, P_in: torch.Tensor, iterations: int | None = None, return_routing: bool = False):
+        """``iterations`` updates (default: the layer's), the first uniform, each from the previous output (as in
+        :func:`inverted_routing_reference`): ``[B, n_inp, d] -> [B, n_out, d]``; with ``return_routing`` also the
+        last update's trace."""
+        T = self.iterations if iterations is None else check_iterations(iterations)
+        P, trace = None, None
+        for _ in range(T):
+            P = self(P_in, P, return_routing=return_routing)
+            if return_routing:
+                P, trace = P
+        return (P, trace) if return_routing else P
+
     def forward(self, P_in: torch.Tensor, P_out_prev: torch.Tensor | None = None, return_routing: bool = False):
+        """One update (see the class docstring)."""
         check_module_input(P_in, self, type(self).__name__)
         return autocast_outputs(
             inverted_fc_update(
@@ -407,7 +467,7 @@ class InvertedFCCapsules(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"n_inp={self.n_inp}, n_out={self.n_out}, pose_dim={self.pose_dim} ({self.side}x{self.side}), "
-            f"dropout={self.dropout}, init_std={self.init_std:.4g}"
+            f"iterations={self.iterations}, dropout={self.dropout}, init_std={self.init_std:.4g}"
         )
 
 

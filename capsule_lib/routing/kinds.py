@@ -34,8 +34,8 @@ DEFAULT_ITERATIONS = {
 def build_routing(kind: str, n_inp: int, n_out: int, d: int, iterations: int | None = None) -> nn.Module:
     """A fully connected routing layer of ``kind`` from ``n_inp`` to ``n_out`` capsules of size ``d`` (a square
     for ``em`` and ``inverted``, whose capsules are matrices), routing with ``iterations`` (default:
-    :data:`DEFAULT_ITERATIONS`; ``self_attention`` has none and refuses a number). ``inverted`` is one update
-    (:class:`~capsule_lib.routing.inverted.InvertedFCCapsules`): the caller runs it ``iterations`` times."""
+    :data:`DEFAULT_ITERATIONS`; ``self_attention`` has none and refuses a number). ``inverted`` is one update per
+    call (:class:`~capsule_lib.routing.inverted.InvertedFCCapsules`); its ``route`` runs its ``iterations``."""
     from .dynamic import DynamicRouting
     from .em import EMRouting
     from .heinsen_2019 import GenerativeMatrixRouting
@@ -59,5 +59,5 @@ def build_routing(kind: str, n_inp: int, n_out: int, d: int, iterations: int | N
     if kind == "heinsen_2022":
         return EfficientVectorRouting(n_inp, n_out, d, d, T)
     if kind == "inverted":
-        return InvertedFCCapsules(n_inp, n_out, d)
+        return InvertedFCCapsules(n_inp, n_out, d, iterations=T)
     return SelfAttentionRouting(n_inp, n_out, d, d)

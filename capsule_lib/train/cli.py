@@ -183,8 +183,8 @@ def train(
     return model, trainer
 
 
-def main(argv: list[str] | None = None) -> None:
-    """The command line (see the module docstring)."""
+def _parser() -> argparse.ArgumentParser:
+    """The command line's arguments."""
     p = argparse.ArgumentParser(
         prog="python -m capsule_lib.train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -216,6 +216,12 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="compile the training step with torch.compile in this mode (reduce-overhead: CUDA graphs)",
     )
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The command line (see the module docstring)."""
+    p = _parser()
     a = p.parse_args(argv)
     if (a.recipe is None) == (a.shipped is None):
         p.error("give a recipe name or --shipped CHECKPOINT (one of them)")
