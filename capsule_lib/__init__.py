@@ -5,7 +5,7 @@ Layers, bottom to top (each imports only from the ones above it in this list):
 :mod:`capsule_lib.functional` (squash, norms), :mod:`capsule_lib.losses`, :mod:`capsule_lib.routing` (one
 module per algorithm, same calling convention, same trace), :mod:`capsule_lib.layers` (primary, matrix and
 class capsules, decoders, masking), :mod:`capsule_lib.models` (one module per paper), :mod:`capsule_lib.data`
-(``get_dataset``: real datasets or generated stand-ins, loaders), :mod:`capsule_lib.train` (the papers'
+(``get_dataset``: real datasets or generated stand-ins, loaders), ``capsule_lib.train`` (the papers'
 recipes, the ``Trainer``, ``train(recipe)`` and the command line), :mod:`capsule_lib.pretrained` (shipped
 checkpoints), :mod:`capsule_lib.viz` (figures and widgets).
 """

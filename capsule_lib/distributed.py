@@ -7,7 +7,7 @@ single-process :class:`DistInfo` and touches nothing, so the same code runs with
 
     torchrun --nproc_per_node=2 -m capsule_lib.train capsnet --out runs/capsnet_mnist
 
-How a job is split (see :class:`~capsule_lib.data.TensorLoader` and :class:`~capsule_lib.train.Trainer`):
+How a job is split (see :class:`~capsule_lib.data.TensorLoader` and :class:`~capsule_lib.train.trainer.Trainer`):
 a recipe's ``batch_size`` is the **global** batch; every rank takes ``batch_size / world_size`` samples of
 each global batch (the same interleaved shard of one shared permutation that ``DistributedSampler`` gives),
 gradients are averaged by ``DistributedDataParallel``, metrics are summed over ranks, and only rank 0 prints,

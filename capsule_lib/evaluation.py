@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -10,14 +11,17 @@ import torch
 from torch import nn
 
 from ._checks import check_image_range, check_image_values, module_device
+from .routing.em import em_routing, em_routing_naive
 
 __all__ = [
     "predict",
     "accuracy",
+    "accuracy_standard_error",
     "multimnist_accuracy",
     "confusion_matrix",
     "viewpoint_accuracies",
     "iteration_sweep",
+    "compare_with_naive",
 ]
 
 
@@ -92,6 +96,12 @@ def accuracy(scores: torch.Tensor, labels: torch.Tensor) -> float:
     return (scores.argmax(1) == labels.to(scores.device)).float().mean().item()
 
 
+def accuracy_standard_error(p: float, n: int) -> float:
+    """The binomial standard error of an accuracy ``p`` measured on ``n`` images, ``sqrt(p (1 - p) / n)`` (a
+    fraction; at least ``1e-6 / sqrt(n)``, so an accuracy of exactly 0 or 1 still has one)."""
+    return math.sqrt(max(p * (1 - p), 1e-12) / max(n, 1))
+
+
 def multimnist_accuracy(scores: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
     """Two metrics for two-digit images, ``labels [N, 2]``, predictions = the top-2 scores.
 
@@ -158,3 +168,37 @@ def iteration_sweep(
                 {"setting": name, "iterations": T, "accuracy": correct / n, "ms_per_image": 1000 * dt / n, "n": n}
             )
     return rows
+
+
+def compare_with_naive(
+    votes: torch.Tensor,
+    a_in: torch.Tensor,
+    beta_u: torch.Tensor,
+    beta_a: torch.Tensor,
+    iterations: int = 3,
+    **routing,
+) -> dict[str, float]:
+    """Route the same inputs with :func:`~capsule_lib.routing.em.em_routing` (log space) and
+    :func:`~capsule_lib.routing.em.em_routing_naive` (probability space)
+    and report, per sample of the batch: the share of samples whose poses or activations are not all finite for
+    each (``"naive_nonfinite"``, ``"log_space_nonfinite"``), and the largest absolute difference of the
+    activations over the samples where both are finite (``"max_activation_diff"``, NaN if there are none).
+    ``routing``: ``inverse_temperature``, ``normalize_costs``, ``eps``."""
+
+    def bad(mu: torch.Tensor, a: torch.Tensor) -> torch.Tensor:  # [B]: any non-finite output in the sample
+        lead = a.shape[:1]
+        return ~(
+            torch.isfinite(mu.float()).reshape(*lead, -1).all(-1) & torch.isfinite(a.float()).reshape(*lead, -1).all(-1)
+        )
+
+    with torch.no_grad():
+        mu, a = em_routing(votes, a_in, beta_u, beta_a, iterations, **routing)
+        mu_n, a_n = em_routing_naive(votes, a_in, beta_u, beta_a, iterations, **routing)
+    b_ours, b_naive = bad(mu, a), bad(mu_n, a_n)
+    both = ~(b_ours | b_naive)
+    diff = (a.float() - a_n.float()).abs().reshape(a.shape[0], -1)[both]
+    return {
+        "naive_nonfinite": float(b_naive.float().mean()),
+        "log_space_nonfinite": float(b_ours.float().mean()),
+        "max_activation_diff": float(diff.max()) if diff.numel() else float("nan"),
+    }

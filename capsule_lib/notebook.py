@@ -187,7 +187,7 @@ def _dataset_here(name: str, cfg: Settings) -> bool:
 
 
 def chapter_device(preference: str | torch.device | None = "auto") -> torch.device:
-    """The device a chapter runs on: ``"auto"`` as :func:`~capsule_lib.train.select_device`; an explicit
+    """The device a chapter runs on: ``"auto"`` as :func:`~capsule_lib.train.trainer.select_device`; an explicit
     ``"cuda"``/``"mps"`` that this machine does not have falls back to the CPU with one printed line (a
     notebook written for Colab's GPU still runs on a laptop)."""
     from .train import select_device
@@ -260,7 +260,7 @@ def train_or_load(
         Train for the shipped run's wall-clock budget (``budget_minutes`` of its history; the comparison chapter's
         contestants) instead of its epochs; in smoke mode at most 0.05 minutes.
     start_from
-        Start the training from this shipped checkpoint's weights (:func:`~capsule_lib.train.train`).
+        Start the training from this shipped checkpoint's weights (:func:`~capsule_lib.train.cli.train`).
     run_suffix
         Appended to the run folder ``runs/<checkpoint>`` (a smoke run adds ``_smoke``: it never resumes a full
         run).
@@ -272,7 +272,7 @@ def train_or_load(
     tuple
         For one name ``(model, history)``; for several ``(models, histories)``, dicts keyed by checkpoint. Every
         model is on ``cfg.device`` in eval mode. Training retrains the shipped run's recipe
-        (:func:`~capsule_lib.train.shipped_recipe`) with a live plot and resumable checkpoints under ``runs/``;
+        (:func:`~capsule_lib.train.cli.shipped_recipe`) with a live plot and resumable checkpoints under ``runs/``;
         the history is then the new run's.
     """
     from .pretrained import load_pretrained, load_pretrained_history

@@ -17,14 +17,14 @@ import hashlib
 import json
 import math
 import os
-from collections.abc import Callable
-from dataclasses import asdict, fields, is_dataclass
+from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from .models.registry import build_model
 from .train.checkpoint import History
 
 __all__ = [
@@ -38,7 +38,6 @@ __all__ = [
     "load_pretrained_history",
     "export_checkpoint",
     "build_model",
-    "MODEL_BUILDERS",
     "load_heinsen_2019",
     "HEINSEN_2019_FILE",
 ]
@@ -48,56 +47,6 @@ CHECKPOINT_DIR = Path(__file__).resolve().parent / "checkpoints"
 
 class ChecksumMismatchError(RuntimeError):
     """A shipped checkpoint's bytes do not match the sha256 in the registry."""
-
-
-def _builders() -> dict[str, Callable[[dict[str, Any]], nn.Module]]:
-    from .models.baselines import BaselineCNN, BaselineCNNConfig
-    from .models.capsnet import CapsNet, CapsNetConfig
-    from .models.em_capsnet import EMCapsNet, EMCapsNetConfig
-    from .models.heinsen import SmallNORBClassifier, SmallNORBConfig
-    from .models.inverted import BackboneClassifier, CapsModel, CapsModelConfig
-    from .models.routing_classifier import RoutingClassifier, RoutingClassifierConfig
-
-    out: dict[str, Callable[[dict[str, Any]], nn.Module]] = {
-        "capsnet": lambda c: CapsNet(_from_dict(CapsNetConfig, c)),
-        "baseline_cnn": lambda c: BaselineCNN(_from_dict(BaselineCNNConfig, c)),
-        "em_capsnet": lambda c: EMCapsNet(_from_dict(EMCapsNetConfig, c)),
-        "heinsen_smallnorb": lambda c: SmallNORBClassifier(_from_dict(SmallNORBConfig, c)),
-        "caps_model": lambda c: CapsModel(_from_dict(CapsModelConfig, c)),
-        "backbone_classifier": lambda c: BackboneClassifier(_from_dict(CapsModelConfig, c)),
-        "routing_classifier": lambda c: RoutingClassifier(_from_dict(RoutingClassifierConfig, c)),
-    }
-    try:
-        from .models.efficient import EfficientCapsNet, EfficientCapsNetConfig
-
-        out["efficient_capsnet"] = lambda c: EfficientCapsNet(_from_dict(EfficientCapsNetConfig, c))
-    except ImportError:  # pragma: no cover - optional while the module is being written
-        pass
-    return out
-
-
-MODEL_BUILDERS = _builders
-
-
-def _from_dict(cls: type, d: dict[str, Any]) -> Any:
-    names = {f.name: f for f in fields(cls)}
-    kw = {}
-    for k, v in d.items():
-        if k in names:
-            kw[k] = tuple(v) if isinstance(v, list) else v
-    return cls(**kw)
-
-
-def build_model(kind: str, config: dict[str, Any]) -> nn.Module:
-    """Instantiate a model of ``kind`` from its config dict (unknown keys are ignored).
-
-    Kinds: ``"capsnet"``, ``"baseline_cnn"``, ``"efficient_capsnet"``, ``"em_capsnet"``,
-    ``"heinsen_smallnorb"``, ``"caps_model"`` (Tsai et al.), ``"backbone_classifier"`` (its backbone + linear
-    head), ``"routing_classifier"`` (the comparison's shared network with one routing)."""
-    builders = _builders()
-    if kind not in builders:
-        raise ValueError(f"unknown model kind {kind!r}; known: {sorted(builders)}")
-    return builders[kind](config)
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
@@ -254,39 +203,24 @@ def export_run(
     max_epoch: int | None = None,
     batch_size: int = 256,
 ) -> dict[str, Any]:
-    """Export the best-validation weights of a :class:`~capsule_lib.train.Trainer` run directory.
+    """Export the best-validation weights of a :class:`~capsule_lib.train.trainer.Trainer` run directory.
 
     The model is rebuilt from the run's ``history.json`` metadata, its weights are rounded to fp16 (what is
     shipped), and the **rounded** model is evaluated on the recipe's evaluation sets
-    (:meth:`~capsule_lib.train.recipes.Recipe.evaluation_sets`: the validation and test splits of the run's dataset,
-    or e.g. the familiar and novel test views of a viewpoint protocol),
+    (:meth:`~capsule_lib.train.recipes.base.Recipe.evaluation_sets`: the validation and test splits of the run's
+    dataset, or e.g. the familiar and novel test views of a viewpoint protocol),
     so the registry's metrics are those of the file readers load. ``max_epoch`` limits the budget: the best
     validation epoch among the first ``max_epoch`` is exported (needs the run's ``epoch_NNN.pt`` snapshots
     unless that epoch is the run's ``best.pt``); the history is cut there too. ``batch_size``: of the evaluation
     (a smaller one for models whose activations are large, e.g. the paper-size Tsai network).
     """
     from .evaluation import accuracy, predict
-    from .train.recipes import recipe_config
+    from .train.recipes import RECIPES, recipe_config
 
     run = Path(run_dir)
     hist = History.from_dict(json.loads((run / "history.json").read_text()))
     meta = hist.meta
-    kind = {
-        "capsnet": "capsnet",
-        "efficient": "efficient_capsnet",
-        "baseline_cnn": "baseline_cnn",
-        "efficient_multimnist": "efficient_capsnet",
-        "capsnet_multimnist": "capsnet",
-        "em_norb": "em_capsnet",
-        "baseline_cnn_norb": "baseline_cnn",
-        "heinsen_norb": "heinsen_smallnorb",
-        "baseline_cnn_norb48": "baseline_cnn",
-        "tsai_cifar10": "caps_model",
-        "tsai_cifar10_cpu": "caps_model",
-        "baseline_backbone_cifar10_cpu": "backbone_classifier",
-        "routing_compare_mnist": "routing_classifier",
-        "routing_compare_norb": "routing_classifier",
-    }[meta["recipe"]]
+    kind = RECIPES[meta["recipe"]].model_kind
     config = dict(meta["config"]["model"])
     if config.get("primary_conv") == "bf16_gemm":  # a training-speed option; readers run the standard conv
         config["primary_conv"] = "standard"

@@ -153,8 +153,8 @@ HISTORY_HEADERS = ("run", "epochs (best)", "val.", "time (per epoch)", "hardware
 
 
 def history_rows(histories: dict[str, Any], models: dict[str, Any] | None = None) -> list[list[str]]:
-    """One row per training run, from its :class:`~capsule_lib.train.History` (a shipped one, or one trained on
-    the page): the epochs run and, in brackets, the one selected on validation, its validation accuracy, the
+    """One row per training run, from its :class:`~capsule_lib.train.checkpoint.History` (a shipped one, or one
+    trained on the page): the epochs run and, in brackets, the one selected on validation, its validation accuracy, the
     training wall time (validation included) and per epoch, and the hardware (columns :data:`HISTORY_HEADERS`).
     With ``models`` (same keys), a ``params`` column after the run's name."""
     rows = []

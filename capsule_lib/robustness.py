@@ -16,6 +16,7 @@ that an evaluation is not fooled by gradient masking, and detection of adversari
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -32,6 +33,7 @@ from .attacks import (
     reconstruction_aware_objective,
     reconstruction_distance,
 )
+from .evaluation import accuracy_standard_error
 
 __all__ = [
     "AttackCurve",
@@ -458,7 +460,7 @@ def detection_table(detections: dict[str, dict[str, Detection]]) -> tuple[list[s
 
 def _versus(a: float, b: float, n_a: int, n_b: int) -> str:
     """How two accuracies (or rates) measured on ``n_a`` and ``n_b`` images compare, at two standard errors."""
-    se = (a * (1 - a) / max(n_a, 1) + b * (1 - b) / max(n_b, 1)) ** 0.5
+    se = math.hypot(accuracy_standard_error(a, n_a), accuracy_standard_error(b, n_b))
     if a - b > 2 * se:
         return "higher"
     if b - a > 2 * se:

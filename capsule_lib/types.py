@@ -34,7 +34,8 @@ class RoutingTrace:
     Attributes
     ----------
     algorithm
-        Name of the algorithm (``"dynamic"``, ``"em"``, ``"heinsen"``, ``"inverted"``, ``"self_attention"``...).
+        Name of the algorithm, its routing kind (:data:`~capsule_lib.routing.kinds.ROUTING_KINDS`: ``"dynamic"``,
+        ``"em"``, ``"heinsen_2019"``, ``"heinsen_2022"``, ``"inverted"``, ``"self_attention"``).
     coefficients
         One tensor per iteration with the routing (coupling) coefficients used **in** that iteration,
         shaped ``[B, n_inp, n_out]`` (FC routing) or ``[B, ..., n_inp, n_out]``. They sum to 1 over the

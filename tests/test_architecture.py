@@ -162,6 +162,10 @@ def test_capsule_layers_live_in_layers_and_algorithms_in_routing():
         "self_attention.py",
         "kinds.py",  # the algorithms' names (ROUTING_KINDS) and default iterations
     }
+    from capsule_lib.routing.kinds import ROUTING_KINDS
+
+    algorithms = {p.stem for p in (LIB / "routing").glob("*.py") if not p.stem.startswith("_")} - {"kinds"}
+    assert algorithms == set(ROUTING_KINDS)  # one name per algorithm: module = routing kind = trace name
 
 
 OLD_NAMES = [

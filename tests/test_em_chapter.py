@@ -13,10 +13,11 @@ import torch
 
 from capsule_lib.data import TensorLoader, get_dataset
 from capsule_lib.data.viewpoints import center_crop_images, downscale_images, familiar_values, viewpoint_sets
+from capsule_lib.evaluation import compare_with_naive
 from capsule_lib.layers import ClassCapsules, ConvCapsules, grid_centers
 from capsule_lib.losses import SpreadObjective, StepOutput
 from capsule_lib.models.em_capsnet import EMCapsNet, EMCapsNetConfig, class_centers, receptive_field_centers
-from capsule_lib.routing.em import EMRouting, compare_with_naive, em_routing, em_routing_naive
+from capsule_lib.routing.em import EMRouting, em_routing, em_routing_naive
 from capsule_lib.train import Trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread", "readable_figures")  # tiny tensors; readable figures (conftest.py)

@@ -94,6 +94,13 @@ def test_test_time_iterations_are_a_call_argument_and_nothing_is_written(kind, m
     torch.testing.assert_close(got, expected)
 
 
+@pytest.mark.parametrize("kind", sorted(ROUTING_KINDS))
+def test_a_routing_kind_and_its_trace_have_one_name(kind):
+    m = RoutingClassifier(TINY.with_routing(kind)).eval()
+    with torch.no_grad():
+        assert m(torch.rand(1, 1, 28, 28), return_routing=True).trace.algorithm == kind
+
+
 def test_config_checks_and_json_roundtrip():
     with pytest.raises(ValueError, match=r"^routing must be one of \["):
         RoutingClassifierConfig(routing="capsnet")

@@ -61,7 +61,7 @@ def test_gmr_coefficients_sum_to_one_every_iteration(p_model, kw):
     m = randomize_(GenerativeMatrixRouting(3, 4, 2, p_model=p_model, iterations=4, **kw), 0.5)
     a, mu = gmr_inputs(2)
     (a_out, mu_out, sigma2), tr = m(a, mu, n_out=None if "n_out" in kw else 3, return_routing=True)
-    assert isinstance(tr, RoutingTrace) and tr.algorithm == "heinsen" and tr.iterations == 4
+    assert isinstance(tr, RoutingTrace) and tr.algorithm == "heinsen_2019" and tr.iterations == 4
     assert torch.equal(tr.coefficients[0], torch.full((2, 5, 3), 1 / 3))  # t = 0 is uniform 1/J
     for R in tr.coefficients:
         assert R.shape == (2, 5, 3)
@@ -491,7 +491,7 @@ def test_evr_coefficients_and_trace(n_inp, iterations):
     m = EfficientVectorRouting(n_inp, 3, 8, 5, iterations=iterations)
     x = evr_input(2)
     out, tr = m(x, return_routing=True)  # iterations = 1 works (the public return_dict path raises there)
-    assert out.shape == (2, 3, 5) and tr.iterations == iterations and tr.algorithm == "heinsen_vector"
+    assert out.shape == (2, 3, 5) and tr.iterations == iterations and tr.algorithm == "heinsen_2022"
     torch.testing.assert_close(tr.coefficients[0], torch.full((2, 6, 3), 1 / 3))
     for t in range(iterations):
         R = tr.coefficients[t]

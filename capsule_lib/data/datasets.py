@@ -98,7 +98,7 @@ class ImageDataset:
         """A cheap content fingerprint (sha256, 16 hex digits) of this dataset: its size, image shape and dtype, every
         label and ``samples`` images at evenly spaced indices. Two sets of the same name and size but other images
         (another generator seed, altered files) differ; a run records it in its identity, so it never resumes onto
-        other data (:meth:`capsule_lib.train.Trainer.identity`)."""
+        other data (:meth:`capsule_lib.train.trainer.Trainer.identity`)."""
         return data_fingerprint(self.images, self.labels, samples)
 
     def float_images(self) -> torch.Tensor:

@@ -13,6 +13,7 @@ from .heinsen import (
     TokenSequenceConfig,
 )
 from .inverted import BackboneClassifier, CapsLayerSpec, CapsModel, CapsModelConfig
+from .registry import MODELS, build_model
 from .routing_classifier import RoutingClassifier, RoutingClassifierConfig
 
 __all__ = [
@@ -36,4 +37,6 @@ __all__ = [
     "RoutingClassifierConfig",
     "BaselineCNN",
     "BaselineCNNConfig",
+    "MODELS",
+    "build_model",
 ]

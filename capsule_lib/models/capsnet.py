@@ -140,10 +140,11 @@ class CapsNet(nn.Module):
         """Images -> digit capsules (and reconstructions); ``iterations`` overrides the routing's for this call."""
         check_model_input(x, self)
         u = self.primary_capsules(x)  # [B, 1152, 8]
+        T = {} if iterations is None else {"iterations": iterations}  # (a swapped-in original takes none)
         if return_routing:
-            v, trace = self.digits(u, return_routing=True, iterations=iterations)  # [B, 10, 16]
+            v, trace = self.digits(u, return_routing=True, **T)  # [B, 10, 16]
         else:
-            v, trace = self.digits(u, iterations=iterations), None
+            v, trace = self.digits(u, **T), None
         lengths = capsule_lengths(v)  # [B, 10]
         recon, extra = None, {}
         if self.decoder is not None:

@@ -253,7 +253,7 @@ class EMCapsNet(nn.Module):
         inverse temperatures for that number, :meth:`~capsule_lib.routing.em.EMRoutingBase.inverse_temperatures`)."""
         check_model_input(x, self)
         p0, a0 = self.primary_caps(self.stem(x))  # [B, B_, 14, 14, 16], [B, B_, 14, 14]
-        traces, T = {}, {"iterations": iterations}
+        traces, T = {}, {} if iterations is None else {"iterations": iterations}
         if return_routing:
             (p1, a1), traces["conv_caps1"] = self.conv_caps1(p0, a0, return_routing=True, **T)
             (p2, a2), traces["conv_caps2"] = self.conv_caps2(p1, a1, return_routing=True, **T)

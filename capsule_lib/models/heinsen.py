@@ -153,13 +153,13 @@ class SmallNORBClassifier(nn.Module):
         """Images -> class capsules (logits); ``iterations`` overrides both routings' for this call."""
         check_model_input(images, self, "images")
         a, mu = self.part_capsules(images)
-        traces = []
+        traces, T = [], {} if iterations is None else {"iterations": iterations}
         for routing in self.routings:
             if return_routing:
-                (a, mu, sigma2), tr = routing(a, mu, return_routing=True, iterations=iterations)
+                (a, mu, sigma2), tr = routing(a, mu, return_routing=True, **T)
                 traces.append(tr)
             else:
-                a, mu, sigma2 = routing(a, mu, iterations=iterations)  # [B, J], [B, J, 4, 4], [B, J, 4, 4]
+                a, mu, sigma2 = routing(a, mu, **T)  # [B, J], [B, J, 4, 4], [B, J, 4, 4]
         extra = {"mu": mu, "sigma2": sigma2}
         if return_routing:
             extra["traces"] = traces

@@ -75,7 +75,6 @@ from ._common import use_kernel
 
 __all__ = [
     "em_routing_reference",
-    "compare_with_naive",
     "em_routing",
     "em_routing_naive",
     "EMRouting",
@@ -440,39 +439,6 @@ def em_routing_naive(
     return mu, a_out
 
 
-def compare_with_naive(
-    votes: torch.Tensor,
-    a_in: torch.Tensor,
-    beta_u: torch.Tensor,
-    beta_a: torch.Tensor,
-    iterations: int = 3,
-    **routing,
-) -> dict[str, float]:
-    """Route the same inputs with :func:`em_routing` (log space) and :func:`em_routing_naive` (probability space)
-    and report, per sample of the batch: the share of samples whose poses or activations are not all finite for
-    each (``"naive_nonfinite"``, ``"log_space_nonfinite"``), and the largest absolute difference of the
-    activations over the samples where both are finite (``"max_activation_diff"``, NaN if there are none).
-    ``routing``: ``inverse_temperature``, ``normalize_costs``, ``eps``."""
-
-    def bad(mu: torch.Tensor, a: torch.Tensor) -> torch.Tensor:  # [B]: any non-finite output in the sample
-        lead = a.shape[:1]
-        return ~(
-            torch.isfinite(mu.float()).reshape(*lead, -1).all(-1) & torch.isfinite(a.float()).reshape(*lead, -1).all(-1)
-        )
-
-    with torch.no_grad():
-        mu, a = em_routing(votes, a_in, beta_u, beta_a, iterations, **routing)
-        mu_n, a_n = em_routing_naive(votes, a_in, beta_u, beta_a, iterations, **routing)
-    b_ours, b_naive = bad(mu, a), bad(mu_n, a_n)
-    both = ~(b_ours | b_naive)
-    diff = (a.float() - a_n.float()).abs().reshape(a.shape[0], -1)[both]
-    return {
-        "naive_nonfinite": float(b_naive.float().mean()),
-        "log_space_nonfinite": float(b_ours.float().mean()),
-        "max_activation_diff": float(diff.max()) if diff.numel() else float("nan"),
-    }
-
-
 # ----------------------------------------------------------------------------------------------------
 # Votes and the fully-connected module
 # ----------------------------------------------------------------------------------------------------
@@ -516,7 +482,7 @@ class EMRoutingBase(nn.Module):
 
     @property
     def inverse_temperature(self) -> list[float]:
-        """The inverse temperatures of :attr:`iterations` iterations (see :meth:`inverse_temperatures`)."""
+        """The inverse temperatures of the layer's ``iterations`` (see :meth:`inverse_temperatures`)."""
         return self.inverse_temperatures(self.iterations)
 
     def inverse_temperatures(self, iterations: int) -> list[float]:

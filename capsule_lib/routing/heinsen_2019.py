@@ -175,7 +175,7 @@ def generative_matrix_routing(
         for many inputs on the CPU; see ``_shared_weight_routing``); ``"auto"`` (default) picks ``"moments"`` when
         it applies on the CPU, ``"votes"`` elsewhere.
     return_routing
-        also return a :class:`RoutingTrace` (``algorithm="heinsen"``) holding, per iteration,
+        also return a :class:`RoutingTrace` (``algorithm="heinsen_2019"``) holding, per iteration,
         ``coefficients`` R ``[..., I, J]`` (t = 0 is the uniform 1/J), ``agreements`` log p_ij ``[..., I, J]``
         computed from that iteration's outputs, ``outputs`` mu_out, ``activations`` a_out, and in ``extra``
         the lists ``D_use``, ``D_ign``, ``sigma2`` plus the ``votes`` V ``[..., I, J, C, E]``.
@@ -184,7 +184,7 @@ def generative_matrix_routing(
     I, J = mu_inp.shape[-3], W.shape[1]
     out_dtype = mu_inp.dtype
     ct = compute_dtype(out_dtype)
-    trace = RoutingTrace("heinsen") if return_routing else None
+    trace = RoutingTrace("heinsen_2019") if return_routing else None
     method = _choose_method(method, mu_inp, (W, B, beta_use, beta_ign), trace is not None)
     with no_autocast(mu_inp):
         mu = mu_inp.to(ct)

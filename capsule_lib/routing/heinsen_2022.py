@@ -189,7 +189,7 @@ def efficient_vector_routing(
         ``pad [B, I]`` pass ``pad[..., None]``. An input masked for every output gets all-zero ``R``. Masked
         input values must be finite (they are multiplied by 0).
     return_routing
-        also return a :class:`RoutingTrace` (``algorithm="heinsen_vector"``) with per-iteration
+        also return a :class:`RoutingTrace` (``algorithm="heinsen_2022"``) with per-iteration
         ``coefficients`` R ``[..., I, J]`` (t = 0 uniform), ``agreements`` S ``[..., I, J]`` (the log-sigmoid
         logits computed from that iteration's outputs), ``outputs`` x_out ``[..., J, d_out]`` (normalised if
         ``normalize``), and in ``extra`` the lists ``phi``, ``D_use``, ``D_ign``, ``pred_x_inp`` plus ``a_inp``
@@ -200,7 +200,7 @@ def efficient_vector_routing(
     mask = _check_mask(mask, x_inp.shape[:-2], I, J)
     out_dtype = x_inp.dtype
     ct = compute_dtype(out_dtype)
-    trace = RoutingTrace("heinsen_vector") if return_routing else None
+    trace = RoutingTrace("heinsen_2022") if return_routing else None
     with no_autocast(x_inp):
         x = x_inp.to(ct)  # [..., I, D]
         W_A, B_A, W_F1, W_F2, B_F2, W_G1, W_G2, B_G2, W_S, B_S, beta_use, beta_ign = (

@@ -1,4 +1,4 @@
-"""Training: the papers' recipes (:mod:`capsule_lib.train.recipes`, one module per family), the loop
+"""Training: the papers' recipes (:data:`~capsule_lib.train.recipes.registry.RECIPES`, one module per family), the loop
 (:mod:`~capsule_lib.train.trainer`), what a run writes (:mod:`~capsule_lib.train.checkpoint`) and the one
 entry point, :func:`train` (:mod:`~capsule_lib.train.cli`; also ``python -m capsule_lib.train <recipe>``).
 

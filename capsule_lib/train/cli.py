@@ -1,4 +1,4 @@
-"""The one training entry point: :func:`train` runs any recipe of :mod:`capsule_lib.train.recipes`.
+"""The one training entry point: :func:`train` runs any recipe of :data:`~capsule_lib.train.recipes.registry.RECIPES`.
 
 Chapters (``TRAIN = True``), the command line and the tests all train through :func:`train`::
 
@@ -6,10 +6,10 @@ Chapters (``TRAIN = True``), the command line and the tests all train through :f
     python -m capsule_lib.train --shipped capsnet_mnist --out runs/capsnet_mnist   # the shipped model's recipe
 
 It builds the recipe's data loaders (training augmentation only), model, optimiser, schedule and objective,
-then runs :class:`~capsule_lib.train.Trainer` with checkpoints and resume in ``out_dir``. ``standin`` is
+then runs :class:`~capsule_lib.train.trainer.Trainer` with checkpoints and resume in ``out_dir``. ``standin`` is
 passed to :func:`~capsule_lib.data.get_dataset`: ``None`` uses the generated stand-in only in offline mode
 (``CAPSULE_OFFLINE=1``), ``True`` whenever the real data cannot be had (the chapters), ``False`` never.
-``resume=True`` continues the run in ``out_dir`` (only the same run: see :class:`~capsule_lib.train.Trainer`);
+``resume=True`` continues the run in ``out_dir`` (only the same run: see :class:`~capsule_lib.train.trainer.Trainer`);
 ``resume=False`` starts afresh. The test split is evaluated once, after the epoch is chosen on validation,
 and recorded in ``trainer.history.meta["test"]``. ``--export NAME`` (or :func:`capsule_lib.pretrained.export_run`)
 turns a finished run into a shipped checkpoint and its registry entry.
@@ -110,11 +110,11 @@ def train(
     compile: str | None = None,
     **overrides: Any,
 ) -> tuple[nn.Module, Trainer]:
-    """Train ``recipe`` (a name in :data:`~capsule_lib.train.recipes.RECIPES` or a
-    :class:`~capsule_lib.train.recipes.Recipe`)
+    """Train ``recipe`` (a name in :data:`~capsule_lib.train.recipes.registry.RECIPES` or a
+    :class:`~capsule_lib.train.recipes.base.Recipe`)
     with ``overrides`` (recipe fields, ``model__<field>`` for the model config).
 
-    Returns the model (best validation weights loaded) and the :class:`~capsule_lib.train.Trainer` (its
+    Returns the model (best validation weights loaded) and the :class:`~capsule_lib.train.trainer.Trainer` (its
     ``history`` holds the per-epoch records and, when ``test``, the test accuracy of the selected epoch).
     ``out_dir=None`` keeps everything in memory (no checkpoints, no resume). Under ``torchrun`` the same call
     trains one process of a distributed job (:mod:`capsule_lib.distributed`): ``batch_size`` stays the global
@@ -122,7 +122,7 @@ def train(
 
     ``budget_minutes`` stops training once the run's training wall time reaches it, inside an epoch if need be
     (the weights reached are validated and recorded as a partial epoch; a later call with a larger budget goes
-    on from there: :class:`~capsule_lib.train.Trainer`). ``start_from`` names a shipped checkpoint whose
+    on from there: :class:`~capsule_lib.train.trainer.Trainer`). ``start_from`` names a shipped checkpoint whose
     weights (of the same model configuration) the model starts from instead of its initialisation: the
     optimiser's state (momentum) and the schedule start afresh; the run records it (``meta["start_from"]``).
     ``compile`` (one of :data:`COMPILE_MODES`) compiles the training step with ``torch.compile`` in that mode

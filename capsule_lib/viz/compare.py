@@ -111,7 +111,7 @@ def plot_robustness(
 
 def plot_budget_curves(histories: dict[str, Any], title: str = "") -> Figure:
     """Validation accuracy against training wall time (minutes, validation included) for each run of
-    ``histories`` (label -> :class:`~capsule_lib.train.History`), one line per run; a partial last epoch (a
+    ``histories`` (label -> :class:`~capsule_lib.train.checkpoint.History`), one line per run; a partial last epoch (a
     budget stop) is drawn as an open marker."""
     fig, ax = plt.subplots(figsize=(7.0, 3.4))
     for label, hist in histories.items():

@@ -174,7 +174,7 @@ def plot_coefficients(
 
 # ----------------------------------------------------------------------------------------- histories
 def history_records(history: Any) -> list[Mapping[str, Any]]:
-    """Records of a :class:`~capsule_lib.train.History`, a ``{"records": [...]}`` dict or a list."""
+    """Records of a :class:`~capsule_lib.train.checkpoint.History`, a ``{"records": [...]}`` dict or a list."""
     if hasattr(history, "records"):
         return list(history.records)
     if isinstance(history, Mapping):
@@ -185,7 +185,7 @@ def history_records(history: Any) -> list[Mapping[str, Any]]:
 def plot_history(history: Any, title: str | None = None) -> Figure:
     """Loss and accuracy per epoch (train / val / test where recorded) of a training history.
 
-    ``history``: a :class:`~capsule_lib.train.History`, its ``to_dict()`` or a list of records with
+    ``history``: a :class:`~capsule_lib.train.checkpoint.History`, its ``to_dict()`` or a list of records with
     ``epoch``, ``train_loss``, ``train_acc``, ``val_loss``, ``val_acc``, ``test_loss``, ``test_acc``.
     Missing keys are skipped; an empty history gives empty axes with a note.
     """
@@ -211,7 +211,7 @@ def plot_history(history: Any, title: str | None = None) -> Figure:
 
 
 class LivePlot:
-    """:class:`~capsule_lib.train.Trainer` callback that redraws :func:`plot_history` after every epoch.
+    """:class:`~capsule_lib.train.trainer.Trainer` callback that redraws :func:`plot_history` after every epoch.
 
     In a notebook the figure is shown once and then updated in place through an IPython display handle,
     so a training run leaves one figure, not one per epoch::

@@ -16,6 +16,7 @@ from ...data import get_dataset
 from ...data.loaders import TensorLoader
 from ...data.transforms import random_shift
 from ...distributed import DistInfo
+from ...models.registry import build_model
 
 __all__ = ["Recipe", "Loaders", "ShiftDecayRecipe", "check_device_available"]
 
@@ -58,13 +59,17 @@ class Recipe:
     device: str = "auto"
     amp: str | None = None
 
+    #: the kind of model the recipe trains (a key of :data:`capsule_lib.models.registry.MODELS`; what a shipped
+    #: checkpoint of it records): ``build_model()`` builds it from ``self.model``
+    model_kind: ClassVar[str]
+
     # ------------------------------------------------------------------ what a subclass provides
     def build_model(self) -> nn.Module:
-        """The model, from ``self.model`` (the model config)."""
-        raise NotImplementedError
+        """The model, of :attr:`model_kind`, from ``self.model`` (the model config)."""
+        return build_model(self.model_kind, self.model)
 
     def build_objective(self) -> Any:
-        """The objective (loss, accuracy and logged parts) the :class:`~capsule_lib.train.Trainer` calls."""
+        """The objective (loss, accuracy and logged parts) the :class:`~capsule_lib.train.trainer.Trainer` calls."""
         raise NotImplementedError
 
     def lr_factor(self, step: int) -> float:

@@ -14,7 +14,7 @@ from ...data.transforms import random_crop_flip, random_shift
 from ...losses import (
     ClassifierObjective,
 )
-from ...models.inverted import CIFAR10_MEAN, CIFAR10_STD, BackboneClassifier, CapsModel, CapsModelConfig
+from ...models.inverted import CIFAR10_MEAN, CIFAR10_STD, CapsModelConfig
 from .base import (
     Loaders,
     Recipe,
@@ -51,8 +51,7 @@ class TsaiCifarRecipe(Recipe):
     flip: bool = True
     model: CapsModelConfig = field(default_factory=_tsai_paper_config)
 
-    def build_model(self) -> nn.Module:
-        return CapsModel(self.model)
+    model_kind: ClassVar[str] = "caps_model"
 
     def build_objective(self) -> Any:
         return ClassifierObjective()
@@ -123,5 +122,4 @@ class BackboneCifarCPURecipe(TsaiCifarCPURecipe):
 
     name: ClassVar[str] = "baseline_backbone_cifar10_cpu"
 
-    def build_model(self) -> nn.Module:
-        return BackboneClassifier(self.model)
+    model_kind: ClassVar[str] = "backbone_classifier"

@@ -7,12 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from torch import nn
-
 from ...losses import (
     ScoreObjective,
 )
-from ...models.routing_classifier import RoutingClassifier, RoutingClassifierConfig
+from ...models.routing_classifier import RoutingClassifierConfig
 from .base import (
     ShiftDecayRecipe,
 )
@@ -37,8 +35,7 @@ class RoutingCompareRecipe(ShiftDecayRecipe):
     epochs: int = 30
     model: RoutingClassifierConfig = field(default_factory=RoutingClassifierConfig)
 
-    def build_model(self) -> nn.Module:
-        return RoutingClassifier(self.model)
+    model_kind: ClassVar[str] = "routing_classifier"
 
     def build_objective(self) -> Any:
         return ScoreObjective()
@@ -58,8 +55,7 @@ class RoutingCompareNorbRecipe(ViewpointRecipe):
         default_factory=lambda: RoutingClassifierConfig(in_channels=2, image_size=32, n_classes=5)
     )
 
-    def build_model(self) -> nn.Module:
-        return RoutingClassifier(self.model)
+    model_kind: ClassVar[str] = "routing_classifier"
 
     def build_objective(self) -> Any:
         return ScoreObjective()

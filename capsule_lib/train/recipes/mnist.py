@@ -19,9 +19,9 @@ from ...losses import (
     ClassifierObjective,
     MultiDigitObjective,
 )
-from ...models.baselines import BaselineCNN, BaselineCNNConfig
-from ...models.capsnet import CapsNet, CapsNetConfig
-from ...models.efficient import EfficientCapsNet, EfficientCapsNetConfig
+from ...models.baselines import BaselineCNNConfig
+from ...models.capsnet import CapsNetConfig
+from ...models.efficient import EfficientCapsNetConfig
 from .base import (
     Loaders,
     Recipe,
@@ -53,8 +53,7 @@ class CapsNetRecipe(ShiftDecayRecipe):
     margin_reduction: str = "paper"
     model: CapsNetConfig = field(default_factory=CapsNetConfig)
 
-    def build_model(self) -> nn.Module:
-        return CapsNet(self.model)
+    model_kind: ClassVar[str] = "capsnet"
 
     def build_objective(self) -> Any:
         return CapsuleObjective(self.recon_weight, self.margin_reduction)
@@ -71,8 +70,7 @@ class BaselineCNNRecipe(ShiftDecayRecipe):
     epochs: int = 15
     model: BaselineCNNConfig = field(default_factory=BaselineCNNConfig)
 
-    def build_model(self) -> nn.Module:
-        return BaselineCNN(self.model)
+    model_kind: ClassVar[str] = "baseline_cnn"
 
     def build_objective(self) -> Any:
         return ClassifierObjective()
@@ -108,8 +106,7 @@ class EfficientCapsNetRecipe(Recipe):
     squish_kernel: str = "lanczos3"  # official; "bilinear" is cheaper
     model: EfficientCapsNetConfig = field(default_factory=EfficientCapsNetConfig)
 
-    def build_model(self) -> nn.Module:
-        return EfficientCapsNet(self.model)
+    model_kind: ClassVar[str] = "efficient_capsnet"
 
     def build_objective(self) -> Any:
         return CapsuleObjective(self.recon_weight, margin_reduction="paper", recon_reduction="mean")
@@ -201,8 +198,7 @@ class EfficientMultiMNISTRecipe(MultiMNISTRecipe):
     recon_weight: float = 0.196
     model: EfficientCapsNetConfig = field(default_factory=EfficientCapsNetConfig.multimnist)
 
-    def build_model(self) -> nn.Module:
-        return EfficientCapsNet(self.model)
+    model_kind: ClassVar[str] = "efficient_capsnet"
 
     def build_objective(self) -> Any:
         return MultiDigitObjective(self.recon_weight)
@@ -237,8 +233,7 @@ class CapsNetMultiMNISTRecipe(MultiMNISTRecipe):
     recon_weight: float = 0.0005
     model: CapsNetConfig = field(default_factory=_capsnet_multimnist_config)
 
-    def build_model(self) -> nn.Module:
-        return CapsNet(self.model)
+    model_kind: ClassVar[str] = "capsnet"
 
     def build_objective(self) -> Any:
         return MultiDigitObjective(self.recon_weight, recon_reduction="sum")

@@ -14,7 +14,7 @@ from ...distributed import DistInfo
 from ...losses import (
     ClassifierObjective,
 )
-from ...models.heinsen import TokenSequenceClassifier, TokenSequenceConfig
+from ...models.heinsen import TokenSequenceConfig
 from .base import (
     Loaders,
     Recipe,
@@ -45,8 +45,7 @@ class HeinsenSequenceRecipe(Recipe):
     data_seed: int = 0
     model: TokenSequenceConfig = field(default_factory=TokenSequenceConfig)
 
-    def build_model(self) -> nn.Module:
-        return TokenSequenceClassifier(self.model)
+    model_kind: ClassVar[str] = "token_sequences"
 
     def build_objective(self) -> Any:
         return ClassifierObjective()

@@ -18,9 +18,9 @@ from ...losses import (
     ClassifierObjective,
     SpreadObjective,
 )
-from ...models.baselines import BaselineCNN, BaselineCNNConfig
-from ...models.em_capsnet import EMCapsNet, EMCapsNetConfig
-from ...models.heinsen import SmallNORBClassifier, SmallNORBConfig
+from ...models.baselines import BaselineCNNConfig
+from ...models.em_capsnet import EMCapsNetConfig
+from ...models.heinsen import SmallNORBConfig
 from .base import (
     Loaders,
     Recipe,
@@ -162,8 +162,7 @@ class EMNorbRecipe(ViewpointRecipe):
     m_max: float = 0.9
     model: EMCapsNetConfig = field(default_factory=_norb_em_config)
 
-    def build_model(self) -> nn.Module:
-        return EMCapsNet(self.model)
+    model_kind: ClassVar[str] = "em_capsnet"
 
     def build_objective(self) -> Any:
         return SpreadObjective(self.m_min, self.m_max)
@@ -189,8 +188,7 @@ class NorbCNNRecipe(ViewpointRecipe):
 
     model: BaselineCNNConfig = field(default_factory=_norb_cnn_config)
 
-    def build_model(self) -> nn.Module:
-        return BaselineCNN(self.model)
+    model_kind: ClassVar[str] = "baseline_cnn"
 
     def build_objective(self) -> Any:
         return ClassifierObjective()
@@ -238,8 +236,7 @@ class HeinsenNorbRecipe(ShiftViewpointRecipe):
     lr: float = 3e-3
     model: SmallNORBConfig = field(default_factory=_norb_heinsen_config)
 
-    def build_model(self) -> nn.Module:
-        return SmallNORBClassifier(self.model)
+    model_kind: ClassVar[str] = "heinsen_smallnorb"
 
     def build_objective(self) -> Any:
         return ClassifierObjective()
@@ -263,8 +260,7 @@ class NorbCNN48Recipe(ShiftViewpointRecipe):
     name: ClassVar[str] = "baseline_cnn_norb48"
     model: BaselineCNNConfig = field(default_factory=_norb_cnn48_config)
 
-    def build_model(self) -> nn.Module:
-        return BaselineCNN(self.model)
+    model_kind: ClassVar[str] = "baseline_cnn"
 
     def build_objective(self) -> Any:
         return ClassifierObjective()
