@@ -172,7 +172,7 @@ def generative_matrix_routing(
         ``"votes"`` forms the votes ``V [..., I, J, C, E]`` and runs the loop on them; ``"moments"`` (only when
         ``W``, ``B`` and the betas are shared by all inputs, first size 1, and without a trace) runs the same
         loop on weighted moments of the inputs, in float64, without forming the votes (much faster and smaller
-        for many inputs on the CPU; see ``_shared_weight_routing``); ``"auto"`` (default) picks ``"moments"`` when
+        for many inputs on the CPU; ``routing/_kernels/heinsen.py``); ``"auto"`` (default) picks ``"moments"`` when
         it applies on the CPU, ``"votes"`` elsewhere.
     return_routing
         also return a :class:`RoutingTrace` (``algorithm="heinsen_2019"``) holding, per iteration,
