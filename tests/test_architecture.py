@@ -185,6 +185,17 @@ OLD_NAMES = [
 ]
 
 
+def test_contributing_shows_every_module_in_its_tree():
+    """CONTRIBUTING.md's layout picture has a line for every module of the library."""
+    text = (REPO / "CONTRIBUTING.md").read_text()
+    start = text.index("```\ncapsule_lib/")
+    tree = text[start : text.index("```", start + 3)]
+    missing = [
+        p.relative_to(LIB).as_posix() for p in LIB.rglob("*.py") if p.name != "__init__.py" and p.name not in tree
+    ]
+    assert not missing, f"modules missing from CONTRIBUTING.md's tree: {missing}"
+
+
 def test_old_names_are_gone():
     files = [
         *LIB.rglob("*.py"),

@@ -110,24 +110,55 @@ def train(
     compile: str | None = None,
     **overrides: Any,
 ) -> tuple[nn.Module, Trainer]:
-    """Train ``recipe`` (a name in :data:`~capsule_lib.train.recipes.registry.RECIPES` or a
-    :class:`~capsule_lib.train.recipes.base.Recipe`)
-    with ``overrides`` (recipe fields, ``model__<field>`` for the model config).
+    """Train a recipe: the one training entry point (chapters, the command line, the tests).
 
-    Returns the model (best validation weights loaded) and the :class:`~capsule_lib.train.trainer.Trainer` (its
-    ``history`` holds the per-epoch records and, when ``test``, the test accuracy of the selected epoch).
-    ``out_dir=None`` keeps everything in memory (no checkpoints, no resume). Under ``torchrun`` the same call
-    trains one process of a distributed job (:mod:`capsule_lib.distributed`): ``batch_size`` stays the global
-    batch, split over the processes; rank 0 writes ``out_dir``.
+    Under ``torchrun`` the same call trains one process of a distributed job (:mod:`capsule_lib.distributed`):
+    ``batch_size`` stays the global batch, split over the processes; rank 0 writes ``out_dir``.
 
-    ``budget_minutes`` stops training once the run's training wall time reaches it, inside an epoch if need be
-    (the weights reached are validated and recorded as a partial epoch; a later call with a larger budget goes
-    on from there: :class:`~capsule_lib.train.trainer.Trainer`). ``start_from`` names a shipped checkpoint whose
-    weights (of the same model configuration) the model starts from instead of its initialisation: the
-    optimiser's state (momentum) and the schedule start afresh; the run records it (``meta["start_from"]``).
-    ``compile`` (one of :data:`COMPILE_MODES`) compiles the training step with ``torch.compile`` in that mode
-    (``"reduce-overhead"`` adds CUDA graphs on a GPU, which pays off for small, launch-bound models such as
-    Efficient-CapsNet at batch 16); evaluation and checkpoints use the plain model; recorded in ``meta["compile"]``."""
+    Parameters
+    ----------
+    recipe
+        A name in :data:`~capsule_lib.train.recipes.registry.RECIPES` or a
+        :class:`~capsule_lib.train.recipes.base.Recipe`.
+    out_dir
+        The run folder (``last.pt``, ``best.pt``, ``history.json``); ``None`` keeps everything in memory (no
+        checkpoints, no resume).
+    data_root
+        Where the datasets are (:func:`~capsule_lib.data.get_dataset`).
+    callbacks
+        Called after every epoch with the trainer and the epoch's record (e.g. :class:`~capsule_lib.viz.LivePlot`).
+    progress
+        Show progress bars.
+    test
+        Evaluate the test split once, after the epoch is chosen on validation (``history.meta["test"]``).
+    standin
+        Passed to :func:`~capsule_lib.data.get_dataset`: ``None`` uses the generated stand-in only in offline
+        mode, ``True`` whenever the real data cannot be had (the chapters), ``False`` never.
+    resume
+        Continue the run in ``out_dir`` (only the same run: see :class:`~capsule_lib.train.trainer.Trainer`);
+        ``False`` starts afresh.
+    budget_minutes
+        Stop once the run's training wall time reaches it, inside an epoch if need be (the weights reached are
+        validated and recorded as a partial epoch; a later call with a larger budget goes on from there).
+    start_from
+        A shipped checkpoint whose weights (same model configuration) the model starts from instead of its
+        initialisation; the optimiser's state and the schedule start afresh; recorded in ``meta["start_from"]``.
+    compile
+        One of :data:`COMPILE_MODES`: compile the training step with ``torch.compile`` in that mode
+        (``"reduce-overhead"`` adds CUDA graphs on a GPU, which pays off for small, launch-bound models such as
+        Efficient-CapsNet at batch 16); evaluation and checkpoints use the plain model; recorded in
+        ``meta["compile"]``.
+    overrides
+        Recipe fields, ``model__<field>`` for the model config (see
+        :func:`~capsule_lib.train.recipes.registry.make_recipe`).
+
+    Returns
+    -------
+    tuple
+        ``(model, trainer)``: the model with its best validation weights loaded, and the
+        :class:`~capsule_lib.train.trainer.Trainer`, whose ``history`` holds the per-epoch records and, with
+        ``test``, the test accuracy of the selected epoch.
+    """
     if compile not in COMPILE_MODES:
         raise ValueError(f"compile must be one of {COMPILE_MODES}, got {compile!r}")
     r = make_recipe(recipe, **overrides)
