@@ -116,10 +116,6 @@ class EMCapsNetConfig:
     def caps2_grid(self) -> int:
         return self._out(self.caps1_grid, self.caps_kernel, self.caps2_stride)
 
-    @property
-    def inverse_temperatures(self) -> list[float]:
-        return inverse_temperature_schedule(self.iterations, self.final_lambda, self.lambda_schedule)
-
 
 def receptive_field_centers(cfg: EMCapsNetConfig) -> torch.Tensor:
     """Centres of the receptive fields of the ConvCaps2 positions in the input image, scaled to ``(0, 1)``
