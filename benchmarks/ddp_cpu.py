@@ -30,7 +30,8 @@ import json, sys, time, torch
 from capsule_lib.train import train
 torch.set_num_threads(int(sys.argv[3]))
 t0 = time.time()
-_, trainer = train(sys.argv[1], **json.loads(sys.argv[2]), out_dir=sys.argv[4], progress=False, test=False)
+_, trainer = train(sys.argv[1], **json.loads(sys.argv[2]), out_dir=sys.argv[4], offline=True, progress=False,
+                   test=False)
 if trainer.dist.is_main:
     json.dump({"wall_s": time.time() - t0, "records": trainer.history.records}, open(sys.argv[4] + "/job.json", "w"))
 """

@@ -7,7 +7,9 @@ module per algorithm, same calling convention, same trace), :mod:`capsule_lib.la
 class capsules, decoders, masking), :mod:`capsule_lib.models` (one module per paper), :mod:`capsule_lib.data`
 (``get_dataset``: real datasets or generated stand-ins, loaders), ``capsule_lib.train`` (the papers'
 recipes, the ``Trainer``, ``train(recipe)`` and the command line), :mod:`capsule_lib.pretrained` (shipped
-checkpoints), :mod:`capsule_lib.viz` (figures and widgets).
+checkpoints), :mod:`capsule_lib.analysis` (what the figures show: sweeps, traces, model runs),
+:mod:`capsule_lib.viz` (figures and widgets: they draw, analysis computes), :mod:`capsule_lib.notebook` (a chapter's
+settings; the one reader of the ``CAPSULE_*`` environment variables).
 """
 
 from .functional import Length, SafeNorm, Squash, capsule_lengths, safe_norm, squash, squash_efficient, squash_hinton

@@ -1,4 +1,5 @@
-"""Evaluation helpers shared by the chapters: batched prediction, accuracy, MultiMNIST metrics."""
+"""Evaluation helpers shared by the chapters: batched prediction, accuracy, MultiMNIST metrics, test-time
+iteration sweeps, and EM routing evaluated literally (:func:`em_routing_naive`, the EM chapter's comparison)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 from torch import nn
 
 from ._checks import check_image_range, check_image_values, module_device
-from .routing.em import em_routing, em_routing_naive
+from .routing.em import _check_em_inputs, _lambdas, em_routing
 
 __all__ = [
     "predict",
@@ -21,6 +22,7 @@ __all__ = [
     "confusion_matrix",
     "viewpoint_accuracies",
     "iteration_sweep",
+    "em_routing_naive",
     "compare_with_naive",
 ]
 
@@ -170,6 +172,79 @@ def iteration_sweep(
     return rows
 
 
+def em_routing_naive(
+    votes: torch.Tensor,
+    a_in: torch.Tensor,
+    beta_u: torch.Tensor,
+    beta_a: torch.Tensor,
+    iterations: int = 3,
+    *,
+    inverse_temperature: float | Sequence[float] | None = None,
+    normalize_costs: bool = True,
+    eps: float = 1e-8,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """**Reference for teaching, not for use**: EM routing's Procedure 1 evaluated literally, in probability space
+    and in the votes' own dtype. Same arguments and results as :func:`~capsule_lib.routing.em.em_routing` (without
+    the trace and the yl-1993 option), same ``eps`` guards in the M-step; only the numerics differ:
+
+    * ``sigma = sqrt(sigma2)`` and ``cost_h = (beta_u + log sigma) * sum_i R'_ij``;
+    * ``a_j = 1 / (1 + exp(-lambda (beta_a - sum_h cost_h)))``;
+    * E-step: ``p_ij = prod_h exp(-(V_ijh - mu_jh)^2 / (2 sigma2_jh)) / sqrt(2 pi sigma2_jh)`` (a product of
+      ``d`` densities) and ``R_ij = a_j p_ij / sum_k a_k p_ik``;
+    * no upcast: fp16/bf16 votes are routed in fp16/bf16, as they would be under autocast.
+
+    With tight clusters, large poses, many iterations or half precision the product of densities
+    under- or overflows, and ``0/0`` or ``inf/inf`` in the E-step gives NaN. The EM chapter puts it next to
+    :func:`~capsule_lib.routing.em.em_routing` on the same inputs (:func:`compare_with_naive`).
+
+    Parameters
+    ----------
+    votes, a_in : torch.Tensor
+        ``votes [..., n_inp, n_out, d]`` and input activations ``a_in [..., n_inp]``.
+    beta_u, beta_a : torch.Tensor
+        ``[n_out]`` each: the cost offset per pose entry and the activation threshold.
+    iterations : int
+        Routing iterations T, >= 1.
+    inverse_temperature, normalize_costs, eps
+        As in :func:`~capsule_lib.routing.em.em_routing`.
+
+    Returns
+    -------
+    tuple of torch.Tensor
+        ``(mu [..., n_out, d], a_out [..., n_out])`` of the last M-step, in the votes' dtype (NaN where the
+        probability-space E-step broke down).
+    """
+    _check_em_inputs(votes, a_in, beta_u, beta_a)
+    lams = _lambdas(inverse_temperature, iterations)
+    *_, I, J, D = votes.shape
+    scale = J / I if normalize_costs else 1.0
+    dt = votes.dtype
+    with torch.autocast(device_type=votes.device.type, enabled=False):
+        V = votes.transpose(-3, -2)  # [B, J, I, D]
+        a = a_in.to(dt).unsqueeze(-2)  # [B, 1, I]
+        bu, ba = beta_u.to(dt).unsqueeze(-1), beta_a.to(dt)  # [J, 1], [J]
+        R = torch.full_like(V[..., 0], 1.0 / J)  # [B, J, I]
+        for t in range(iterations):
+            # ---- M-step ----
+            Rp = R * a  # [B, J, I]
+            mass = Rp.sum(dim=-1)  # [B, J]
+            coeff = Rp / (mass.unsqueeze(-1) + eps)  # [B, J, I]
+            mu = (coeff.unsqueeze(-1) * V).sum(dim=-2)  # [B, J, D]
+            sigma2 = (coeff.unsqueeze(-1) * (V - mu.unsqueeze(-2)) ** 2).sum(dim=-2) + eps  # [B, J, D]
+            sigma = torch.sqrt(sigma2)  # [B, J, D]
+            cost = ((bu + torch.log(sigma)) * (mass * scale).unsqueeze(-1)).sum(dim=-1)  # [B, J]
+            a_out = 1.0 / (1.0 + torch.exp(-lams[t] * (ba - cost)))  # [B, J]
+            if t == iterations - 1:
+                break
+            # ---- E-step (probability space) ----
+            dens = torch.exp(-((V - mu.unsqueeze(-2)) ** 2) / (2 * sigma2.unsqueeze(-2)))  # [B, J, I, D]
+            dens = dens / torch.sqrt(2 * math.pi * sigma2.unsqueeze(-2))  # [B, J, I, D]
+            p = dens.prod(dim=-1)  # [B, J, I]
+            ap = a_out.unsqueeze(-1) * p  # [B, J, I]
+            R = ap / ap.sum(dim=-2, keepdim=True)  # [B, J, I]  sums to 1 over j (or is NaN)
+    return mu, a_out
+
+
 def compare_with_naive(
     votes: torch.Tensor,
     a_in: torch.Tensor,
@@ -179,7 +254,7 @@ def compare_with_naive(
     **routing,
 ) -> dict[str, float]:
     """Route the same inputs with :func:`~capsule_lib.routing.em.em_routing` (log space) and
-    :func:`~capsule_lib.routing.em.em_routing_naive` (probability space)
+    :func:`em_routing_naive` (probability space)
     and report, per sample of the batch: the share of samples whose poses or activations are not all finite for
     each (``"naive_nonfinite"``, ``"log_space_nonfinite"``), and the largest absolute difference of the
     activations over the samples where both are finite (``"max_activation_diff"``, NaN if there are none).

@@ -10,10 +10,12 @@ A chapter starts with three cells::
     cfg = settings(SMOKE, TRAIN, EPOCHS, DEVICE, DATA_ROOT)
 
 :func:`settings` reads the environment (``CAPSULE_SMOKE``, ``CAPSULE_DATA``, ``CAPSULE_OFFLINE``; it never
-writes it), picks the device, seeds every generator, sets the figure style and prints one banner line, so a
-reader can see from the output how the numbers below it were produced. :func:`chapter_dataset` loads a
-dataset the way every chapter should: the real data when it is there (or downloadable), otherwise the
-generated stand-in, which says so loudly (a chapter never stops for missing data).
+writes it) through :func:`environment`, the one place in ``capsule_lib`` that reads ``CAPSULE_*`` variables
+(the library below takes them as arguments: ``cfg.data``, a :class:`~capsule_lib.data.DataSource`), picks the
+device, seeds every generator, sets the figure style and prints one banner line, so a reader can see from the
+output how the numbers below it were produced. :func:`chapter_dataset` loads a dataset the way every chapter
+should: the real data when it is there (or downloadable), otherwise the generated stand-in, which says so
+loudly (a chapter never stops for missing data).
 """
 
 from __future__ import annotations
@@ -28,9 +30,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from .data.datasets import announce_standins, data_root, is_offline, repository_root
+from .data.datasets import DataSource, announce_standins, data_root, repository_root
 
 __all__ = [
+    "Environment",
+    "environment",
     "Settings",
     "settings",
     "env_flag",
@@ -50,6 +54,36 @@ def env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in _TRUE
 
 
+@dataclass(frozen=True)
+class Environment:
+    """What the ``CAPSULE_*`` environment variables ask for (see :func:`environment`).
+
+    Attributes
+    ----------
+    smoke : bool
+        ``CAPSULE_SMOKE=1``: chapters run in smoke mode (tiny subsets, one epoch).
+    data_root : pathlib.Path or None
+        ``CAPSULE_DATA``: the data root; ``None`` when unset.
+    offline : bool
+        ``CAPSULE_OFFLINE=1``: no download; missing datasets are replaced by generated stand-ins.
+    """
+
+    smoke: bool
+    data_root: Path | None
+    offline: bool
+
+
+def environment() -> Environment:
+    """The ``CAPSULE_*`` environment variables, read here and nowhere else in ``capsule_lib`` (a test checks it):
+    :func:`settings` and the command line (``python -m capsule_lib.train``) pass them down as arguments."""
+    data = os.environ.get("CAPSULE_DATA", "").strip()
+    return Environment(
+        smoke=env_flag("CAPSULE_SMOKE"),
+        data_root=Path(data).expanduser() if data else None,
+        offline=env_flag("CAPSULE_OFFLINE"),
+    )
+
+
 def in_colab() -> bool:
     """True inside Google Colab (the ``google.colab`` module is importable only there)."""
     return "google.colab" in sys.modules
@@ -59,8 +93,8 @@ def display_path(path: str | os.PathLike) -> str:
     """How a chapter prints a folder without printing the machine's absolute path: ``$CAPSULE_DATA`` when it is
     that folder, a path relative to the repository when inside it, else ``.../<name>``."""
     p = Path(path).expanduser().resolve()
-    env = os.environ.get("CAPSULE_DATA")
-    if env and Path(env).expanduser().resolve() == p:
+    env = environment().data_root
+    if env is not None and env.resolve() == p:
         return "$CAPSULE_DATA"
     repo = repository_root()
     if repo is not None:
@@ -93,6 +127,13 @@ class Settings:
             f"| seed {self.seed}"
         )
 
+    @property
+    def data(self) -> DataSource:
+        """The :class:`~capsule_lib.data.DataSource` of this chapter's datasets (the data root, offline or not,
+        and generated stand-ins for whatever is missing, so a chapter never stops for missing data). Pass it
+        wherever a data root goes."""
+        return DataSource(self.data_root, offline=self.offline, standin=True)
+
 
 def settings(
     SMOKE: bool = False,
@@ -111,9 +152,9 @@ def settings(
 
     * ``SMOKE`` is switched on by ``CAPSULE_SMOKE=1`` too (that is how ``make test`` runs nbval); in smoke
       mode ``EPOCHS`` is capped at ``smoke_epochs``.
-    * ``DATA_ROOT``: ``""`` resolves as :func:`~capsule_lib.data.data_root` does (``$CAPSULE_DATA``, else the
-      repository's ``data/``, else ``./data``). The chapter passes
-      ``cfg.data_root`` to every dataset and recipe call; the environment is not modified.
+    * ``DATA_ROOT``: ``""`` means ``$CAPSULE_DATA``, else what :func:`~capsule_lib.data.data_root` resolves (the
+      repository's ``data/``, else ``./data``). The chapter passes ``cfg.data`` (root, offline mode, stand-ins
+      allowed) to every dataset and recipe call; the environment is not modified.
     * ``CAPSULE_OFFLINE=1``: no downloads; missing datasets are replaced by generated stand-ins.
     * ``DEVICE``: ``"auto"`` (cuda, then mps, then cpu) or any ``torch.device`` string; a device that is not
       available here falls back to the CPU with one printed line (:func:`chapter_device`).
@@ -127,20 +168,21 @@ def settings(
     """
     from .train import seed_everything
 
-    smoke = bool(SMOKE) or env_flag("CAPSULE_SMOKE")
+    env = environment()
+    smoke = bool(SMOKE) or env.smoke
     epochs = int(EPOCHS)
     if epochs < 1:
         raise ValueError(f"EPOCHS must be >= 1, got {EPOCHS!r}")
     if smoke:
         epochs = min(epochs, smoke_epochs)
-    root = data_root(DATA_ROOT or None).resolve()
+    root = data_root(DATA_ROOT or env.data_root).resolve()
     cfg = Settings(
         smoke=smoke,
         train=bool(TRAIN),
         epochs=epochs,
         device=chapter_device(DEVICE),
         data_root=root,
-        offline=is_offline(),
+        offline=env.offline,
         seed=int(seed),
     )
     seed_everything(cfg.seed)
@@ -180,7 +222,7 @@ def _dataset_here(name: str, cfg: Settings) -> bool:
     from .data import DatasetUnavailableError, get_dataset
 
     try:
-        get_dataset(name, cfg.data_root, "test", download=not cfg.offline, standin=False)
+        get_dataset(name, cfg.data_root, "test", offline=cfg.offline, standin=False)
     except DatasetUnavailableError:
         return False
     return True
@@ -204,8 +246,8 @@ def chapter_device(preference: str | torch.device | None = "auto") -> torch.devi
 
 
 def chapter_dataset(name: str, split: str, cfg: Settings, *, n_smoke: int = 512, **kwargs: Any):
-    """Load ``name``/``split`` for a chapter: :func:`~capsule_lib.data.get_dataset` with ``cfg.data_root`` and
-    ``standin=True``.
+    """Load ``name``/``split`` for a chapter: :func:`~capsule_lib.data.get_dataset` from ``cfg.data`` (the data
+    root, offline or not, stand-ins allowed).
 
     Real data is used whenever it is present (or downloadable); otherwise the generated stand-in registered in
     :data:`~capsule_lib.data.datasets.STANDINS` is loaded and, unless the page has said so already, a line starting
@@ -219,7 +261,7 @@ def chapter_dataset(name: str, split: str, cfg: Settings, *, n_smoke: int = 512,
         kwargs.setdefault("n", n_smoke)  # generated sets: make only what is kept (real loaders ignore ``n``)
     said = announce_standins(False)  # the page's own notice below replaces the data layer's line
     try:
-        ds = get_dataset(name, cfg.data_root, split, standin=True, **kwargs)
+        ds = get_dataset(name, cfg.data, split, **kwargs)
     finally:
         announce_standins(said)
     if cfg.smoke and len(ds) > n_smoke:
@@ -296,8 +338,7 @@ def train_or_load(
             models[name], trainer = train_recipe(
                 recipe,
                 out_dir=run_dir,
-                data_root=str(cfg.data_root),
-                standin=True,
+                data_root=cfg.data,
                 budget_minutes=minutes,
                 start_from=start_from,
                 callbacks=(LivePlot(),),

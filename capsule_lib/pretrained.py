@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .data.datasets import DataSource
 from .models.registry import build_model
 from .train.checkpoint import History
 
@@ -196,7 +197,7 @@ def export_run(
     run_dir: str | os.PathLike,
     name: str,
     *,
-    data_root: str | None = None,
+    data_root: DataSource | str | None = None,
     notes: str = "",
     directory: str | os.PathLike | None = None,
     device: str = "cpu",
@@ -209,7 +210,8 @@ def export_run(
     shipped), and the **rounded** model is evaluated on the recipe's evaluation sets
     (:meth:`~capsule_lib.train.recipes.base.Recipe.evaluation_sets`: the validation and test splits of the run's
     dataset, or e.g. the familiar and novel test views of a viewpoint protocol),
-    so the registry's metrics are those of the file readers load. ``max_epoch`` limits the budget: the best
+    so the registry's metrics are those of the file readers load (``data_root``: a data root or a
+    :class:`~capsule_lib.data.DataSource`, e.g. an offline one in tests). ``max_epoch`` limits the budget: the best
     validation epoch among the first ``max_epoch`` is exported (needs the run's ``epoch_NNN.pt`` snapshots
     unless that epoch is the run's ``best.pt``); the history is cut there too. ``batch_size``: of the evaluation
     (a smaller one for models whose activations are large, e.g. the paper-size Tsai network).

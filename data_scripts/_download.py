@@ -95,11 +95,12 @@ class ChecksumError(DownloadError):
 
 
 def default_root() -> Path:
-    """The data root as capsule_lib resolves it (``$CAPSULE_DATA``, else the repository's ``data/``, else
-    ``./data``)."""
+    """The data root as the chapters resolve it (``$CAPSULE_DATA``, else the repository's ``data/``, else
+    ``./data``): :func:`capsule_lib.notebook.environment` reads the variable, ``data_root`` does the rest."""
     from capsule_lib.data.datasets import data_root
+    from capsule_lib.notebook import environment
 
-    return data_root()
+    return data_root(environment().data_root)
 
 
 def file_hashes(path: Path) -> tuple[str, str]:

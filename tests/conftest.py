@@ -25,6 +25,23 @@ def _seed():
     announce_standins(True)  # a page that said "stand-ins" once (notebook.settings) ends with its test
 
 
+@pytest.fixture(autouse=True)
+def _no_network(monkeypatch):
+    """Tests never touch the network: a connection to anything but this machine fails at once (a test that
+    forgets ``offline=True`` fails instead of downloading). Subprocesses (kernels, torchrun) are not covered."""
+    import socket
+
+    connect = socket.socket.connect
+
+    def local_only(sock, address):
+        host = address[0] if isinstance(address, tuple) else None
+        if host is not None and host not in ("127.0.0.1", "::1", "localhost", "0.0.0.0"):
+            raise OSError(f"tests never touch the network: connection to {address!r} refused (tests/conftest.py)")
+        return connect(sock, address)
+
+    monkeypatch.setattr(socket.socket, "connect", local_only)
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """One intra-op thread for a module of tiny-tensor tests (faster, and no oversubscription on small shared CPUs);

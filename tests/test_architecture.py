@@ -46,8 +46,10 @@ LAYERS = [
     "report",
     "published",
     "results",
+    "analysis",
     "viz",
-    "notebook",
+    "notebook",  # the one reader of the CAPSULE_* environment variables
+    "train.__main__",  # python -m capsule_lib.train: the command line with the environment's defaults
 ]
 
 
@@ -252,14 +254,14 @@ def test_one_data_root_for_the_library_the_chapters_and_the_download_scripts(tmp
                 monkeypatch.delenv("CAPSULE_DATA", raising=False)
             else:
                 monkeypatch.setenv("CAPSULE_DATA", env)
-            want = data_root().resolve()
+            want = data_root(env).resolve()  # the chapters pass $CAPSULE_DATA down as the root
             assert settings(quiet=True, style=False).data_root == want
             assert dl.default_root().resolve() == want
             assert want == (Path(env) if env else (REPO / "data" if cwd != tmp_path else tmp_path / "data")).resolve()
+            assert data_root().resolve() == (REPO / "data" if cwd != tmp_path else tmp_path / "data").resolve()
 
 
-def test_a_recipe_offline_without_data_trains_on_the_stand_in_and_says_so(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("CAPSULE_OFFLINE", "1")
+def test_a_recipe_offline_without_data_trains_on_the_stand_in_and_says_so(tmp_path, capsys):
     empty = tmp_path / "no-data"
     empty.mkdir()
     _, trainer = train(
@@ -270,6 +272,7 @@ def test_a_recipe_offline_without_data_trains_on_the_stand_in_and_says_so(tmp_pa
         device="cpu",
         model=TINY,
         data_root=str(empty),
+        offline=True,
         out_dir=tmp_path / "run",
         progress=False,
     )
@@ -310,14 +313,15 @@ def test_make_recipe_applies_overrides_and_names_unknown_fields():
 
 
 @pytest.mark.parametrize("name", sorted(registry()))
-def test_shipped_checkpoints_recipes_train_through_the_one_entry_point(name, tmp_path, monkeypatch):
+def test_shipped_checkpoints_recipes_train_through_the_one_entry_point(name, tmp_path):
     """Each shipped checkpoint's recorded recipe, rebuilt by ``shipped_recipe``, runs a few steps through
     ``train`` on generated data and records the same recipe and model (only the smoke overrides differ)."""
-    monkeypatch.setenv("CAPSULE_OFFLINE", "1")
     smoke = {"epochs": 1, "train_subset": 32, "eval_subset": 16, "device": "cpu"}
     recipe = shipped_recipe(name, **smoke)
     shipped = load_pretrained_history(name).meta
-    _, trainer = train(recipe, data_root=str(tmp_path), out_dir=tmp_path / "run", progress=False, test=False)
+    _, trainer = train(
+        recipe, data_root=str(tmp_path), offline=True, out_dir=tmp_path / "run", progress=False, test=False
+    )
     meta = trainer.history.meta
     assert meta["recipe"] == shipped["recipe"]
     assert meta["config"] == {**shipped["config"], **smoke}
@@ -325,14 +329,14 @@ def test_shipped_checkpoints_recipes_train_through_the_one_entry_point(name, tmp
     assert len(trainer.history.records) == 1 and trainer.history.records[0]["train_loss"] > 0
 
 
-def test_the_command_line_trains_a_recipe_with_overrides(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("CAPSULE_OFFLINE", "1")
+def test_the_command_line_trains_a_recipe_with_overrides(tmp_path, capsys):
     out = tmp_path / "run"
     main(
         [
             "capsnet",
             "--out",
             str(out),
+            "--offline",
             "--data-root",
             str(tmp_path),
             "--set",
@@ -353,6 +357,64 @@ def test_the_command_line_trains_a_recipe_with_overrides(tmp_path, monkeypatch, 
     with pytest.raises(SystemExit):
         main(["capsnet", "--out", str(out), "--set", "epoch=1"])
     assert "has no field 'epoch'" in capsys.readouterr().err
+
+
+def _environment_reads(tree: ast.AST) -> list[tuple[int, str]]:
+    """``(line, key)`` of every ``os.environ[...]``, ``os.environ.get(...)`` and ``os.getenv(...)`` in ``tree``
+    (``key`` is ``"?"`` when it is not a string literal)."""
+    reads = []
+    for node in ast.walk(tree):
+        key = None
+        if isinstance(node, ast.Subscript) and ast.unparse(node.value).endswith("environ"):
+            key = node.slice
+        elif isinstance(node, ast.Call) and ast.unparse(node.func).endswith(("environ.get", "getenv")):
+            key = node.args[0] if node.args else None
+        else:
+            continue
+        text = key.value if isinstance(key, ast.Constant) and isinstance(key.value, str) else "?"
+        reads.append((node.lineno, text))
+    return reads
+
+
+def test_only_the_notebook_module_reads_the_capsule_environment_variables():
+    """The library below the chapters takes the data root and the offline decision as arguments
+    (``DataSource``); ``notebook.environment`` reads ``CAPSULE_*`` once for the chapters and the command line."""
+    readers = {}
+    for path, module, _ in _modules():
+        for line, key in _environment_reads(ast.parse(path.read_text())):
+            if key.startswith("CAPSULE_") or key == "?" or "environ" in key:
+                readers.setdefault(module, []).append(f"{key} (line {line})")
+    assert set(readers) == {"capsule_lib.notebook"}, f"CAPSULE_* read outside capsule_lib.notebook: {readers}"
+    sample = ast.parse("import os\nos.environ.get('CAPSULE_X')\nos.getenv(k)\nos.environ['CAPSULE_Y']\n")
+    assert _environment_reads(sample) == [(2, "CAPSULE_X"), (3, "?"), (4, "CAPSULE_Y")]  # the detector works
+
+
+def test_the_library_ignores_the_environment_below_the_notebook(tmp_path, monkeypatch):
+    from capsule_lib.data import DatasetUnavailableError, data_root, get_dataset
+
+    monkeypatch.setenv("CAPSULE_OFFLINE", "1")
+    monkeypatch.setenv("CAPSULE_DATA", str(tmp_path / "env"))
+    monkeypatch.chdir(tmp_path)
+    assert data_root() == tmp_path / "data"  # not $CAPSULE_DATA
+    with pytest.raises(DatasetUnavailableError):  # not offline: no stand-in unless asked for
+        get_dataset("mnist", tmp_path, "test", download=False)
+    assert get_dataset("mnist", tmp_path, "test", offline=True, n=8).standin_for == "mnist"
+
+
+def test_the_command_line_takes_its_data_defaults_from_the_environment(tmp_path):
+    """``python -m capsule_lib.train`` is the command line's one reader of ``CAPSULE_DATA`` / ``CAPSULE_OFFLINE``
+    (through ``notebook.environment``): offline with an empty data root it trains on the stand-in."""
+    import os
+    import subprocess
+
+    env = {**os.environ, "CAPSULE_OFFLINE": "1", "CAPSULE_DATA": str(tmp_path / "empty"), "OMP_NUM_THREADS": "1"}
+    small = ["model.conv_channels=8", "model.primary_types=4", "model.class_dim=8", "model.decoder_hidden=[32, 64]"]
+    cmd = [sys.executable, "-m", "capsule_lib.train", "capsnet", "--out", str(tmp_path / "run"), "--set", "epochs=1"]
+    cmd += ["train_subset=32", "eval_subset=16", "device=cpu", *small]
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "mnist is not available here (offline mode): using 'glyph_digits'" in res.stdout
+    assert json.loads((tmp_path / "run" / "history.json").read_text())["meta"]["dataset"] == "glyph_digits"
 
 
 def test_every_public_module_is_in_the_library_reference():

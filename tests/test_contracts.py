@@ -212,9 +212,8 @@ def test_train_records_the_fingerprint_and_refuses_labels_outside_the_classes(tm
     """Item 5: labels outside the class range loaded without error."""
     from capsule_lib.train import recipes, train
 
-    monkeypatch.setenv("CAPSULE_OFFLINE", "1")
     r = recipes.CapsNetRecipe(epochs=1, train_subset=64, eval_subset=32, model=TINY_CAPSNET, device="cpu")
-    _, trainer = train(r, data_root=str(tmp_path), progress=False, test=False)
+    _, trainer = train(r, data_root=str(tmp_path), offline=True, progress=False, test=False)
     fp = trainer.history.meta["data_fingerprint"]
     assert isinstance(fp, str) and len(fp) == 16
     with pytest.raises(
@@ -230,7 +229,7 @@ def test_train_records_the_fingerprint_and_refuses_labels_outside_the_classes(tm
 
     monkeypatch.setattr(recipes.Recipe, "loaders", bad_labels)
     with pytest.raises(ValueError, match=r"^training set 'glyph_digits': labels must be class indices 0\.\.9"):
-        train(r, data_root=str(tmp_path), progress=False, test=False)
+        train(r, data_root=str(tmp_path), offline=True, progress=False, test=False)
 
 
 def _cli(capsys, *argv):

@@ -57,9 +57,8 @@ def test_idx_reader_rejects_truncated_and_wrong_magic(tmp_path):
 
 
 def test_missing_mnist_offline_error_names_dataset_command_and_offline_option(tmp_path, monkeypatch):
-    monkeypatch.setenv("CAPSULE_OFFLINE", "1")
     with pytest.raises(DatasetUnavailableError) as e:
-        get_dataset("mnist", tmp_path / "nowhere", "test", standin=False)
+        get_dataset("mnist", tmp_path / "nowhere", "test", standin=False, offline=True)
     msg = str(e.value)
     assert "mnist" in msg and "python data_scripts/mnist.py" in msg and "CAPSULE_OFFLINE=1" in msg
 

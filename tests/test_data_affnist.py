@@ -72,9 +72,8 @@ def test_bad_files_and_splits(tmp_path):
 
 
 def test_missing_affnist_message(tmp_path, monkeypatch):
-    monkeypatch.setenv("CAPSULE_OFFLINE", "1")
     with pytest.raises(DatasetUnavailableError) as e:
-        get_dataset("affnist", tmp_path, "test")
+        get_dataset("affnist", tmp_path, "test", offline=True)
     msg = str(e.value)
     assert (
         "affnist" in msg and f"python data_scripts/affnist.py --root {tmp_path}" in msg and "CAPSULE_OFFLINE=1" in msg

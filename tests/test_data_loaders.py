@@ -86,9 +86,8 @@ def test_fashion_mnist_idx_layout(tmp_path):
     ],
 )
 def test_missing_data_errors_name_dataset_command_and_offline_option(tmp_path, monkeypatch, name, script):
-    monkeypatch.setenv("CAPSULE_OFFLINE", "1")
     with pytest.raises(DatasetUnavailableError) as e:  # standin=False: smallnorb has a generated stand-in
-        get_dataset(name, tmp_path, "test", standin=False)
+        get_dataset(name, tmp_path, "test", standin=False, offline=True)
     msg = str(e.value)
     assert name in msg and f"python data_scripts/{script} --root {tmp_path}" in msg and "CAPSULE_OFFLINE=1" in msg
 

@@ -105,10 +105,8 @@ def test_registry_glyph_source_and_offline_fallback(tmp_path, monkeypatch):
     sub = ds.subset(torch.arange(10))
     assert sub.extra["source_a"].shape == (10, 1, 36, 36)
     # no MNIST under the root: offline -> built from glyph_digits; online but no download -> clear error
-    monkeypatch.setenv("CAPSULE_OFFLINE", "1")
-    off = get_dataset("multimnist", tmp_path, "test", n=50)
+    off = get_dataset("multimnist", tmp_path, "test", n=50, offline=True)
     assert "glyph_digits" in off.description
-    monkeypatch.delenv("CAPSULE_OFFLINE")
     with pytest.raises(DatasetUnavailableError) as e:
         get_dataset("multimnist", tmp_path, "test", download=False)
     msg = str(e.value)

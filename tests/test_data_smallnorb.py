@@ -185,18 +185,16 @@ def test_loader_cross_checks_the_three_files(tmp_path):
 
 
 def test_missing_smallnorb_names_dataset_script_and_offline_option(tmp_path, monkeypatch):
-    monkeypatch.setenv("CAPSULE_OFFLINE", "1")
     with pytest.raises(DatasetUnavailableError) as e:  # standin=False: the library's error, not the fallback
-        get_dataset("smallnorb", tmp_path, "train", standin=False)
+        get_dataset("smallnorb", tmp_path, "train", standin=False, offline=True)
     msg = str(e.value)
     assert (
         "smallnorb" in msg
         and f"python data_scripts/smallnorb.py --root {tmp_path}" in msg
         and "CAPSULE_OFFLINE=1" in msg
     )
-    monkeypatch.delenv("CAPSULE_OFFLINE")
     with pytest.raises(DatasetUnavailableError, match="data_scripts/smallnorb.py"):
-        get_dataset("smallnorb", tmp_path, "test")
+        get_dataset("smallnorb", tmp_path, "test", download=False)
 
 
 # ------------------------------------------------------------------------------------------ preprocessing

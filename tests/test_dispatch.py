@@ -122,13 +122,14 @@ def test_a_recipe_can_compile_its_training_step(tmp_path, monkeypatch):
     from capsule_lib.models import EfficientCapsNetConfig
     from capsule_lib.train import train
 
-    monkeypatch.setenv("CAPSULE_OFFLINE", "1")
     tiny = EfficientCapsNetConfig.mnist()
     run = dict(epochs=1, train_subset=64, eval_subset=32, batch_size=16, device="cpu", augment=False, model=tiny)
-    model, trainer = train("efficient", compile="default", data_root=str(tmp_path), progress=False, test=False, **run)
+    model, trainer = train(
+        "efficient", compile="default", data_root=str(tmp_path), progress=False, test=False, offline=True, **run
+    )
     assert type(trainer.net).__name__ == "OptimizedModule" and trainer.net._orig_mod is model
     assert trainer.history.records[-1]["train_loss"] == trainer.history.records[-1]["train_loss"]  # finite, not NaN
     assert not any(k.startswith("_orig_mod") for k in model.state_dict())
     assert trainer.history.meta["compile"] == "default"
     with pytest.raises(ValueError, match=r"compile must be one of \(None, 'default', 'reduce-overhead'"):
-        train("efficient", compile="fast", data_root=str(tmp_path), **run)
+        train("efficient", compile="fast", data_root=str(tmp_path), offline=True, **run)

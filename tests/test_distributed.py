@@ -45,7 +45,7 @@ SCRIPT = textwrap.dedent(
 
         Trainer.train_epoch = train_epoch
     model, trainer = train("capsnet", epochs=epochs, model=CapsNetConfig(**TINY), **RUN, out_dir=out, data_root=root,
-                           progress=False, test=False)
+                           offline=True, progress=False, test=False)
     torch.save(model.state_dict(), f"{out}/rank{trainer.dist.rank}.pt")
     """
 )
@@ -88,7 +88,6 @@ def straight(tmp_path_factory):
 def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path, monkeypatch, straight):
     r0, r1 = _weights(straight / "rank0.pt"), _weights(straight / "rank1.pt")
     assert all(torch.equal(r0[k], r1[k]) for k in r0)  # every rank holds the same parameters
-    monkeypatch.setenv("CAPSULE_OFFLINE", "1")
     torch.set_num_threads(1)
     single, trainer = train(
         "capsnet",
@@ -97,6 +96,7 @@ def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path, mo
         **RUN,
         out_dir=tmp_path / "one",
         data_root=str(tmp_path / "data"),
+        offline=True,
         progress=False,
         test=False,
     )

@@ -79,3 +79,45 @@ def test_public_docstrings_do_not_cross_reference_private_names(module_name):
 def test_the_private_reference_check_has_teeth():
     assert PRIVATE_REF.findall("uses :class:`_FusedRouting` and :func:`capsule_lib.x._helper`")
     assert not PRIVATE_REF.findall("uses :class:`DynamicRouting` and ``_FusedRouting``")
+
+
+#: the packages whose public functions and classes document every parameter and result in numpydoc sections
+SECTIONED = ("capsule_lib.routing.", "capsule_lib.layers.", "capsule_lib.models.")
+
+
+def _missing_sections(name: str, obj) -> list[str]:
+    """What ``obj``'s docstring lacks: ``Parameters`` (or a dataclass's ``Attributes``) when it takes arguments,
+    ``Returns`` when a function returns something. A class's ``Parameters`` describe its ``__init__``."""
+    import dataclasses
+
+    doc = inspect.getdoc(obj) or ""
+    has = {s for s in ("Parameters", "Attributes", "Returns") if re.search(rf"^{s}\n-+$", doc, re.M)}
+    if inspect.isclass(obj):
+        if dataclasses.is_dataclass(obj):
+            return [] if dataclasses.fields(obj) == () or "Attributes" in has else ["Attributes"]
+        params = [p for p in inspect.signature(obj.__init__).parameters if p not in ("self", "args", "kwargs")]
+        return [] if not params or "Parameters" in has else ["Parameters"]
+    sig = inspect.signature(obj)
+    missing = [] if not sig.parameters or "Parameters" in has else ["Parameters"]
+    if sig.return_annotation not in (None, "None", inspect.Signature.empty) and "Returns" not in has:
+        missing.append("Returns")
+    return missing
+
+
+def test_routing_layers_and_models_document_parameters_and_results_in_numpydoc():
+    """CONTRIBUTING: every public function and class of routing/, layers/ and models/ (and the training entry
+    point) has numpydoc sections; the reference forms (``*_reference``, the chapters' short definitions, <= 45
+    lines) are exempt: their public twin documents the same arguments."""
+    from capsule_lib.train.cli import train
+
+    gaps = [] if not _missing_sections("train", train) else ["capsule_lib.train.cli.train"]
+    for module_name in MODULES:
+        if not module_name.startswith(SECTIONED) or "._kernels." in module_name:  # kernels: private
+            continue
+        module = importlib.import_module(module_name)
+        for name, obj in vars(module).items():
+            if name.startswith("_") or name.endswith("_reference") or getattr(obj, "__module__", None) != module_name:
+                continue
+            if inspect.isclass(obj) or inspect.isfunction(obj):
+                gaps += [f"{module_name}.{name}: no {s}" for s in _missing_sections(name, obj)]
+    assert not gaps, "missing numpydoc sections:\n" + "\n".join(gaps)

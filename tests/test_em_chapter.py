@@ -11,13 +11,13 @@ import math
 import pytest
 import torch
 
-from capsule_lib.data import TensorLoader, get_dataset
+from capsule_lib.data import DataSource, TensorLoader, get_dataset
 from capsule_lib.data.viewpoints import center_crop_images, downscale_images, familiar_values, viewpoint_sets
-from capsule_lib.evaluation import compare_with_naive
+from capsule_lib.evaluation import compare_with_naive, em_routing_naive
 from capsule_lib.layers import ClassCapsules, ConvCapsules, grid_centers
 from capsule_lib.losses import SpreadObjective, StepOutput
 from capsule_lib.models.em_capsnet import EMCapsNet, EMCapsNetConfig, class_centers, receptive_field_centers
-from capsule_lib.routing.em import EMRouting, em_routing, em_routing_naive
+from capsule_lib.routing.em import EMRouting, em_routing
 from capsule_lib.train import Trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread", "readable_figures")  # tiny tensors; readable figures (conftest.py)
@@ -187,11 +187,9 @@ def test_viewpoint_sets_follow_the_protocol(tmp_path):
 
 
 def test_smallnorb_falls_back_to_the_rendered_set_only_when_allowed(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("CAPSULE_OFFLINE", "1")
-    ds = get_dataset("smallnorb", str(tmp_path), "test", n=4)
+    ds = get_dataset("smallnorb", str(tmp_path), "test", n=4, offline=True)
     assert ds.name == "rendered_norb" and ds.standin_for == "smallnorb" and ds.generated
     assert "[GENERATED stand-in data]" in capsys.readouterr().out
-    monkeypatch.delenv("CAPSULE_OFFLINE")
     from capsule_lib.data import DatasetUnavailableError
 
     with pytest.raises(DatasetUnavailableError, match="smallnorb.py"):
@@ -256,12 +254,12 @@ def test_em_recipe_trains_stably_and_records_both_test_groups(amp, tmp_path, mon
     from capsule_lib.pretrained import export_run, load_pretrained, registry
     from capsule_lib.train import train
 
-    monkeypatch.setenv("CAPSULE_OFFLINE", "1")
     small = {"model.conv_channels": 8, "model.primary_types": 4, "model.caps1_types": 4, "model.caps2_types": 4}
     _, trainer = train(
         "em_norb",
         out_dir=tmp_path / "run",
         data_root=str(tmp_path),
+        offline=True,
         progress=False,
         epochs=2,
         train_subset=48,
@@ -278,7 +276,8 @@ def test_em_recipe_trains_stably_and_records_both_test_groups(amp, tmp_path, mon
     assert {"test_familiar_acc", "test_novel_acc"} <= set(test)
     assert trainer.history.meta["dataset"].startswith("rendered_norb")
     if amp is None:
-        entry = export_run(tmp_path / "run", "em_tiny", data_root=str(tmp_path), directory=tmp_path / "ck")
+        offline = DataSource(str(tmp_path), offline=True)
+        entry = export_run(tmp_path / "run", "em_tiny", data_root=offline, directory=tmp_path / "ck")
         assert {"val_acc", "test_familiar_acc", "test_novel_acc"} <= set(entry["metrics"])
         assert entry["metrics"]["test_novel_size"] == 16
         model, _ = load_pretrained("em_tiny", directory=tmp_path / "ck")

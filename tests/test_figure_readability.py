@@ -173,8 +173,8 @@ def dynamic_trace():
 
 @pytest.fixture(scope="module")
 def toy():
+    from capsule_lib.analysis import toy_votes
     from capsule_lib.routing import dynamic_routing as route
-    from capsule_lib.viz.toy import toy_votes
 
     problem = toy_votes(groups=(5, 3), n_outliers=2, seed=0)  # the primer's toy problem
     _, trace = route(problem.votes, 8, return_routing=True)
@@ -183,6 +183,7 @@ def toy():
 
 @pytest.mark.usefixtures("readable_figures")
 def test_book_primer_figures(toy):
+    from capsule_lib.analysis import outlier_sweep
     from capsule_lib.viz import plots
     from capsule_lib.viz import toy as vt
 
@@ -194,16 +195,17 @@ def test_book_primer_figures(toy):
         trace, iterations=[1, 3, 8], child_labels=problem.child_labels(), parent_labels=problem.parent_names()
     )
     vt.plot_routing_state(problem, trace, 3)
-    vt.plot_outlier_sweep(vt.outlier_sweep(n_outliers=range(0, 13, 2), iterations=(1, 3), problems=20, progress=False))
+    vt.plot_outlier_sweep(outlier_sweep(n_outliers=range(0, 13, 2), iterations=(1, 3), problems=20, progress=False))
 
 
 @pytest.mark.usefixtures("readable_figures")
 def test_book_toy_figures_with_three_parents():
     """Three parents: four panels, two rows (the parents, then the coefficients)."""
+    from capsule_lib.analysis import toy_votes
     from capsule_lib.routing import dynamic_routing as route
     from capsule_lib.viz import toy as vt
 
-    problem = vt.toy_votes(groups=(4, 3, 3), n_outliers=2, seed=1)
+    problem = toy_votes(groups=(4, 3, 3), n_outliers=2, seed=1)
     _, trace = route(problem.votes, 4, return_routing=True)
     fig = vt.plot_routing_state(problem, trace, 2)
     assert [ax.get_title()[:11] for ax in fig.axes[:3]] == ["iteration 2"] * 3
@@ -368,6 +370,7 @@ def test_book_comparison_figures():
 
 @pytest.mark.usefixtures("readable_figures")
 def test_book_tsai_figures():
+    from capsule_lib.analysis import class_attention_maps, grid_geometry
     from capsule_lib.models import CapsModel, CapsModelConfig
     from capsule_lib.viz import inverted as vi
 
@@ -387,12 +390,12 @@ def test_book_tsai_figures():
         out = m(x[:1].float() / 255, return_routing=True)
     conv1, trace1 = m.capsule_layers[0], out.trace.extra["layers"][0]
     vi.plot_conv_window(
-        x[0], trace1.coefficients[-1][0], vi.grid_geometry(m)[0], (3, 3), conv1.kernel_size, conv1.stride, conv1.n_inp,
+        x[0], trace1.coefficients[-1][0], grid_geometry(m)[0], (3, 3), conv1.kernel_size, conv1.stride, conv1.n_inp,
         title="first CONV capsule layer, update 2 (true class: automobile)",
     )  # fmt: skip
-    maps, probs = vi.class_attention_maps(m, x)
+    maps, probs = class_attention_maps(m, x)
     vi.plot_attention_maps(
-        x, maps, classes, vi.grid_geometry(m)[-1], probs[:, -1].argmax(1).tolist(), list(range(6)), probs,
+        x, maps, classes, grid_geometry(m)[-1], probs[:, -1].argmax(1).tolist(), list(range(6)), probs,
         title="routing into the predicted class, every update",
     )  # fmt: skip
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from capsule_lib.routing import inverted
 from capsule_lib.routing._kernels import inverted as inverted_kernel
 from capsule_lib.routing._kernels.self_attention import _FusedSelfAttention
 from capsule_lib.routing.dynamic import _CapsuleVotes, dynamic_routing
@@ -143,7 +142,7 @@ def test_inverted_attention_kernel(scales, seed):
     weights = [_normal(g, p, s * s, M), _normal(g, I, p, M), _normal(g, I, p, M)]
     _check(
         lambda xs: inverted_kernel._AttendMatrix.apply(*xs, 4, 7),
-        lambda xs: inverted._attend_matrix_unfused(*xs),
+        lambda xs: inverted_kernel._attend_matrix_unfused(*xs),
         [P, W, Q],
         weights,
     )

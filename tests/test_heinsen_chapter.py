@@ -312,8 +312,9 @@ def test_viewpoint_sweep_order_and_pose_figures():
     import matplotlib
 
     matplotlib.use("Agg")
+    from capsule_lib.analysis import class_poses, pose_projection
     from capsule_lib.data.viewpoints import viewpoint_sweep
-    from capsule_lib.viz.heinsen import class_poses, plot_pose_trajectories, pose_projection
+    from capsule_lib.viz.heinsen import plot_pose_trajectories
 
     d = viewpoint_sweep("rendered_norb", category=4, instance=0, elevations=[1, 3], azimuths=[2, 0, 5], size=48)
     assert d.images.shape == (6, 2, 48, 48) and (d.labels == 4).all()

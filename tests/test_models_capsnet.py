@@ -114,8 +114,9 @@ def test_capsnet_multimnist_recipe_trains_on_pairs_and_decodes_each_digit(tmp_pa
     )
     out = CapsNet(tiny)(torch.rand(3, 1, 36, 36), torch.tensor([[1, 2], [3, 4], [5, 6]]))
     assert out.extra["reconstructions"].shape == (3, 2, 1, 36, 36) and out.reconstruction.shape == (3, 1, 36, 36)
-    monkeypatch.setenv("CAPSULE_OFFLINE", "1")
     run = dict(epochs=1, pairs_per_epoch=64, val_pairs=32, batch_size=32, train_subset=200, device="cpu")
-    _, trainer = train("capsnet_multimnist", model=tiny, data_root=str(tmp_path), progress=False, test=False, **run)
+    _, trainer = train(
+        "capsnet_multimnist", model=tiny, data_root=str(tmp_path), offline=True, progress=False, test=False, **run
+    )
     rec = trainer.history.records[-1]
     assert rec["train_loss"] > 0 and 0 <= rec["val_acc"] <= 1 and "train_recon" in rec

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from capsule_lib.data import DatasetUnavailableError, get_dataset
+from capsule_lib.data import DatasetUnavailableError, DataSource, get_dataset
 from capsule_lib.data.datasets import data_root
 from capsule_lib.notebook import Settings, chapter_dataset, env_flag, in_colab, settings, train_or_load, try_dataset
 
@@ -73,8 +73,9 @@ def test_data_root_default_is_repo_data_inside_the_repository(tmp_path, monkeypa
     assert data_root(start=REPO / "book") == REPO / "data"
     assert data_root(start=tmp_path) == tmp_path.resolve() / "data"
     monkeypatch.setenv("CAPSULE_DATA", str(tmp_path / "env"))
-    assert data_root(start=REPO / "book") == tmp_path / "env"  # the environment beats the default
-    assert data_root(tmp_path / "arg", start=REPO) == tmp_path / "arg"  # an argument beats both
+    assert data_root(start=REPO / "book") == REPO / "data"  # the library ignores the environment ...
+    assert settings(quiet=True, style=False).data_root == (tmp_path / "env").resolve()  # ... the chapters read it
+    assert data_root(tmp_path / "arg", start=REPO) == tmp_path / "arg"  # an argument beats the default
 
 
 def test_offline_flag_and_device(monkeypatch):
@@ -82,6 +83,7 @@ def test_offline_flag_and_device(monkeypatch):
     cfg = settings(DEVICE="cpu", quiet=True)
     assert cfg.offline and cfg.device == torch.device("cpu")
     assert "offline" in cfg.banner()
+    assert cfg.data == DataSource(cfg.data_root, offline=True, standin=True)  # what the chapter passes down
 
 
 def test_seeding_is_applied():
@@ -152,10 +154,9 @@ def test_get_dataset_without_standin_raises_the_clear_error(tmp_path, monkeypatc
     _no_network(monkeypatch)
     with pytest.raises(DatasetUnavailableError, match="data_scripts/mnist.py"):
         get_dataset("mnist", tmp_path, "test")  # default outside offline mode: no fallback
-    monkeypatch.setenv("CAPSULE_OFFLINE", "1")
     with pytest.raises(DatasetUnavailableError, match="CAPSULE_OFFLINE=1"):
-        get_dataset("mnist", tmp_path, "test", standin=False)
-    assert get_dataset("mnist", tmp_path, "test", n=8).generated  # offline: the default allows the stand-in
+        get_dataset("mnist", tmp_path, "test", standin=False, offline=True)
+    assert get_dataset("mnist", tmp_path, "test", n=8, offline=True).generated  # offline: the default allows it
 
 
 def test_chapter_dataset_without_standin(tmp_path, monkeypatch):
@@ -194,7 +195,7 @@ def test_a_page_says_once_that_it_runs_on_stand_ins(tmp_path, monkeypatch, capsy
     assert top.count("[GENERATED stand-in data]") == 1 and "mnist is not here (offline mode)" in top
     chapter_dataset("mnist", "test", cfg, n_smoke=32)
     chapter_dataset("affine_mnist", "test", cfg, n_smoke=32, size=28)
-    get_dataset("mnist", tmp_path, "train", n=32)  # e.g. a training run on the page
+    get_dataset("mnist", cfg.data, "train", n=32)  # e.g. a training run on the page
     later = capsys.readouterr().out
     assert "is not here" not in later and "is not available here" not in later
     settings(SMOKE=True, DATA_ROOT=str(tmp_path), data=("mnist",))  # a new page
@@ -230,7 +231,6 @@ def test_train_or_load_retrains_the_shipped_recipe_when_train_is_on(tmp_path, mo
     capped in smoke mode), the others loaded; runs go to runs/<checkpoint>_smoke under the working folder."""
     from capsule_lib.pretrained import load_pretrained_history
 
-    monkeypatch.setenv("CAPSULE_OFFLINE", "1")
     monkeypatch.chdir(tmp_path)
     models, histories = train_or_load(
         ["compare_mnist_cnn", "baseline_cnn_mnist"],

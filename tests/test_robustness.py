@@ -34,7 +34,6 @@ def _write_mnist(raw, n_img: int, n_lab: int, truncate: bool = False):
 
 
 def test_truncated_gzip_names_the_file_and_the_fix(tmp_path, monkeypatch):
-    monkeypatch.setenv("CAPSULE_OFFLINE", "1")
     raw = tmp_path / "mnist" / "MNIST" / "raw"
     _write_mnist(raw, 10, 10, truncate=True)
     with pytest.raises(
@@ -42,14 +41,13 @@ def test_truncated_gzip_names_the_file_and_the_fix(tmp_path, monkeypatch):
     ):
         read_idx(raw / "t10k-images-idx3-ubyte.gz")
     with pytest.raises(ValueError, match="corrupt or truncated"):
-        get_dataset("mnist", tmp_path, "test", standin=False)
+        get_dataset("mnist", tmp_path, "test", standin=False, offline=True)
 
 
 def test_images_and_labels_of_different_lengths_are_refused(tmp_path, monkeypatch):
-    monkeypatch.setenv("CAPSULE_OFFLINE", "1")
     _write_mnist(tmp_path / "mnist" / "MNIST" / "raw", 10, 9)
     with pytest.raises(ValueError, match=r"has 10 images but .*t10k-labels-idx1-ubyte\.gz has 9 labels"):
-        get_dataset("mnist", tmp_path, "test")
+        get_dataset("mnist", tmp_path, "test", offline=True)
 
 
 def test_truncated_registry_names_the_file(tmp_path):
@@ -160,8 +158,7 @@ def test_recipes_read_the_test_split_once_after_selection(tmp_path, monkeypatch)
 
     monkeypatch.setattr(T, "evaluate", spy)
     r = recipes.CapsNetRecipe(epochs=2, train_subset=128, eval_subset=64, model=TINY, device="cpu")
-    monkeypatch.setenv("CAPSULE_OFFLINE", "1")
-    _, trainer = train(r, out_dir=tmp_path, data_root=str(tmp_path), progress=False)
+    _, trainer = train(r, out_dir=tmp_path, data_root=str(tmp_path), offline=True, progress=False)
     assert [c for c in calls if c[0] == "test"] == [("test", 2)]  # once, after the last epoch
     assert all("test_acc" not in rec for rec in trainer.history.records)
     test = trainer.history.meta["test"]

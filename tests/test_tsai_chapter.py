@@ -12,7 +12,7 @@ import matplotlib
 import pytest
 import torch
 
-from capsule_lib.data import get_dataset
+from capsule_lib.data import DataSource, get_dataset
 from capsule_lib.data.generated import COLOUR_SHAPE_CLASSES, colour_shapes
 from capsule_lib.data.transforms import random_crop_flip
 from capsule_lib.evaluation import iteration_sweep
@@ -229,7 +229,8 @@ def test_iteration_sweep_rows():
 
 
 def test_attention_maps_and_geometry():
-    from capsule_lib.viz.inverted import class_attention_maps, grid_geometry, plot_attention_maps
+    from capsule_lib.analysis import class_attention_maps, grid_geometry
+    from capsule_lib.viz.inverted import plot_attention_maps
 
     assert grid_geometry(CapsModel(CapsModelConfig.cifar10("resnet"))) == [(0.5, 2.0, 16), (2.5, 4.0, 7), (6.5, 4.0, 5)]
     torch.manual_seed(0)
@@ -248,7 +249,8 @@ def test_attention_maps_and_geometry():
 
 
 def test_expansion_sources_and_bug_figure():
-    from capsule_lib.viz.inverted import expansion_sources, plot_expansion_bug, plot_schedules
+    from capsule_lib.analysis import expansion_sources
+    from capsule_lib.viz.inverted import plot_expansion_bug, plot_schedules
 
     rows, cols, ents = expansion_sources(7, 3, 2, 4, "unfold")
     k, l, h, w, e = torch.meshgrid(*(torch.arange(n) for n in (3, 3, 3, 3, 4)), indexing="ij")
@@ -291,11 +293,11 @@ def test_cifar_recipes_also_evaluate_the_exact_test_images(tmp_path):
         np.savez(folder / f"train_{k}.npz", x=rng.integers(0, 255, (4, 32, 32, 3), dtype=np.uint8), y=np.arange(4))
     exact = np.array([True, True, False, True, False, False])
     np.savez(folder / "test.npz", x=rng.integers(0, 255, (6, 32, 32, 3), dtype=np.uint8), y=np.arange(6), exact=exact)
-    sets = make_recipe("tsai_cifar10_cpu").evaluation_sets(str(tmp_path), standin=False)
+    sets = make_recipe("tsai_cifar10_cpu").evaluation_sets(DataSource(str(tmp_path), standin=False))
     assert set(sets) == {"val", "test", "test_exact"}
     assert len(sets["test"]) == 6 and sets["test_exact"].labels.tolist() == [0, 1, 3]
     np.savez(folder / "test.npz", x=rng.integers(0, 255, (6, 32, 32, 3), dtype=np.uint8), y=np.arange(6))
-    assert set(make_recipe("tsai_cifar10").evaluation_sets(str(tmp_path), standin=False)) == {"val", "test"}
+    assert set(make_recipe("tsai_cifar10").evaluation_sets(DataSource(str(tmp_path), standin=False))) == {"val", "test"}
 
 
 def test_the_papers_configuration_ships_with_its_honest_budget():

@@ -13,6 +13,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from capsule_lib import capsule_lengths, dynamic_routing  # noqa: E402
+from capsule_lib.analysis import group_shares, outlier_sweep, toy_votes  # noqa: E402
 from capsule_lib.train import History  # noqa: E402
 from capsule_lib.viz import plots, toy  # noqa: E402
 
@@ -28,23 +29,23 @@ def png_bytes(fig) -> bytes:
 
 @pytest.fixture
 def problem():
-    t = toy.toy_votes(groups=(5, 3), n_outliers=2, seed=0)
+    t = toy_votes(groups=(5, 3), n_outliers=2, seed=0)
     _, trace = dynamic_routing(t.votes, iterations=6, return_routing=True)
     return t, trace
 
 
 # ------------------------------------------------------------------------------------------ toy votes
 def test_toy_votes_shapes_groups_and_determinism():
-    t = toy.toy_votes(groups=(4, 2, 3), n_outliers=1, batch=5, seed=3)
+    t = toy_votes(groups=(4, 2, 3), n_outliers=1, batch=5, seed=3)
     assert t.votes.shape == (5, 10, 3, 2) and t.group.tolist() == [0] * 4 + [1] * 2 + [2] * 3 + [-1]
     assert t.centers.shape == (3, 2) and t.n_children == 10 and t.n_parents == 3
     assert t.child_labels() == ["A1", "A2", "A3", "A4", "B1", "B2", "C1", "C2", "C3", "o1"]
-    assert torch.equal(t.votes, toy.toy_votes(groups=(4, 2, 3), n_outliers=1, batch=5, seed=3).votes)
-    assert not torch.equal(t.votes, toy.toy_votes(groups=(4, 2, 3), n_outliers=1, batch=5, seed=4).votes)
+    assert torch.equal(t.votes, toy_votes(groups=(4, 2, 3), n_outliers=1, batch=5, seed=3).votes)
+    assert not torch.equal(t.votes, toy_votes(groups=(4, 2, 3), n_outliers=1, batch=5, seed=4).votes)
 
 
 def test_group_votes_cluster_at_their_parent_and_others_scatter():
-    t = toy.toy_votes(groups=(6, 0), n_outliers=6, spread=0.05, batch=200, seed=0)
+    t = toy_votes(groups=(6, 0), n_outliers=6, spread=0.05, batch=200, seed=0)
     members = t.votes[:, :6, 0]  # [B, 6, 2] votes of group A for A
     assert (members - t.centers[0]).norm(dim=-1).mean() < 0.1
     scattered = t.votes[:, 6:, 0]  # outliers' votes for A
@@ -55,14 +56,14 @@ def test_group_votes_cluster_at_their_parent_and_others_scatter():
 
 def test_toy_votes_rejects_bad_sizes():
     with pytest.raises(ValueError):
-        toy.toy_votes(groups=(), n_outliers=1)
+        toy_votes(groups=(), n_outliers=1)
     with pytest.raises(ValueError):
-        toy.toy_votes(groups=(0,), n_outliers=0)
+        toy_votes(groups=(0,), n_outliers=0)
 
 
 def test_routing_separates_the_toy_groups(problem):
     t, trace = problem
-    first, last = toy.group_shares(t, trace, 1), toy.group_shares(t, trace, trace.iterations)
+    first, last = group_shares(t, trace, 1), group_shares(t, trace, trace.iterations)
     np.testing.assert_allclose(first, 0.5, atol=1e-6)  # iteration 1: uniform coefficients
     assert last[0, 0] > 0.8 and last[1, 1] > 0.8  # each group routes to its own parent
     np.testing.assert_allclose(last.sum(axis=1), 1.0, atol=1e-5)
@@ -72,7 +73,7 @@ def test_routing_readout_matches_the_trace(problem):
     t, trace = problem
     line = toy.routing_readout(t, trace, 2)
     v = capsule_lengths(trace.outputs[1][0])
-    shares = toy.group_shares(t, trace, 2)
+    shares = group_shares(t, trace, 2)
     assert line.startswith("iteration 2: ")
     assert f"|v_A|={v[0]:.2f}" in line and f"|v_B|={v[1]:.2f}" in line
     assert f"A→A {100 * shares[0, 0]:.0f}%" in line and "outliers→A/B" in line
@@ -97,7 +98,7 @@ def test_routing_figures(problem):
 
 
 def test_outlier_sweep_shows_the_outlier_effect():
-    sweep = toy.outlier_sweep(n_outliers=(0, 12), iterations=(1, 3), problems=200, progress=False)
+    sweep = outlier_sweep(n_outliers=(0, 12), iterations=(1, 3), problems=200, progress=False)
     L = sweep["lengths"]  # [M, plain/leaky, T, A/B]
     assert L.shape == (2, 2, 2, 2)
     assert (L[..., 0] > L[..., 1]).all()  # the agreed-on parent is longer everywhere

@@ -13,6 +13,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from capsule_lib import RoutingTrace, capsule_lengths  # noqa: E402
+from capsule_lib.analysis import toy_votes  # noqa: E402
 from capsule_lib.data.generated import glyph_digits  # noqa: E402
 from capsule_lib.models import CapsNet, CapsNetConfig  # noqa: E402
 from capsule_lib.routing import dynamic_routing  # noqa: E402
@@ -234,7 +235,7 @@ def test_explorer_set_values_releases_hold_after_an_error():
 
 
 def test_routing_explorer_clamps_initial_and_rejects_empty_traces():
-    t = toy.toy_votes(groups=(2, 2), n_outliers=1, seed=0)
+    t = toy_votes(groups=(2, 2), n_outliers=1, seed=0)
     _, trace = dynamic_routing(t.votes, iterations=3, return_routing=True)
     T = len(trace.coefficients)
     assert routing_explorer(t, trace, initial=0).controls["t"].value == 1

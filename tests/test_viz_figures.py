@@ -19,6 +19,7 @@ import torch  # noqa: E402
 from matplotlib.colors import to_rgba  # noqa: E402
 
 from capsule_lib import RoutingTrace, capsule_lengths, squash_efficient  # noqa: E402
+from capsule_lib.analysis import toy_votes  # noqa: E402
 from capsule_lib.data.datasets import ImageDataset  # noqa: E402
 from capsule_lib.data.generated import glyph_digits  # noqa: E402
 from capsule_lib.models import CapsNet, CapsNetConfig, EfficientCapsNet, EfficientCapsNetConfig  # noqa: E402
@@ -481,7 +482,7 @@ def test_plot_capsules_from_a_list_into_given_axes():
 
 
 def test_plot_coefficients_labels_and_range_checks():
-    t = toy.toy_votes(groups=(2, 1), n_outliers=1, seed=1)
+    t = toy_votes(groups=(2, 1), n_outliers=1, seed=1)
     _, trace = dynamic_routing(t.votes, iterations=3, return_routing=True)
     fig = plots.plot_coefficients(trace, child_labels=t.child_labels(), parent_labels=t.parent_names())
     panels = [a for a in fig.axes if a.images]
@@ -547,7 +548,7 @@ def test_liveplot_redraws_every_n_epochs(monkeypatch):
 
 # ------------------------------------------------------------------------------------------- viz.toy
 def test_draw_routing_panel_sizes_votes_by_coefficient():
-    t = toy.toy_votes(groups=(3, 2), n_outliers=1, seed=0)
+    t = toy_votes(groups=(3, 2), n_outliers=1, seed=0)
     _, trace = dynamic_routing(t.votes, iterations=3, return_routing=True)
     fig, ax = plt.subplots()
     toy.draw_routing_panel(ax, t, trace, 2, 1, label_parent=False)
@@ -565,7 +566,7 @@ def test_draw_routing_panel_sizes_votes_by_coefficient():
 
 
 def test_plot_toy_iterations_defaults_to_every_iteration():
-    t = toy.toy_votes(groups=(2, 2, 1), n_outliers=0, seed=2)
+    t = toy_votes(groups=(2, 2, 1), n_outliers=0, seed=2)
     _, trace = dynamic_routing(t.votes, iterations=4, return_routing=True)
     T = len(trace.coefficients)
     fig = toy.plot_toy_iterations(t, trace)

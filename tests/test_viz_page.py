@@ -10,8 +10,9 @@ import torch
 from ipywidgets.widgets.widget_link import Link
 from PIL import Image
 
+from capsule_lib.analysis import decode_poses
 from capsule_lib.models import CapsNet, CapsNetConfig
-from capsule_lib.viz.capsules import _decode, perturb_poses
+from capsule_lib.viz.capsules import perturb_poses
 from capsule_lib.viz.page import PAGE_EXPLORER_CLASS, page_explorer, perturbation_page_explorer, png_bytes
 
 pytestmark = pytest.mark.usefixtures("readable_figures")  # figures readable at the book's size (conftest.py)
@@ -73,14 +74,13 @@ def test_perturbation_page_explorer_frames_are_the_decoded_perturbations():
     assert rows.max == 7 and rows.value == 0
     outer = shown.children[1]
     frame = outer.children[6].children[4].value  # dimension 6 at +0.20
-    with torch.no_grad():
-        want = _decode(model, perturb_poses(poses, torch.eye(8)[6] * 0.2)[None], 3)[0]
+    want = decode_poses(model, perturb_poses(poses, torch.eye(8)[6] * 0.2)[None], 3)[0]
     assert frame == png_bytes(want)
     assert outer.children[0].children[2].value == outer.children[7].children[2].value  # offset 0: same image
 
 
 def test_routing_page_explorers_draw_one_frame_per_image_and_iteration():
-    from capsule_lib.viz import toy as vt
+    from capsule_lib.analysis import toy_votes
     from capsule_lib.viz.page import routing_page_explorer, toy_routing_page_explorer
 
     torch.manual_seed(0)
@@ -97,7 +97,7 @@ def test_routing_page_explorers_draw_one_frame_per_image_and_iteration():
 
     from capsule_lib import dynamic_routing
 
-    t = vt.toy_votes(groups=(5, 3), n_outliers=2, seed=0)
+    t = toy_votes(groups=(5, 3), n_outliers=2, seed=0)
     _, toy_trace = dynamic_routing(t.votes, iterations=4, return_routing=True)
     one = toy_routing_page_explorer(t, toy_trace)
     (col_box, images, _) = one.children

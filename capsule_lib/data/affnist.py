@@ -99,7 +99,7 @@ def _load_affnist(root: Path, split: str, download: bool, **_: Any) -> ImageData
     folder = root / "affnist"
     f = affnist_file(folder)
     if f is None:
-        reason = "offline: CAPSULE_OFFLINE=1 or download=False" if not download else \
+        reason = "offline, or download=False" if not download else \
             "the loader does not download; run the script"
         raise unavailable("affnist", folder, "affnist.py", reason)
     a = read_affnist_mat(f)

@@ -1,10 +1,12 @@
 """``get_dataset(name, root, split, ...)``: one entry point for real and generated datasets.
 
-Real datasets live under one data root (``root`` argument, else the ``CAPSULE_DATA`` environment variable,
-else ``./data``), one sub-folder per dataset, e.g. ``<root>/mnist/MNIST/raw/*.gz`` (torchvision's layout).
-Missing files are downloaded with torchvision when the network allows; otherwise a
-:class:`DatasetUnavailableError` says which dataset is missing, the command that fetches it, and the
-offline alternative (``CAPSULE_OFFLINE=1`` -> generated stand-in data).
+Real datasets live under one data root (``root`` argument, else the repository's ``data/``, else ``./data``),
+one sub-folder per dataset, e.g. ``<root>/mnist/MNIST/raw/*.gz`` (torchvision's layout). Missing files are
+downloaded with torchvision when the network allows (never with ``offline=True``); otherwise a
+:class:`DatasetUnavailableError` says which dataset is missing, the command that fetches it, and the offline
+alternative (generated stand-in data). This module reads no environment variable: a chapter's
+:func:`capsule_lib.notebook.settings` (``CAPSULE_DATA``, ``CAPSULE_OFFLINE``) and the command line pass the data
+root and the offline decision down, together as a :class:`DataSource`.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ import torch
 
 __all__ = [
     "ImageDataset", "DatasetUnavailableError", "get_dataset", "register_dataset", "available_datasets",
-    "data_root", "is_offline", "read_idx", "train_val_indices", "STANDINS", "data_fingerprint", "check_labels",
+    "data_root", "DataSource", "read_idx", "train_val_indices", "STANDINS", "data_fingerprint", "check_labels",
     "announce_standins",
 ]
 
@@ -158,45 +160,104 @@ def repository_root(start: str | os.PathLike | None = None) -> Path | None:
 
 
 def data_root(root: str | os.PathLike | None = None, *, start: str | os.PathLike | None = None) -> Path:
-    """The one resolution of the data root: ``root`` if given, else ``$CAPSULE_DATA``, else ``data/`` at the
-    repository root when running inside the repository (chapters run in ``book/``), else ``./data`` in the
-    current directory (e.g. ``/content/data`` on Colab). ``start`` replaces the current directory."""
+    """The one resolution of the data root: ``root`` if given, else ``data/`` at the repository root when running
+    inside the repository (chapters run in ``book/``), else ``./data`` in the current directory (e.g.
+    ``/content/data`` on Colab). ``start`` replaces the current directory. (A chapter's ``$CAPSULE_DATA`` arrives
+    here as ``root``, from :func:`capsule_lib.notebook.settings`.)"""
     if root:
         return Path(root).expanduser()
-    env = os.environ.get("CAPSULE_DATA")
-    if env:
-        return Path(env).expanduser()
     repo = repository_root(start)
     return repo / "data" if repo is not None else Path(start or os.getcwd()).resolve() / "data"
 
 
-def is_offline() -> bool:
-    """True when ``CAPSULE_OFFLINE=1``: no download is attempted and chapters use generated stand-ins."""
-    return os.environ.get("CAPSULE_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+@dataclass(frozen=True)
+class DataSource:
+    """Where the datasets come from and what happens when one is missing: the decision a chapter
+    (:attr:`capsule_lib.notebook.Settings.data`) or the command line makes once and passes down to every
+    dataset load.
+
+    Attributes
+    ----------
+    root : pathlib.Path or str or None
+        The data root (:func:`data_root` resolves ``None``).
+    offline : bool
+        Never download; with ``standin=None`` a missing dataset is replaced by its generated stand-in.
+    standin : bool or None
+        What to do when the real data is neither under the root nor downloadable: ``True`` load the generated
+        stand-in, ``False`` raise :class:`DatasetUnavailableError`, ``None`` (default) as ``offline``.
+    """
+
+    root: Path | str | None = None
+    offline: bool = False
+    standin: bool | None = None
+
+    @classmethod
+    def of(cls, source: DataSource | str | os.PathLike | None, **changes: Any) -> DataSource:
+        """``source`` as a :class:`DataSource` (a plain path or ``None`` is a root, online, no stand-in),
+        with the fields in ``changes`` that are not ``None`` replaced."""
+        base = source if isinstance(source, DataSource) else cls(source)
+        changes = {k: v for k, v in changes.items() if v is not None}
+        return cls(**{"root": base.root, "offline": base.offline, "standin": base.standin, **changes})
+
+    def get(self, name: str, split: str = "train", **kwargs: Any) -> ImageDataset:
+        """:func:`get_dataset` ``(name, split)`` from this source."""
+        return get_dataset(name, self, split, **kwargs)
 
 
-def get_dataset(name: str, root: str | os.PathLike | None = None, split: str = "train", *,
-                download: bool = True, standin: bool | None = None, **kwargs: Any) -> ImageDataset:
+def get_dataset(
+    name: str,
+    root: DataSource | str | os.PathLike | None = None,
+    split: str = "train",
+    *,
+    download: bool = True,
+    standin: bool | None = None,
+    offline: bool | None = None,
+    **kwargs: Any,
+) -> ImageDataset:
     """Load dataset ``name`` (see :func:`available_datasets`) for ``split``.
 
     Splits: ``"train"`` (training part), ``"val"`` (a held-out part of the official training set, used
     for model selection), ``"train_full"`` (train + val), ``"test"`` (never used for selection).
     Generated datasets accept ``n`` and ``seed``.
 
-    ``standin``: what to do when the real data is neither under the data root nor downloadable.
-    ``False``: raise :class:`DatasetUnavailableError` (dataset, fetch command, offline option). ``True``: load
-    the generated stand-in registered in :data:`STANDINS` instead and print one line starting with
-    ``[GENERATED stand-in data]``; the returned dataset has ``generated=True``. ``None`` (default): ``True``
-    in offline mode (``CAPSULE_OFFLINE=1``), else ``False``. This is the only place where the fallback is
-    decided, so chapters, recipes and scripts behave alike.
+    Parameters
+    ----------
+    name : str
+        A registered dataset (``"mnist"``, ``"smallnorb"``, ``"rendered_norb"``, ...).
+    root : DataSource or str or os.PathLike or None
+        The data root (:func:`data_root` resolves ``None``), or a :class:`DataSource` that also carries
+        ``offline`` and ``standin`` (the keyword arguments below override it when given).
+    split : str
+        ``"train"``, ``"val"``, ``"train_full"`` or ``"test"``.
+    download : bool
+        Download missing real data with torchvision (never when offline).
+    standin : bool or None
+        What to do when the real data is neither under the data root nor downloadable. ``False``: raise
+        :class:`DatasetUnavailableError` (dataset, fetch command, offline option). ``True``: load the generated
+        stand-in registered in :data:`STANDINS` instead and print one line starting with
+        ``[GENERATED stand-in data]``; the returned dataset has ``generated=True``. ``None`` (default): ``True``
+        when offline, else ``False``. This is the only place where the fallback is decided, so chapters,
+        recipes and scripts behave alike.
+    offline : bool or None
+        No download is attempted (a chapter's ``CAPSULE_OFFLINE=1``, passed down by
+        :func:`capsule_lib.notebook.settings`); default ``False`` (or the source's).
+    kwargs
+        Keyword arguments: passed to the dataset's loader (e.g. ``n``, ``seed``, ``variant``).
+
+    Returns
+    -------
+    ImageDataset
+        The split, or its generated stand-in (``standin_for`` names the dataset it replaces).
     """
     key = name.lower().replace("-", "_")
     if key not in _REGISTRY:
         raise ValueError(f"unknown dataset {name!r}; available: {', '.join(available_datasets())}")
-    offline = is_offline()
-    allow = offline if standin is None else bool(standin)
+    source = DataSource.of(root, offline=offline, standin=standin)
+    offline = source.offline
+    allow = offline if source.standin is None else bool(source.standin)
+    folder = data_root(source.root)
     try:
-        return _REGISTRY[key](data_root(root), split, download and not offline, **kwargs)
+        return _REGISTRY[key](folder, split, download and not offline, **kwargs)
     except DatasetUnavailableError as err:
         if not allow:
             raise
@@ -204,12 +265,15 @@ def get_dataset(name: str, root: str | os.PathLike | None = None, split: str = "
             raise DatasetUnavailableError(f"{err} (no generated stand-in is registered for {name!r})") from err
         alt, overrides = STANDINS[key]
         why = "offline mode" if offline else "not under the data root and could not be downloaded"
-        if _ANNOUNCE[0] and (key, str(data_root(root)), split) not in _ANNOUNCED:  # once per dataset, root, split
-            _ANNOUNCED.add((key, str(data_root(root)), split))
-            print(f"{STANDIN_MARK} {name} is not available here ({why}): using {alt!r}"
-                  f"{' built from glyph_digits' if overrides.get('source') == 'glyph_digits' else ''} instead. "
-                  f"Numbers below are NOT {name} results.", flush=True)
-        ds = _REGISTRY[alt](data_root(root), split, False, **{**kwargs, **overrides})
+        if _ANNOUNCE[0] and (key, str(folder), split) not in _ANNOUNCED:  # once per dataset, root, split
+            _ANNOUNCED.add((key, str(folder), split))
+            print(
+                f"{STANDIN_MARK} {name} is not available here ({why}): using {alt!r}"
+                f"{' built from glyph_digits' if overrides.get('source') == 'glyph_digits' else ''} instead. "
+                f"Numbers below are NOT {name} results.",
+                flush=True,
+            )
+        ds = _REGISTRY[alt](folder, split, False, **{**kwargs, **overrides})
         ds.standin_for = name
         return ds
 
@@ -220,7 +284,7 @@ def unavailable(dataset: str, where: Path, script: str, reason: str = "") -> Dat
         f"{dataset} is not in {where} and could not be downloaded{why}. "
         f"Fetch it on a machine with internet with `python data_scripts/{script} --root {where.parent}` "
         f"(or point CAPSULE_DATA / DATA_ROOT at a folder that has it), "
-        f"or set CAPSULE_OFFLINE=1 to run the chapters on generated stand-in data."
+        f"or run offline (CAPSULE_OFFLINE=1 for the chapters, offline=True here) on generated stand-in data."
     )
 
 
@@ -284,7 +348,7 @@ def _torchvision_mnist_like(cls_name: str, folder: Path, root: Path, dataset: st
                             download: bool) -> None:
     """Download with torchvision into ``folder`` or raise a clear error."""
     if not download:
-        raise unavailable(dataset, folder, script, "offline: CAPSULE_OFFLINE=1 or download=False")
+        raise unavailable(dataset, folder, script, "offline, or download=False")
     try:
         import torchvision.datasets as tvd
 
@@ -385,7 +449,7 @@ def _load_cifar(dataset: str, sub: str, cls_name: str, script: str, n_classes: i
                 ds = getattr(tvd, cls_name)(str(folder), train=(part == "train"), download=False)
             except Exception:
                 if not download:
-                    raise unavailable(dataset, folder, script, "offline: CAPSULE_OFFLINE=1 or download=False") from None
+                    raise unavailable(dataset, folder, script, "offline, or download=False") from None
                 try:
                     ds = getattr(tvd, cls_name)(str(folder), train=(part == "train"), download=True)
                 except Exception as e:

@@ -16,7 +16,7 @@ Both return the merged image, both labels and both shifted source images (the re
 :func:`overlap_stats` reports the bounding-box overlap of the two digits (Sabour et al.: digits in a
 28x28 image lie in a 20x20 box, and with +-4 px shifts two boxes overlap by 80 % on average).
 
-The source digits are real MNIST from the data root when present; in offline mode (``CAPSULE_OFFLINE=1``)
+The source digits are real MNIST from the data root when present; in offline mode (``offline=True``)
 or with ``source="glyph_digits"`` they are the generated glyph digits, and the description says so.
 """
 
@@ -74,7 +74,7 @@ def mnist_source(
             f"{dataset} (built from mnist)",
             root / "mnist",
             "mnist.py",
-            "its source MNIST is missing; with CAPSULE_OFFLINE=1 or standin=True it is built from "
+            "its source MNIST is missing; offline or with standin=True it is built from "
             "the generated glyph_digits instead",
         ) from e
 

@@ -190,7 +190,7 @@ def _load_smallnorb(root: Path, split: str, download: bool, val_size: int = 2430
     folder = root / "smallnorb"
     part = "test" if split == "test" else "train"
     if any(v is None for v in norb_files(folder, part).values()):
-        reason = "offline: CAPSULE_OFFLINE=1 or download=False" if not download else \
+        reason = "offline, or download=False" if not download else \
             "the loader does not download; run the script"
         raise unavailable("smallnorb", folder, "smallnorb.py", reason)
     a = load_smallnorb_arrays(folder, part, expected)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .datasets import ImageDataset, get_dataset
+from .datasets import DataSource, ImageDataset, get_dataset
 from .render import HINTON_AZIMUTHS_FAMILIAR, HINTON_ELEVATIONS_FAMILIAR
 
 __all__ = [
@@ -122,7 +122,7 @@ def _pick(ds: ImageDataset, axis: str, values: Sequence[int], n: int | None, see
 
 def viewpoint_sets(
     dataset: str = "smallnorb",
-    root: str | None = None,
+    root: DataSource | str | None = None,
     *,
     axis: str = "azimuth",
     familiar: Sequence[int] | None = None,
@@ -141,6 +141,9 @@ def viewpoint_sets(
     dataset
         ``"smallnorb"`` (real; falls back to ``"rendered_norb"`` when missing and ``standin`` allows it, see
         :func:`~capsule_lib.data.get_dataset`) or ``"rendered_norb"``.
+    root
+        the data root, or a :class:`~capsule_lib.data.DataSource` (a chapter's ``cfg.data``: root, offline mode,
+        stand-ins allowed); ``standin``, when given, overrides the source's.
     axis, familiar
         the protocol: ``"azimuth"`` or ``"elevation"``, and the familiar indices on that axis (default: the
         paper's, see the module docstring).
@@ -183,7 +186,7 @@ def viewpoint_sets(
 
 def viewpoint_sweep(
     dataset: str = "smallnorb",
-    root: str | None = None,
+    root: DataSource | str | None = None,
     *,
     category: int,
     instance: int,

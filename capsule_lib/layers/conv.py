@@ -53,18 +53,71 @@ class _BF16GemmConv(torch.autograd.Function):
 def bf16_gemm_conv2d(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, stride: int = 1
 ) -> torch.Tensor:
-    """``F.conv2d`` (valid padding, no dilation/groups) computed as one bf16 GEMM; see :class:`GemmConv2d`."""
+    """``F.conv2d`` (valid padding, no dilation/groups) computed as one bf16 GEMM; see :class:`GemmConv2d`.
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        ``[B, C, H, W]`` input; rounded to bf16 for the product.
+    weight : torch.Tensor
+        ``[O, C, kh, kw]`` kernels; rounded to bf16 for the product.
+    bias : torch.Tensor or None, optional
+        ``[O]`` bias added in the output's dtype; ``None`` (default) adds none.
+    stride : int, optional
+        The stride along both axes (default 1).
+
+    Returns
+    -------
+    torch.Tensor
+        ``[B, O, oh, ow]`` in ``x``'s dtype, ``oh = (H - kh) // stride + 1`` (likewise ``ow``); products
+        accumulate in fp32.
+    """
     return _BF16GemmConv.apply(x, weight, bias, stride)
 
 
 class GemmConv2d(nn.Conv2d):
     """An ``nn.Conv2d`` (same parameters and state dict) whose forward on CPU is :func:`bf16_gemm_conv2d`.
 
-    For training on CPUs with bf16 matrix units; elsewhere (CUDA, padding, groups, dilation) it is the
-    ordinary convolution. Numerics are those of bf16 autocast.
+    For training on CPUs with bf16 matrix units; elsewhere (CUDA, padding, groups, dilation, unequal strides) it is
+    the ordinary convolution. Numerics are those of bf16 autocast.
+
+    Parameters
+    ----------
+    in_channels, out_channels : int
+        Input channels ``C`` and output channels ``O``.
+    kernel_size : int or tuple of int
+        Kernel size ``k`` or ``(kh, kw)``.
+    stride : int or tuple of int, optional
+        Stride (default 1); the bf16 path needs equal strides along both axes.
+    padding : int, tuple of int or str, optional
+        Padding, as in ``torch.nn.Conv2d`` (default 0); the bf16 path needs none.
+    dilation : int or tuple of int, optional
+        Dilation (default 1); the bf16 path needs 1.
+    groups : int, optional
+        Channel groups (default 1); the bf16 path needs 1.
+    bias : bool, optional
+        Learn an output bias ``[O]`` (default ``True``).
+    padding_mode : str, optional
+        ``"zeros"`` (default), ``"reflect"``, ``"replicate"`` or ``"circular"``, as in ``torch.nn.Conv2d``.
+    device : torch.device, optional
+        Device of the parameters (default: PyTorch's).
+    dtype : torch.dtype, optional
+        dtype of the parameters (default: PyTorch's).
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Convolve ``x``, by :func:`bf16_gemm_conv2d` on the CPU when the convolution allows it.
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            ``[B, in_channels, H, W]`` input (rounded to bf16 on the CPU fast path).
+
+        Returns
+        -------
+        torch.Tensor
+            ``[B, out_channels, oh, ow]``, as ``torch.nn.Conv2d`` gives (bf16 numerics on the fast path).
+        """
         simple = (
             self.padding == (0, 0) and self.dilation == (1, 1) and self.groups == 1 and self.stride[0] == self.stride[1]
         )

@@ -15,6 +15,17 @@ class FCDecoder(nn.Module):
     """Reconstruction decoder: masked capsules ``[B, J, D]`` -> image ``[B, *out_shape]`` in [0, 1].
 
     ``J*D -> hidden[0] -> hidden[1] -> prod(out_shape)``, ReLU then sigmoid (Sabour: 160-512-1024-784).
+
+    Parameters
+    ----------
+    n_caps : int, optional
+        Number of capsules ``J`` (default 10).
+    d_caps : int, optional
+        Capsule dimension ``D`` (default 16).
+    out_shape : tuple of int, optional
+        Shape of one reconstructed image, ``(C, H, W)`` (default ``(1, 28, 28)``).
+    hidden : tuple of int, optional
+        Widths of the hidden ReLU layers, any number of them (default ``(512, 1024)``).
     """
 
     def __init__(
@@ -37,6 +48,19 @@ class FCDecoder(nn.Module):
         self.net = nn.Sequential(*layers)
 
     def forward(self, masked: torch.Tensor) -> torch.Tensor:
+        """Reconstruct images from masked capsules.
+
+        Parameters
+        ----------
+        masked : torch.Tensor
+            ``[B, n_caps, d_caps]`` capsules, all but the selected ones zeroed
+            (:func:`~capsule_lib.layers.masking.mask_capsules`).
+
+        Returns
+        -------
+        torch.Tensor
+            ``[B, *out_shape]`` images in (0, 1).
+        """
         check_tensor(masked, "masked", f"[B, {self.n_caps}, {self.d_caps}]", [None, self.n_caps, self.d_caps])
         return self.net(masked.flatten(1)).view(-1, *self.out_shape)
 
@@ -48,6 +72,18 @@ class UpsampleConvDecoder(nn.Module):
     ``channels`` (64, 128, 128) -> conv 3x3 valid to ``out_channels``, sigmoid. Spatial sizes
     8 -> 16 -> 14 -> 28 -> 26 -> 52 -> 50 -> 48. (Its sigmoid output is compared with standardised, signed
     smallNORB targets in the official code, a known quirk of that code.)
+
+    Parameters
+    ----------
+    n_caps, d_caps : int, optional
+        Number ``J`` and dimension ``D`` of the capsules (defaults 5 and 16).
+    out_channels : int, optional
+        Channels ``C`` of the reconstructed image (default 2: the stereo pair).
+    channels : tuple of int, optional
+        Output channels of the upsample-conv blocks, one block each (default ``(64, 128, 128)``; three blocks give
+        48x48 images, see :attr:`out_size`).
+    slope : float, optional
+        Negative slope of the leaky ReLUs (default 0.2).
     """
 
     def __init__(
@@ -70,12 +106,25 @@ class UpsampleConvDecoder(nn.Module):
 
     @property
     def out_size(self) -> int:
+        """Side of the reconstructed images (48 with three blocks)."""
         h = 8
         for _ in self.convs:
             h = 2 * h - 2
         return h - 2
 
     def forward(self, masked: torch.Tensor) -> torch.Tensor:
+        """Reconstruct images from masked capsules.
+
+        Parameters
+        ----------
+        masked : torch.Tensor
+            As in :meth:`FCDecoder.forward`.
+
+        Returns
+        -------
+        torch.Tensor
+            ``[B, out_channels, out_size, out_size]`` images in (0, 1) (``[B, 2, 48, 48]`` by default).
+        """
         check_tensor(masked, "masked", f"[B, {self.n_caps}, {self.d_caps}]", [None, self.n_caps, self.d_caps])
         h = self.fc(masked.flatten(1)).view(-1, 1, 8, 8)  # [B, 1, 8, 8]
         for conv in self.convs:

@@ -15,8 +15,21 @@ __all__ = ["mask_capsules", "Mask"]
 def mask_capsules(v: torch.Tensor, y: torch.Tensor | None = None, k: int = 1) -> torch.Tensor:
     """Zero every capsule except the selected ones: ``[B, J, D] -> [B, J, D]``.
 
-    ``y``: integer labels ``[B]`` (keep the label's capsule), ``[B, k]`` labels, or a ``[B, J]`` 0/1 mask;
-    if ``None``, keep the ``k`` longest capsules (``k=2`` for MultiMNIST).
+    Parameters
+    ----------
+    v : torch.Tensor
+        ``[B, J, D]`` capsules.
+    y : torch.Tensor, optional
+        What to keep: integer labels ``[B]`` (the label's capsule), integer labels ``[B, k]`` with ``k != J``
+        (those ``k`` capsules), or a ``[B, J]`` 0/1 mask (multiplied in as it is). ``None`` (default): the ``k``
+        longest capsules. Any other shape raises ``ValueError``.
+    k : int, optional
+        Capsules kept when ``y`` is ``None`` (default 1; 2 for MultiMNIST).
+
+    Returns
+    -------
+    torch.Tensor
+        ``[B, J, D]``: ``v`` with every capsule that is not selected set to zero.
     """
     check_tensor(v, "v", "[B, J, D]", [None, None, None])
     B, J, _ = v.shape
@@ -35,11 +48,32 @@ def mask_capsules(v: torch.Tensor, y: torch.Tensor | None = None, k: int = 1) ->
 
 
 class Mask(nn.Module):
-    """Module form of :func:`mask_capsules`."""
+    """Module form of :func:`mask_capsules`.
+
+    Parameters
+    ----------
+    k : int, optional
+        Capsules kept when no ``y`` is given (default 1; 2 for MultiMNIST).
+    """
 
     def __init__(self, k: int = 1) -> None:
         super().__init__()
         self.k = k
 
     def forward(self, v: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
+        """:func:`mask_capsules` with the module's ``k``.
+
+        Parameters
+        ----------
+        v : torch.Tensor
+            ``[B, J, D]`` capsules.
+        y : torch.Tensor, optional
+            Labels ``[B]``, labels ``[B, k]`` or a ``[B, J]`` 0/1 mask (see :func:`mask_capsules`); ``None``
+            (default) keeps the ``k`` longest capsules.
+
+        Returns
+        -------
+        torch.Tensor
+            ``[B, J, D]``: ``v`` with every capsule that is not selected set to zero.
+        """
         return mask_capsules(v, y, self.k)

@@ -42,6 +42,38 @@ class ConvCapsules(EMRoutingBase):
     sum to 1 over *all* parents at all positions that see it (Gritzman's "pitfall 3"; the IBM code shares
     one R across windows). ``h = (H + 2*padding - K) // stride + 1``; zero padding adds children with
     activation 0, which carry no weight.
+
+    Parameters
+    ----------
+    in_types : int
+        Input capsule types ``T_in``.
+    out_types : int
+        Output capsule types ``T_out``.
+    kernel_size : int, optional
+        Window side ``K`` (default 3).
+    stride : int, optional
+        Window stride (default 1).
+    padding : int, optional
+        Zero padding of the child grid on each side (default 0).
+    pose_size : int, optional
+        Pose matrices are ``P x P`` (default 4).
+    iterations : int, optional
+        EM iterations, >= 1 (default 3, the paper's); a call may override it.
+    inverse_temperature : float, Sequence[float], callable or None, optional
+        ``lambda`` per iteration: ``None`` (default) for
+        :func:`~capsule_lib.routing.em.inverse_temperature_schedule` (Hinton's shape, ``final_lambda = 1``), a
+        float (fixed), a schedule ``iterations -> values`` (e.g. a ``functools.partial`` of it), or one value per
+        iteration (only for the layer's own ``iterations``).
+    normalize_over_outputs : bool, optional
+        yl-1993 quirk: renormalise ``R'`` over outputs (cancels ``a_in``); ``False`` (default) = paper.
+    normalize_costs : bool, optional
+        Multiply ``sum_i R'_ij`` by ``n_out / n_inp`` in the costs (default ``True``; see
+        :func:`~capsule_lib.routing.em.em_routing`).
+    eps : float, optional
+        Variance floor and guard of the ``sum_i R'_ij`` denominators (default 1e-8).
+    init_std : float or None, optional
+        Standard deviation of the ``N(0, std^2)`` transformation weights; ``None`` (default) uses ``1/sqrt(P)``
+        (vote variance = pose variance).
     """
 
     def __init__(
@@ -66,6 +98,18 @@ class ConvCapsules(EMRoutingBase):
         self.weight = self.pose_weight((kernel_size, kernel_size, in_types, out_types, pose_size, pose_size), init_std)
 
     def output_size(self, size: int) -> int:
+        """Side of the output grid for an input grid side.
+
+        Parameters
+        ----------
+        size : int
+            Input grid height or width ``H``.
+
+        Returns
+        -------
+        int
+            ``h = (size + 2*padding - K) // stride + 1`` (< 1 when the grid is smaller than the kernel).
+        """
         return (size + 2 * self.padding - self.kernel_size) // self.stride + 1
 
     def votes(self, poses: torch.Tensor, acts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -74,7 +118,22 @@ class ConvCapsules(EMRoutingBase):
 
         The votes are stored parent-major (a ``transpose(-3, -2)`` view of a contiguous
         ``[B, h, w, T_out, K*K*T_in, P*P]`` tensor), the layout :func:`~capsule_lib.routing.em.em_routing`
-        routes in, so that it needs no copy."""
+        routes in, so that it needs no copy.
+
+        Parameters
+        ----------
+        poses : torch.Tensor
+            ``[B, T_in, H, W, P*P]`` child poses (row-major ``P x P`` matrices).
+        acts : torch.Tensor
+            ``[B, T_in, H, W]`` child activations in [0, 1].
+
+        Returns
+        -------
+        votes : torch.Tensor
+            ``[B, h, w, K*K*T_in, T_out, P*P]`` window votes ``V = M W``.
+        acts : torch.Tensor
+            ``[B, h, w, K*K*T_in]`` the windows' child activations (0 for padding).
+        """
         P, K, T, D = self.pose_size, self.kernel_size, self.in_types, self.pose_size**2
         _check_grid(poses, acts, T, P)
         B, _, H, W, _ = poses.shape
@@ -93,8 +152,24 @@ class ConvCapsules(EMRoutingBase):
     def forward(
         self, poses: torch.Tensor, acts: torch.Tensor, return_routing: bool = False, iterations: int | None = None
     ):
-        """``(poses [B, T, H, W, P*P], acts [B, T, H, W])`` -> ``(mu [B, J, h, w, P*P], a_out [B, J, h, w])``,
-        routing ``iterations`` times (default: the layer's)."""
+        """``(poses [B, T, H, W, P*P], acts [B, T, H, W])`` -> ``(mu [B, J, h, w, P*P], a_out [B, J, h, w])``.
+
+        Parameters
+        ----------
+        poses, acts : torch.Tensor
+            As in :meth:`votes`.
+        return_routing : bool, optional
+            Also return the routing trace (default ``False``).
+        iterations : int, optional
+            EM iterations for this call, >= 1; ``None`` (default) uses the layer's.
+
+        Returns
+        -------
+        tuple of torch.Tensor
+            ``(mu [B, T_out, h, w, P*P], a_out [B, T_out, h, w])``: output poses and activations.
+            With ``return_routing=True``, ``((mu, a_out), trace)``: ``trace`` is the
+            :class:`~capsule_lib.types.RoutingTrace` of :func:`~capsule_lib.routing.em.em_routing`.
+        """
         check_module_input(poses, self, type(self).__name__)
         V, a = self.votes(poses, acts)  # [B, h, w, I, J, D], [B, h, w, I]
         out = self.route(V, a, return_routing, iterations)
@@ -111,9 +186,28 @@ class ConvCapsules(EMRoutingBase):
 
 
 def grid_centers(height: int, width: int, device=None, dtype=torch.float32, convention: str = "center") -> torch.Tensor:
-    """Scaled coordinates of the cells of a ``height x width`` grid, ``[H, W, 2]`` (row, column):
-    ``convention="center"``: cell centres ``((y + 0.5) / H, (x + 0.5) / W)`` (in (0, 1), symmetric);
-    ``"corner"``: ``(y / H, x / W)`` (in [0, 1), yl-1993's ``arange(H) / H``)."""
+    """Scaled coordinates of the cells of a ``height x width`` grid, ``[H, W, 2]`` (row, column).
+
+    Parameters
+    ----------
+    height : int
+        Grid rows ``H``.
+    width : int
+        Grid columns ``W``.
+    device : torch.device or str, optional
+        Device of the result (default: PyTorch's default device).
+    dtype : torch.dtype, optional
+        dtype of the result (default ``torch.float32``).
+    convention : str, optional
+        ``"center"`` (default): cell centres ``((y + 0.5) / H, (x + 0.5) / W)`` (in (0, 1), symmetric);
+        ``"corner"``: ``(y / H, x / W)`` (in [0, 1), yl-1993's ``arange(H) / H``). Anything else raises
+        ``ValueError``.
+
+    Returns
+    -------
+    torch.Tensor
+        ``[H, W, 2]`` (row, column) coordinates.
+    """
     if convention not in ("center", "corner"):
         raise ValueError(f"convention must be 'center' or 'corner', got {convention!r}")
     off = 0.5 if convention == "center" else 0.0
@@ -136,6 +230,24 @@ class ClassCapsules(EMRoutingBase):
     column) are passed by the model (receptive-field centres in the image, scaled to ``[0, 1]``); without them
     the child grid's own cell centres :func:`grid_centers` are used. yl-1993 adds ``arange(H)/H`` to flat
     entries ``(0, 1)`` instead: ``coord_entries=(0, 1)``.
+
+    Parameters
+    ----------
+    in_types : int
+        Input capsule types ``T``.
+    n_classes : int
+        Class capsules ``K``.
+    pose_size : int, optional
+        Pose matrices are ``P x P`` (default 4).
+    iterations : int, optional
+        EM iterations, >= 1 (default 3, the paper's); a call may override it.
+    coord_add : bool, optional
+        Coordinate addition (default ``True``).
+    coord_entries : tuple of int or None, optional
+        The two distinct flat pose entries in ``[0, P*P)`` that receive the row and the column coordinate;
+        ``None`` (default) for ``(P-1, 2P-1)``.
+    inverse_temperature, normalize_over_outputs, normalize_costs, eps, init_std : optional
+        As in :class:`ConvCapsules` (defaults ``None``, ``False``, ``True``, 1e-8 and ``None``).
     """
 
     def __init__(
@@ -169,9 +281,27 @@ class ClassCapsules(EMRoutingBase):
     def votes(
         self, poses: torch.Tensor, acts: torch.Tensor, centers: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Votes ``[B, H*W*T, K, P*P]`` (with coordinate addition) and activations ``[B, H*W*T]``; the votes are
-        stored parent-major (a ``transpose(1, 2)`` view of a contiguous ``[B, K, H*W*T, P*P]`` tensor), the
-        layout :func:`~capsule_lib.routing.em.em_routing` routes in."""
+        """Votes (with coordinate addition) and activations of the ``H*W*T`` children; the votes are stored
+        parent-major (a ``transpose(1, 2)`` view of a contiguous ``[B, K, H*W*T, P*P]`` tensor), the layout
+        :func:`~capsule_lib.routing.em.em_routing` routes in.
+
+        Parameters
+        ----------
+        poses : torch.Tensor
+            ``[B, T, H, W, P*P]`` child poses.
+        acts : torch.Tensor
+            ``[B, T, H, W]`` child activations in [0, 1].
+        centers : torch.Tensor, optional
+            ``[H, W, 2]`` (row, column) coordinates to add; ``None`` (default) uses :func:`grid_centers`. Unused
+            without ``coord_add``.
+
+        Returns
+        -------
+        votes : torch.Tensor
+            ``[B, H*W*T, K, P*P]``, child ``i = (y*W + x)*T + t``.
+        acts : torch.Tensor
+            ``[B, H*W*T]`` child activations in the same order.
+        """
         P, T, D = self.pose_size, self.in_types, self.pose_size**2
         _check_grid(poses, acts, T, P)
         B, _, H, W, _ = poses.shape
@@ -196,7 +326,23 @@ class ClassCapsules(EMRoutingBase):
         return_routing: bool = False,
         iterations: int | None = None,
     ):
-        """Class capsules ``(mu [B, K, P*P], a_out [B, K])``, routing ``iterations`` times (default: the layer's)."""
+        """Route every child to the class capsules.
+
+        :meth:`votes` (coordinate addition included), routed by :meth:`~capsule_lib.routing.em.EMRoutingBase.route`.
+
+        Parameters
+        ----------
+        poses, acts, centers : torch.Tensor
+            As in :meth:`votes` (``centers`` optional, default ``None``).
+        return_routing, iterations : optional
+            As in :meth:`ConvCapsules.forward`.
+
+        Returns
+        -------
+        tuple of torch.Tensor
+            ``(mu [B, K, P*P], a_out [B, K])``: class poses and activations; with ``return_routing=True``,
+            ``((mu, a_out), trace)`` as in :meth:`ConvCapsules.forward`.
+        """
         V, a = self.votes(poses, acts, centers)
         return self.route(V, a, return_routing, iterations)
 

@@ -21,8 +21,24 @@ class PrimaryCapsules(nn.Module):
     dimension ``a`` of capsule type ``c`` (the official layout). Capsules are ordered **type-major**,
     ``i = c*h*w + y*w + x`` (the official transpose to ``[B, n_types, h, w, d]``), then squashed over ``d``.
     ``grid(x)`` returns the unflattened ``[B, n_types, h, w, d_caps]`` view for figures.
-    ``conv="bf16_gemm"`` computes the convolution with :class:`GemmConv2d` (faster CPU training, bf16
-    numerics; same state dict).
+
+    Parameters
+    ----------
+    in_channels : int, optional
+        Input channels ``C`` (default 256).
+    n_types : int, optional
+        Capsule types (default 32).
+    d_caps : int, optional
+        Capsule dimension (default 8).
+    kernel_size : int, optional
+        Convolution kernel side, valid padding (default 9).
+    stride : int, optional
+        Convolution stride (default 2).
+    squash_kind : str, optional
+        A :func:`~capsule_lib.functional.squash` kind (default ``"hinton"``).
+    conv : str, optional
+        ``"standard"`` (default, ``nn.Conv2d``) or ``"bf16_gemm"``: :class:`~capsule_lib.layers.conv.GemmConv2d`
+        (faster CPU training, bf16 numerics; same state dict).
     """
 
     def __init__(
@@ -43,6 +59,18 @@ class PrimaryCapsules(nn.Module):
         self.conv = conv_cls(in_channels, n_types * d_caps, kernel_size, stride)
 
     def grid(self, x: torch.Tensor) -> torch.Tensor:
+        """The squashed capsules on their grid (for figures).
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            As in :meth:`forward`.
+
+        Returns
+        -------
+        torch.Tensor
+            ``[B, n_types, h, w, d_caps]``, squashed over ``d_caps``; ``h = (H - kernel_size) // stride + 1``.
+        """
         check_tensor(x, "x", f"[B, C={self.in_channels}, H, W]", [None, self.in_channels, None, None])
         B = x.shape[0]
         h = self.conv(x)  # [B, N*D, h, w]
@@ -51,6 +79,18 @@ class PrimaryCapsules(nn.Module):
         return squash(h, self.squash_kind)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Primary capsules of feature maps.
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            ``[B, in_channels, H, W]`` feature maps.
+
+        Returns
+        -------
+        torch.Tensor
+            ``[B, n_types*h*w, d_caps]`` squashed capsules, type-major (``i = c*h*w + y*w + x``).
+        """
         g = self.grid(x)  # [B, N, h, w, D]
         return g.reshape(g.shape[0], -1, self.d_caps)  # [B, N*h*w, D], type-major
 
@@ -60,6 +100,21 @@ class DepthwisePrimaryCapsules(nn.Module):
     reshape the ``F`` channels into ``n_caps`` capsules of ``d_caps`` (capsule n = channels
     ``n*d_caps .. n*d_caps+d_caps-1``) and squash_E. ``[B, F, H, W] -> [B, n_caps * h*w, d_caps]``
     (``h = w = 1`` in the papers' configurations).
+
+    Parameters
+    ----------
+    channels : int, optional
+        Input and depthwise channels ``F`` (default 128); must equal ``n_caps * d_caps``.
+    kernel_size : int, optional
+        Depthwise kernel side ``K``, valid padding (default 9).
+    n_caps : int, optional
+        Capsules per position (default 16).
+    d_caps : int, optional
+        Capsule dimension (default 8).
+    stride : int, optional
+        Convolution stride (default 1).
+    squash_kind : str, optional
+        A :func:`~capsule_lib.functional.squash` kind (default ``"efficient"``, squash_E).
     """
 
     def __init__(
@@ -78,6 +133,18 @@ class DepthwisePrimaryCapsules(nn.Module):
         self.conv = nn.Conv2d(channels, channels, kernel_size, stride, groups=channels)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Primary capsules of feature maps.
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            ``[B, channels, H, W]`` feature maps, ``H, W >= kernel_size`` (valid padding).
+
+        Returns
+        -------
+        torch.Tensor
+            ``[B, h*w*n_caps, d_caps]`` squashed capsules, position-major (``i = (y*w + x)*n_caps + n``).
+        """
         check_tensor(x, "x", f"[B, F={self.channels}, H, W]", [None, self.channels, None, None])
         B = x.shape[0]
         h = self.conv(x)  # [B, F, h, w]
@@ -92,6 +159,21 @@ class MatrixPrimaryCapsules(nn.Module):
     channels for the poses (output channel ``t*P*P + d`` is pose entry ``d`` of type ``t``, row-major), one
     with ``n_types`` channels and a sigmoid for the activations. Parameters:
     ``A*n_types*(P*P+1)*k*k + n_types*(P*P+1)``.
+
+    Parameters
+    ----------
+    in_channels : int
+        Input channels ``A``.
+    n_types : int
+        Capsule types.
+    pose_size : int, optional
+        Poses are ``P x P`` matrices (default 4).
+    kernel_size : int, optional
+        Kernel side ``k`` of both convolutions (default 1).
+    stride : int, optional
+        Stride of both convolutions (default 1).
+    padding : int, optional
+        Zero padding of both convolutions (default 0).
     """
 
     def __init__(
@@ -109,6 +191,20 @@ class MatrixPrimaryCapsules(nn.Module):
         self.activation = nn.Conv2d(in_channels, n_types, kernel_size, stride, padding)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Primary matrix capsules of feature maps.
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            ``[B, in_channels, H, W]`` feature maps, read by both convolutions.
+
+        Returns
+        -------
+        poses : torch.Tensor
+            ``[B, n_types, h, w, P*P]`` row-major pose matrices.
+        activations : torch.Tensor
+            ``[B, n_types, h, w]`` in (0, 1).
+        """
         check_tensor(x, "x", f"[B, A={self.in_channels}, H, W]", [None, self.in_channels, None, None])
         p = self.pose(x)  # [B, T*D, h, w]
         B, _, h, w = p.shape
@@ -120,7 +216,19 @@ class MatrixPrimaryCapsules(nn.Module):
 class InvertedPrimaryCapsules(nn.Module):
     """Primary capsules of Tsai et al.: conv1x1 (no bias) to ``n_types * d`` channels, channels-last split into
     ``(n_types, d)`` (type ``c`` owns channels ``c*d .. c*d+d-1``), then LayerNorm over ``d`` (no squash).
-    ``[B, C, H, W] -> [B, n_types, H, W, d]``."""
+    ``[B, C, H, W] -> [B, n_types, H, W, d]``.
+
+    Parameters
+    ----------
+    in_channels : int, optional
+        Input channels ``C`` of the 1x1 convolution (default 128).
+    n_types : int, optional
+        Capsule types (default 32).
+    pose_dim : int, optional
+        Capsule dimension ``d`` (default 16).
+    eps : float, optional
+        LayerNorm epsilon (default 1e-5).
+    """
 
     def __init__(self, in_channels: int = 128, n_types: int = 32, pose_dim: int = 16, eps: float = 1e-5) -> None:
         super().__init__()
@@ -129,6 +237,19 @@ class InvertedPrimaryCapsules(nn.Module):
         self.norm = nn.LayerNorm(pose_dim, eps=eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Primary capsules of feature maps.
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            ``[B, in_channels, H, W]`` feature maps (the 1x1 convolution keeps ``H x W``).
+
+        Returns
+        -------
+        torch.Tensor
+            ``[B, n_types, H, W, pose_dim]`` layer-normalised poses (statistics in fp32 or fp64, result in
+            the convolution's dtype).
+        """
         check_tensor(x, "x", f"[B, C={self.in_channels}, H, W]", [None, self.in_channels, None, None])
         u = self.conv(x)  # [B, N*d, H, W]
         B, _, H, W = u.shape

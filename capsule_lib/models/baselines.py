@@ -22,6 +22,21 @@ class BaselineCNNConfig:
     without its decoder (6.8M) at about a third of its compute per image, with the hidden widths of Sabour
     et al.'s baseline (328 and 192 units). Sabour's own baseline (256, 256, 128 channels, 35.4M
     parameters) is far more expensive to train on a CPU.
+
+    Attributes
+    ----------
+    in_channels : int
+        Image channels (default 1).
+    image_size : int
+        Side of the square input images (default 28); the two 2x2 poolings leave ``image_size // 4``.
+    channels : tuple of int
+        Output channels of the 5x5, 5x5 and 3x3 convolutions ("same" padding, ReLU) (default ``(64, 128, 256)``).
+    hidden : tuple of int
+        Widths of the two hidden ReLU layers, Sabour et al.'s baseline's (default ``(328, 192)``).
+    n_classes : int
+        Classes (default 10).
+    dropout : float
+        Dropout probability after each hidden layer (default 0.5).
     """
 
     in_channels: int = 1
@@ -33,7 +48,15 @@ class BaselineCNNConfig:
 
 
 class BaselineCNN(nn.Module):
-    """``[B, C, H, W] -> logits [B, n_classes]``."""
+    """``[B, C, H, W] -> logits [B, n_classes]``.
+
+    Parameters
+    ----------
+    config : BaselineCNNConfig, optional
+        The hyper-parameters; ``None`` (default) for ``BaselineCNNConfig()``.
+    overrides
+        Keyword arguments: fields of the config to replace.
+    """
 
     def __init__(self, config: BaselineCNNConfig | None = None, **overrides) -> None:
         super().__init__()
@@ -57,6 +80,20 @@ class BaselineCNN(nn.Module):
         return ImageContract(self.config.in_channels, self.config.image_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Classify images.
+
+        Dropout (after each hidden layer) is active in training mode only.
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            ``[B, in_channels, image_size, image_size]`` images in [0, 1].
+
+        Returns
+        -------
+        torch.Tensor
+            ``[B, n_classes]`` logits.
+        """
         check_model_input(x, self)
         h = F.max_pool2d(F.relu(self.conv1(x)), 2)  # [B, c1, H/2, W/2]
         h = F.max_pool2d(F.relu(self.conv2(h)), 2)  # [B, c2, H/4, W/4]

@@ -29,7 +29,56 @@ __all__ = ["CapsNetConfig", "CapsNet"]
 
 @dataclass
 class CapsNetConfig:
-    """CapsNet hyper-parameters; the defaults are the paper's MNIST model."""
+    """CapsNet hyper-parameters; the defaults are the paper's MNIST model.
+
+    The properties ``primary_grid`` (side of the primary-capsule grid, 6) and ``n_primary`` (number of primary
+    capsules, 1152) follow from the fields.
+
+    Attributes
+    ----------
+    in_channels : int
+        Image channels (default 1).
+    image_size : int
+        Side of the square input images (default 28).
+    conv_channels : int
+        Channels of conv1, the ReLU convolution (default 256).
+    conv_kernel : int
+        Kernel side of conv1, valid padding (default 9).
+    primary_types : int
+        Primary capsule types (default 32).
+    primary_dim : int
+        Primary capsule dimension (default 8).
+    primary_kernel : int
+        Kernel side of the primary-capsule convolution (default 9).
+    primary_stride : int
+        Its stride (default 2).
+    n_classes : int
+        Class capsules (default 10).
+    class_dim : int
+        Class capsule dimension (default 16).
+    iterations : int
+        Dynamic routing iterations, >= 1 (default 3).
+    routing_bias : bool
+        Output bias ``b_j`` in R^16 in the routing, as the official code (init 0.1; not counted in the paper's 6.8M)
+        (default ``True``).
+    leaky : bool
+        Leaky routing: an all-zero extra logit before the softmax (default ``False``).
+    coupling : str
+        ``"parents"`` (default; coefficients sum to 1 over the class capsules) or ``"children"`` (the gram-ai
+        softmax-axis bug, for comparison only).
+    init_std : float
+        Standard deviation of the transformation matrices' normal initialisation (default 0.01).
+    decoder : bool
+        Build the reconstruction decoder (default ``True``).
+    decoder_hidden : tuple of int
+        Widths of the decoder's hidden layers (default ``(512, 1024)``).
+    mask_k : int
+        Capsules kept for reconstruction when no label is given (default 1; 2 for MultiMNIST, where each kept
+        capsule is also decoded alone).
+    primary_conv : str
+        ``"standard"`` (default) or ``"bf16_gemm"``: faster CPU training of the primary-capsule conv (bf16
+        numerics).
+    """
 
     in_channels: int = 1
     image_size: int = 28
@@ -42,14 +91,14 @@ class CapsNetConfig:
     n_classes: int = 10
     class_dim: int = 16
     iterations: int = 3
-    routing_bias: bool = True  # official code: b_j in R^16, init 0.1 (not counted in the paper's 6.8M)
+    routing_bias: bool = True
     leaky: bool = False
-    coupling: str = "parents"  # "children" = the gram-ai softmax-axis bug, for comparison only
+    coupling: str = "parents"
     init_std: float = 0.01
     decoder: bool = True
     decoder_hidden: tuple[int, ...] = (512, 1024)
-    mask_k: int = 1  # capsules kept for reconstruction (2 for MultiMNIST: each is also decoded alone)
-    primary_conv: str = "standard"  # "bf16_gemm": faster CPU training of the primary-capsule conv (bf16 numerics)
+    mask_k: int = 1
+    primary_conv: str = "standard"
 
     @property
     def primary_grid(self) -> int:
@@ -67,6 +116,13 @@ class CapsNet(nn.Module):
     ``forward(x, y=None, return_routing=False) -> CapsuleOutput``. With ``y`` (labels ``[B]`` or a
     ``[B, K]`` multi-hot) the decoder reconstructs from the label's capsule(s); without, from the
     ``mask_k`` longest capsules.
+
+    Parameters
+    ----------
+    config : CapsNetConfig, optional
+        The hyper-parameters; ``None`` (default) for ``CapsNetConfig()``, the paper's MNIST model.
+    overrides
+        Keyword arguments: fields of the config to replace (e.g. ``iterations=1``).
     """
 
     def __init__(self, config: CapsNetConfig | None = None, **overrides) -> None:
@@ -111,20 +167,59 @@ class CapsNet(nn.Module):
         return ImageContract(self.config.in_channels, self.config.image_size)
 
     def primary_capsules(self, x: torch.Tensor) -> torch.Tensor:
-        """``[B, C, H, W] -> [B, 1152, 8]`` (type-major order, see :class:`PrimaryCapsules`)."""
+        """The primary capsules of images.
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            Images, as in :meth:`forward`.
+
+        Returns
+        -------
+        torch.Tensor
+            ``[B, n_primary, primary_dim]`` (``[B, 1152, 8]`` by default), type-major order (see
+            :class:`~capsule_lib.layers.primary.PrimaryCapsules`).
+        """
         check_images(x, self.input_contract)
         return self.primary(F.relu(self.conv1(x)))
 
     def reconstruct(self, poses: torch.Tensor, y: torch.Tensor | None = None, k: int | None = None) -> torch.Tensor:
-        """Decode class capsules ``[B, K, D]`` masked by ``y`` (or the ``k`` longest)."""
+        """Decode class capsules masked by ``y`` (or the ``k`` longest); ``ValueError`` without a decoder.
+
+        Parameters
+        ----------
+        poses : torch.Tensor
+            ``[B, K, D]`` class capsules.
+        y : torch.Tensor, optional
+            Labels ``[B]``, labels ``[B, k]`` or a ``[B, K]`` 0/1 mask
+            (:func:`~capsule_lib.layers.masking.mask_capsules`); ``None`` (default): the ``k`` longest capsules.
+        k : int, optional
+            Capsules kept without ``y``; ``None`` (default) uses the config's ``mask_k``.
+
+        Returns
+        -------
+        torch.Tensor
+            ``[B, C, H, W]`` reconstructions in (0, 1).
+        """
         if self.decoder is None:
             raise ValueError("this CapsNet was built with decoder=False")
         return self.decoder(mask_capsules(poses, y, k or self.config.mask_k))
 
     def reconstruct_each(self, poses: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
-        """Decode each selected capsule on its own (Sabour et al.'s MultiMNIST segmentation): ``[B, K, D] ->
-        [B, k, C, H, W]``, for ``y`` labels ``[B, k]`` (``[B]``: k = 1) or, without ``y``, the ``mask_k`` longest
-        capsules, longest first."""
+        """Decode each selected capsule on its own (Sabour et al.'s MultiMNIST segmentation).
+
+        Parameters
+        ----------
+        poses : torch.Tensor
+            ``[B, K, D]`` class capsules.
+        y : torch.Tensor, optional
+            Labels ``[B, k]`` (``[B]``: k = 1); ``None`` (default): the ``mask_k`` longest capsules, longest first.
+
+        Returns
+        -------
+        torch.Tensor
+            ``[B, k, C, H, W]``: one reconstruction per selected capsule.
+        """
         if y is None:
             y = capsule_lengths(poses).topk(self.config.mask_k, dim=1).indices  # [B, k]
         y = y.view(-1, 1) if y.dim() == 1 else y  # [B, k]
@@ -137,7 +232,27 @@ class CapsNet(nn.Module):
         return_routing: bool = False,
         iterations: int | None = None,
     ) -> CapsuleOutput:
-        """Images -> digit capsules (and reconstructions); ``iterations`` overrides the routing's for this call."""
+        """Images -> digit capsules (and reconstructions).
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            ``[B, in_channels, image_size, image_size]`` images in [0, 1] (``[B, 1, 28, 28]`` by default).
+        y : torch.Tensor, optional
+            Labels whose capsules the decoder reconstructs from (:meth:`reconstruct`; with ``mask_k > 1``,
+            :meth:`reconstruct_each` too, which takes labels only); ``None`` (default): the ``mask_k`` longest.
+        return_routing : bool, optional
+            Also record the routing's :class:`~capsule_lib.types.RoutingTrace` (default ``False``).
+        iterations : int, optional
+            Routing iterations for this call, >= 1; ``None`` (default) uses the config's.
+
+        Returns
+        -------
+        CapsuleOutput
+            ``scores`` = capsule lengths ``[B, n_classes]`` (``kind="lengths"``), ``poses``
+            ``[B, n_classes, class_dim]``, ``reconstruction [B, C, H, W]`` (``None`` without a decoder), ``trace``
+            with ``return_routing``; with ``mask_k > 1``, ``extra["reconstructions"] [B, k, C, H, W]``.
+        """
         check_model_input(x, self)
         u = self.primary_capsules(x)  # [B, 1152, 8]
         T = {} if iterations is None else {"iterations": iterations}  # (a swapped-in original takes none)

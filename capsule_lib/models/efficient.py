@@ -67,6 +67,57 @@ class EfficientCapsNetConfig:
     """Efficient-CapsNet hyper-parameters; the defaults are the paper's MNIST model.
 
     Presets: :meth:`mnist`, :meth:`multimnist`, :meth:`smallnorb` (or :meth:`preset` by name).
+
+    Attributes
+    ----------
+    in_channels : int
+        Image channels (default 1; 2 for smallNORB's stereo pairs).
+    image_size : int
+        Side of the square input images (default 28).
+    conv_channels : tuple of int
+        Output channels of the backbone convolutions (default ``(32, 64, 64, 128)``).
+    conv_kernels : tuple of int
+        Their kernel sides, valid padding (default ``(5, 3, 3, 3)``).
+    conv_strides : tuple of int
+        Their strides (default ``(1, 1, 1, 2)``).
+    norm : str
+        ``"batch"`` (default; MNIST, MultiMNIST) or ``"instance"`` (smallNORB, affine).
+    activation : str
+        ``"relu"`` (default) or ``"leaky_relu"``; each conv: conv -> activation -> norm.
+    leaky_slope : float
+        Keras ``LeakyReLU()`` default alpha (smallNORB backbone) (default 0.3).
+    norm_eps : float
+        Keras ``BatchNormalization`` / tfa ``InstanceNormalization`` epsilon (default 1e-3).
+    bn_momentum : float
+        BatchNorm momentum, PyTorch convention (default 0.01 = Keras momentum 0.99).
+    primary_kernel : int
+        Kernel side of the depthwise primary-capsule convolution (default 9).
+    primary_stride : int
+        Its stride (default 1).
+    n_primary_caps : int
+        Capsules per position: 16 capsules of 8 from the 128 depthwise channels (default 16).
+    primary_dim : int
+        Primary capsule dimension (default 8).
+    n_classes : int
+        Class capsules (default 10).
+    class_dim : int
+        Class capsule dimension (default 16).
+    squash_eps : float
+        FCCaps squash_E epsilon (default ``SQUASH_EPS`` = 1e-20; official ``10e-21``).
+    length_eps : float
+        Length: ``sqrt(sum v^2 + K.epsilon())`` (default 1e-7).
+    decoder : str or None
+        ``"fc"`` (default; MNIST, MultiMNIST), ``"conv"`` (smallNORB) or ``None``.
+    decoder_hidden : tuple of int
+        Hidden widths of the FC decoder (default ``(512, 1024)``).
+    decoder_slope : float
+        ``tf.nn.leaky_relu`` default alpha (conv decoder) (default 0.2).
+    mask_k : int
+        Capsules kept for reconstruction at test time (default 1; 2 for MultiMNIST).
+    decode_separately : bool
+        Also decode each kept capsule on its own (MultiMNIST) (default ``False``).
+    init : str
+        ``"keras"`` (default; the official initialisers) or ``"torch"`` (PyTorch defaults).
     """
 
     in_channels: int = 1
@@ -74,34 +125,35 @@ class EfficientCapsNetConfig:
     conv_channels: tuple[int, ...] = (32, 64, 64, 128)
     conv_kernels: tuple[int, ...] = (5, 3, 3, 3)
     conv_strides: tuple[int, ...] = (1, 1, 1, 2)
-    norm: str = "batch"  # "batch" (MNIST, MultiMNIST) or "instance" (smallNORB, affine)
-    activation: str = "relu"  # "relu" or "leaky_relu"; each conv: conv -> activation -> norm
-    leaky_slope: float = 0.3  # Keras LeakyReLU() default alpha (smallNORB backbone)
-    norm_eps: float = 1e-3  # Keras BatchNormalization / tfa InstanceNormalization epsilon
-    bn_momentum: float = 0.01  # PyTorch convention (Keras momentum 0.99)
+    norm: str = "batch"
+    activation: str = "relu"
+    leaky_slope: float = 0.3
+    norm_eps: float = 1e-3
+    bn_momentum: float = 0.01
     primary_kernel: int = 9
     primary_stride: int = 1
-    n_primary_caps: int = 16  # 16 capsules of 8 from the 128 depthwise channels
+    n_primary_caps: int = 16
     primary_dim: int = 8
     n_classes: int = 10
     class_dim: int = 16
-    squash_eps: float = SQUASH_EPS  # FCCaps squash_E epsilon (official 10e-21)
-    length_eps: float = 1e-7  # Length: sqrt(sum v^2 + K.epsilon())
-    decoder: str | None = "fc"  # "fc" (MNIST, MultiMNIST), "conv" (smallNORB) or None
+    squash_eps: float = SQUASH_EPS
+    length_eps: float = 1e-7
+    decoder: str | None = "fc"
     decoder_hidden: tuple[int, ...] = (512, 1024)
-    decoder_slope: float = 0.2  # tf.nn.leaky_relu default alpha (conv decoder)
-    mask_k: int = 1  # capsules kept for reconstruction at test time (2 for MultiMNIST)
-    decode_separately: bool = False  # also decode each kept capsule on its own (MultiMNIST)
-    init: str = "keras"  # "keras" (official initialisers) or "torch" (PyTorch defaults)
+    decoder_slope: float = 0.2
+    mask_k: int = 1
+    decode_separately: bool = False
+    init: str = "keras"
 
     @classmethod
     def mnist(cls, **overrides) -> EfficientCapsNetConfig:
-        """28x28x1, 161,824 trainable parameters without the decoder."""
+        """28x28x1, 161,824 trainable parameters without the decoder. ``overrides`` change its fields."""
         return cls(**overrides)
 
     @classmethod
     def multimnist(cls, **overrides) -> EfficientCapsNetConfig:
-        """36x36x1 (third conv stride 2, primary kernel 5 stride 2), top-2 masking; 154,656 parameters."""
+        """36x36x1 (third conv stride 2, primary kernel 5 stride 2), top-2 masking; 154,656 parameters.
+        ``overrides`` change its fields."""
         kw = dict(
             image_size=36,
             conv_strides=(1, 1, 2, 2),
@@ -114,7 +166,8 @@ class EfficientCapsNetConfig:
 
     @classmethod
     def smallnorb(cls, **overrides) -> EfficientCapsNetConfig:
-        """48x48x2 stereo pairs, LeakyReLU + InstanceNorm backbone, 5 classes, conv decoder; 151,664."""
+        """48x48x2 stereo pairs, LeakyReLU + InstanceNorm backbone, 5 classes, conv decoder; 151,664.
+        ``overrides`` change its fields."""
         kw = dict(
             in_channels=2,
             image_size=48,
@@ -130,13 +183,21 @@ class EfficientCapsNetConfig:
 
     @classmethod
     def preset(cls, name: str, **overrides) -> EfficientCapsNetConfig:
+        """The preset ``name`` (``"mnist"``, ``"multimnist"`` or ``"smallnorb"``, a key of ``EFFICIENT_PRESETS``;
+        others raise ``ValueError``), ``overrides`` changing its fields."""
         try:
             return EFFICIENT_PRESETS[name](**overrides)
         except KeyError:
             raise ValueError(f"unknown preset {name!r}; expected one of {sorted(EFFICIENT_PRESETS)}") from None
 
     def feature_sizes(self) -> list[int]:
-        """Spatial size after each backbone conv (valid padding)."""
+        """Spatial size after each backbone conv (valid padding).
+
+        Returns
+        -------
+        list of int
+            One side per convolution (``[24, 22, 20, 9]`` for MNIST).
+        """
         sizes, h = [], self.image_size
         for k, s in zip(self.conv_kernels, self.conv_strides):
             h = (h - k) // s + 1
@@ -201,6 +262,13 @@ class EfficientCapsNet(nn.Module):
     the ``mask_k`` longest capsules. With ``decode_separately`` (MultiMNIST) ``out.extra["reconstructions"]``
     holds one decode per kept capsule, ``[B, k, C, H, W]``, as the official MultiMNIST model (each weighted
     0.196 in its loss).
+
+    Parameters
+    ----------
+    config : EfficientCapsNetConfig, optional
+        The hyper-parameters; ``None`` (default) for ``EfficientCapsNetConfig()``, the paper's MNIST model.
+    overrides
+        Keyword arguments: fields of the config to replace.
     """
 
     @property
@@ -302,7 +370,18 @@ class EfficientCapsNet(nn.Module):
 
     # ------------------------------------------------------------------------------------------ parts
     def num_parameters(self, include_decoder: bool = False) -> int:
-        """Trainable parameters; without the decoder by default (the paper's and the official summary's count)."""
+        """Trainable parameters; without the decoder by default (the paper's and the official summary's count).
+
+        Parameters
+        ----------
+        include_decoder : bool, optional
+            Count the decoder's parameters too (default ``False``).
+
+        Returns
+        -------
+        int
+            The number of trainable parameters.
+        """
         return sum(
             p.numel()
             for n, p in self.named_parameters()
@@ -310,16 +389,49 @@ class EfficientCapsNet(nn.Module):
         )
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
-        """Backbone: ``[B, C, H, W] -> [B, 128, h, w]`` (9x9 for MNIST)."""
+        """Backbone features of images.
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            ``[B, in_channels, image_size, image_size]`` images, checked against :attr:`input_contract`.
+
+        Returns
+        -------
+        torch.Tensor
+            ``[B, conv_channels[-1], h, w]`` (``[B, 128, 9, 9]`` for MNIST).
+        """
         check_images(x, self.input_contract)
         return self.backbone(x)
 
     def primary_capsules(self, x: torch.Tensor) -> torch.Tensor:
-        """``[B, C, H, W] -> [B, n_primary, 8]`` (16 capsules in the papers' configurations)."""
+        """The primary capsules of images.
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            Images; :meth:`features` checks them.
+
+        Returns
+        -------
+        torch.Tensor
+            ``[B, n_primary, primary_dim]`` (``[B, 16, 8]`` in the papers' configurations).
+        """
         return self.primary(self.features(x))
 
     def reconstruct(self, poses: torch.Tensor, y: torch.Tensor | None = None, k: int | None = None) -> torch.Tensor:
-        """Decode class capsules ``[B, K, D]`` masked by ``y`` (or the ``k`` longest): ``-> [B, C, H, W]``."""
+        """Decode class capsules masked by ``y`` (or the ``k`` longest); ``ValueError`` without a decoder.
+
+        Parameters
+        ----------
+        poses, y, k
+            As in :meth:`~capsule_lib.models.capsnet.CapsNet.reconstruct`.
+
+        Returns
+        -------
+        torch.Tensor
+            ``[B, C, H, W]`` reconstructions.
+        """
         if self.decoder is None:
             raise ValueError("this EfficientCapsNet was built with decoder=None")
         return self.decoder(mask_capsules(poses, y, k or self.config.mask_k))
@@ -327,10 +439,22 @@ class EfficientCapsNet(nn.Module):
     def reconstruct_each(
         self, poses: torch.Tensor, y: torch.Tensor | None = None, k: int | None = None
     ) -> torch.Tensor:
-        """Decode each selected capsule on its own (official MultiMNIST): ``[B, K, D] -> [B, k, C, H, W]``.
+        """Decode each selected capsule on its own (official MultiMNIST); ``ValueError`` without a decoder.
 
-        Selection: ``y`` labels ``[B]`` (k = 1), ``[B, k]`` labels, a ``[B, K]`` (multi-)hot (its ``k``
-        largest entries), or ``None``: the ``k`` longest capsules, longest first.
+        Parameters
+        ----------
+        poses : torch.Tensor
+            ``[B, K, D]`` class capsules.
+        y : torch.Tensor, optional
+            Labels ``[B]`` (k = 1), labels ``[B, k]``, or a ``[B, K]`` (multi-)hot (its ``k`` largest entries);
+            ``None`` (default): the ``k`` longest capsules, longest first.
+        k : int, optional
+            Capsules to decode for a multi-hot or no ``y``; ``None`` (default) uses the config's ``mask_k``.
+
+        Returns
+        -------
+        torch.Tensor
+            ``[B, k, C, H, W]``: one reconstruction per selected capsule.
         """
         if self.decoder is None:
             raise ValueError("this EfficientCapsNet was built with decoder=None")
@@ -353,6 +477,26 @@ class EfficientCapsNet(nn.Module):
         return out.view(B, idx.shape[1], *out.shape[1:])
 
     def forward(self, x: torch.Tensor, y: torch.Tensor | None = None, return_routing: bool = False) -> CapsuleOutput:
+        """Images -> class capsules (and reconstructions).
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            ``[B, in_channels, image_size, image_size]`` images (``[B, 1, 28, 28]`` by default; see
+            :attr:`input_contract`).
+        y : torch.Tensor, optional
+            Labels ``[B]``, labels ``[B, k]`` or a ``[B, K]`` multi-hot whose capsules the decoder reconstructs
+            from; ``None`` (default): the ``mask_k`` longest.
+        return_routing : bool, optional
+            Also record the routing's :class:`~capsule_lib.types.RoutingTrace` (default ``False``).
+
+        Returns
+        -------
+        CapsuleOutput
+            ``scores`` = capsule lengths ``[B, n_classes]`` (``kind="lengths"``), ``poses``
+            ``[B, n_classes, class_dim]``, ``reconstruction [B, C, H, W]`` (``None`` without a decoder), ``trace``
+            with ``return_routing``; with ``decode_separately``, ``extra["reconstructions"] [B, k, C, H, W]``.
+        """
         check_model_input(x, self)
         u = self.primary_capsules(x)  # [B, 16, 8]
         if return_routing:

@@ -55,41 +55,92 @@ class EMCapsNetConfig:
     """EM capsule network hyper-parameters; defaults are the paper's smaller smallNORB model.
 
     Paper letters: ``conv_channels`` = A, ``primary_types`` = B, ``caps1_types`` = C, ``caps2_types`` = D.
-    ``in_channels=1`` (one image of the smallNORB stereo pair, the common choice; 2 for both).
     Routing options are passed to every capsule layer (see :func:`capsule_lib.routing.em.em_routing`).
+
+    Attributes
+    ----------
+    in_channels : int
+        Image channels: 1 (default; one image of the smallNORB stereo pair, the common choice) or 2 for both.
+    image_size : int
+        Side of the square input images (default 32).
+    conv_channels : int
+        A: channels of conv1 (default 64).
+    conv_kernel : int
+        Kernel side of conv1 (default 5).
+    conv_stride : int
+        Stride of conv1 (default 2).
+    conv_padding : int
+        Padding of conv1 (default 0, valid: 32 -> 14 -> 6 -> 4; yl-1993 pads 2 for 28x28 MNIST).
+    batch_norm : bool
+        BatchNorm after conv1 (default ``False``: the paper has none; yl-1993 uses ``BatchNorm2d(eps=1e-3)``).
+    primary_types : int
+        B: primary capsule types (default 8).
+    caps1_types : int
+        C: ConvCaps1 types (default 16).
+    caps2_types : int
+        D: ConvCaps2 types (default 16).
+    caps_kernel : int
+        Kernel side of both convolutional capsule layers (default 3).
+    caps1_stride : int
+        ConvCaps1 stride (default 2).
+    caps2_stride : int
+        ConvCaps2 stride (default 1).
+    n_classes : int
+        Class capsules (default 5).
+    pose_size : int
+        Poses are ``P x P`` matrices (default 4).
+    iterations : int
+        EM iterations of every capsule layer, >= 1 (default 3).
+    final_lambda : float
+        Scale of the inverse-temperature schedule, for ``normalize_costs=True`` (default 1.0; see
+        :func:`~capsule_lib.routing.em.inverse_temperature_schedule`).
+    lambda_schedule : str
+        Its shape: ``"hinton"`` (default), ``"fixed"`` or ``"linear"``.
+    normalize_costs : bool
+        Normalise the costs by ``n_out / n_inp`` (default ``True``; see :func:`~capsule_lib.routing.em.em_routing`).
+    normalize_over_outputs : bool
+        yl-1993 quirk (cancels ``a_in``), for comparison only (default ``False``).
+    coord_add : bool
+        Coordinate addition in the class capsules (default ``True``).
+    coord_centers : str
+        Where coordinate addition puts each ConvCaps2 position: ``"receptive_field"`` (default; the centre of its
+        receptive field in the image, ``(pixel + 0.5) / image_size``), ``"grid"`` (its cell centre on the 4x4 grid,
+        ``(y + 0.5) / h``) or ``"grid_corner"`` (``y / h``, yl-1993's convention).
+    eps : float
+        Variance floor and guard of the EM routing's denominators (default 1e-8).
+    init_std : float or None
+        Capsule transformation std; ``None`` (default) = ``1/sqrt(pose_size)`` (variance-preserving).
     """
 
     in_channels: int = 1
     image_size: int = 32
-    conv_channels: int = 64  # A
+    conv_channels: int = 64
     conv_kernel: int = 5
     conv_stride: int = 2
-    conv_padding: int = 0  # valid: 32 -> 14 -> 6 -> 4 (yl-1993 pads 2 for 28x28 MNIST)
-    batch_norm: bool = False  # the paper has none; yl-1993 uses BatchNorm2d(eps=1e-3)
-    primary_types: int = 8  # B
-    caps1_types: int = 16  # C
-    caps2_types: int = 16  # D
+    conv_padding: int = 0
+    batch_norm: bool = False
+    primary_types: int = 8
+    caps1_types: int = 16
+    caps2_types: int = 16
     caps_kernel: int = 3
     caps1_stride: int = 2
     caps2_stride: int = 1
     n_classes: int = 5
     pose_size: int = 4
     iterations: int = 3
-    final_lambda: float = 1.0  # for normalize_costs=True; see inverse_temperature_schedule
-    lambda_schedule: str = "hinton"  # "hinton" | "fixed" | "linear"
+    final_lambda: float = 1.0
+    lambda_schedule: str = "hinton"
     normalize_costs: bool = True
-    normalize_over_outputs: bool = False  # yl-1993 quirk (cancels a_in), for comparison only
+    normalize_over_outputs: bool = False
     coord_add: bool = True
-    # where coordinate addition puts each ConvCaps2 position: "receptive_field" (the centre of its receptive
-    # field in the image, (pixel + 0.5) / image_size), "grid" (its cell centre on the 4x4 grid, (y + 0.5) / h)
-    # or "grid_corner" ((y / h), yl-1993's convention)
     coord_centers: str = "receptive_field"
     eps: float = 1e-8
-    init_std: float | None = None  # capsule transformation std; None = 1/sqrt(pose_size) (variance-preserving)
+    init_std: float | None = None
 
     @classmethod
     def small(cls, **overrides) -> EMCapsNetConfig:
-        """MNIST-sized, fast variant: 1x28x28, A=32, B=C=D=8, 10 classes (28 -> 12 -> 5 -> 3 grids)."""
+        """MNIST-sized, fast variant: 1x28x28, A=32, B=C=D=8, 10 classes (28 -> 12 -> 5 -> 3 grids).
+        ``overrides`` change its fields."""
         base = cls(
             in_channels=1, image_size=28, conv_channels=32, primary_types=8, caps1_types=8, caps2_types=8, n_classes=10
         )
@@ -97,7 +148,7 @@ class EMCapsNetConfig:
 
     @classmethod
     def large(cls, **overrides) -> EMCapsNetConfig:
-        """The paper's main smallNORB model, A=B=C=D=32 (quoted at 310K parameters)."""
+        """The paper's main smallNORB model, A=B=C=D=32 (quoted at 310K parameters). ``overrides`` change its fields."""
         return replace(cls(conv_channels=32, primary_types=32, caps1_types=32, caps2_types=32), **overrides)
 
     @staticmethod
@@ -123,6 +174,16 @@ def receptive_field_centers(cfg: EMCapsNetConfig) -> torch.Tensor:
 
     Each layer ``(kernel k, stride s, padding p)`` maps an output index ``o`` to the input centre
     ``s*o + (k-1)/2 - p``; the maps are composed from ConvCaps2 back to the image.
+
+    Parameters
+    ----------
+    cfg : EMCapsNetConfig
+        The network's configuration.
+
+    Returns
+    -------
+    torch.Tensor
+        ``[h, w, 2]`` (row, column) float32 coordinates in ``(0, 1)``, ``h = w = cfg.caps2_grid``.
     """
     layers = [
         (cfg.conv_kernel, cfg.conv_stride, cfg.conv_padding),
@@ -138,8 +199,19 @@ def receptive_field_centers(cfg: EMCapsNetConfig) -> torch.Tensor:
 
 
 def class_centers(cfg: EMCapsNetConfig) -> torch.Tensor:
-    """The coordinates coordinate addition adds for each ConvCaps2 position, ``[h, w, 2]`` (row, column), by
-    ``cfg.coord_centers`` (see :class:`EMCapsNetConfig`)."""
+    """The coordinates coordinate addition adds for each ConvCaps2 position.
+
+    Parameters
+    ----------
+    cfg : EMCapsNetConfig
+        The network's configuration; ``cfg.coord_centers`` chooses the coordinates (another value raises
+        ``ValueError``).
+
+    Returns
+    -------
+    torch.Tensor
+        ``[h, w, 2]`` (row, column) coordinates, ``h = w = cfg.caps2_grid``.
+    """
     if cfg.coord_centers == "receptive_field":
         return receptive_field_centers(cfg)
     if cfg.coord_centers in ("grid", "grid_corner"):
@@ -157,6 +229,13 @@ class EMCapsNet(nn.Module):
     With ``return_routing=True``, ``trace`` is the class layer's :class:`RoutingTrace` and
     ``extra["traces"]`` holds ``{"conv_caps1": ..., "conv_caps2": ..., "class_caps": ...}``.
     ``extra["activations"]`` always holds each capsule layer's activations (grids ``[B, T, h, w]``).
+
+    Parameters
+    ----------
+    config : EMCapsNetConfig, optional
+        The hyper-parameters; ``None`` (default) for ``EMCapsNetConfig()``, the paper's smaller smallNORB model.
+    overrides
+        Config fields to replace, as keyword arguments (e.g. ``iterations=2``).
     """
 
     def __init__(self, config: EMCapsNetConfig | None = None, **overrides) -> None:
@@ -187,7 +266,13 @@ class EMCapsNet(nn.Module):
         self.register_buffer("centers", class_centers(cfg), persistent=False)  # [h, w, 2]
 
     def parameter_breakdown(self) -> dict[str, int]:
-        """Trainable parameters per top-level layer, plus ``"total"``."""
+        """Trainable parameters per top-level layer, plus ``"total"``.
+
+        Returns
+        -------
+        dict[str, int]
+            Layer name (``"conv1"``, ``"primary_caps"``, ...) -> parameters, for the layers that have any.
+        """
         counts: dict[str, int] = {}
         for name, module in self.named_children():
             n = sum(p.numel() for p in module.parameters() if p.requires_grad)
@@ -197,15 +282,38 @@ class EMCapsNet(nn.Module):
         return counts
 
     def stem(self, x: torch.Tensor) -> torch.Tensor:
-        """Conv1 (+ BatchNorm) + ReLU: ``[B, C, H, W] -> [B, A, h, w]``, the features the primary capsules read."""
+        """Conv1 (+ BatchNorm) + ReLU: the features the primary capsules read.
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            ``[B, in_channels, H, W]`` images (not checked here, unlike in :meth:`forward`).
+
+        Returns
+        -------
+        torch.Tensor
+            ``[B, A, h, w]`` features (``[B, 64, 14, 14]`` by default).
+        """
         h = self.conv1(x)  # [B, A, 14, 14]
         if self.bn1 is not None:
             h = self.bn1(h)
         return F.relu(h)
 
     def class_inputs(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The class layer's children for images ``x``: ConvCaps2 poses ``[B, D, h, w, 16]`` and activations
-        ``[B, D, h, w]`` (everything below the class capsules, run once)."""
+        """The class layer's children for images ``x`` (everything below the class capsules, run once).
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            Images, checked as in :meth:`forward`.
+
+        Returns
+        -------
+        poses : torch.Tensor
+            ``[B, D, h, w, 16]`` ConvCaps2 poses.
+        activations : torch.Tensor
+            ``[B, D, h, w]`` ConvCaps2 activations.
+        """
         check_model_input(x, self)
         p0, a0 = self.primary_caps(self.stem(x))
         p1, a1 = self.conv_caps1(p0, a0)
@@ -220,8 +328,25 @@ class EMCapsNet(nn.Module):
     ):
         """Route the class capsules from given children (:meth:`class_inputs`) with another number of
         ``iterations`` and/or inverse-temperature scale ``final_lambda`` than the model was built with (same
-        schedule shape, same weights): returns ``((poses [B, K, 16], activations [B, K]), trace)``, the trace of
-        :func:`~capsule_lib.routing.em.em_routing`. With neither argument it equals the model's own class layer."""
+        schedule shape, same weights). With neither argument it equals the model's own class layer.
+
+        Parameters
+        ----------
+        poses : torch.Tensor
+            ``[B, D, h, w, 16]`` ConvCaps2 poses.
+        acts : torch.Tensor
+            ``[B, D, h, w]`` ConvCaps2 activations.
+        iterations : int, optional
+            EM iterations, >= 1; ``None`` (default) uses the class layer's.
+        final_lambda : float, optional
+            Inverse-temperature scale; ``None`` (default) uses the config's.
+
+        Returns
+        -------
+        tuple
+            ``((poses [B, K, 16], activations [B, K]), trace)``, ``trace`` the
+            :class:`~capsule_lib.types.RoutingTrace` of :func:`~capsule_lib.routing.em.em_routing`.
+        """
         c, caps = self.config, self.class_caps
         T = iterations if iterations is not None else caps.iterations
         lam = final_lambda if final_lambda is not None else c.final_lambda
@@ -245,8 +370,25 @@ class EMCapsNet(nn.Module):
         return ImageContract(self.config.in_channels, self.config.image_size)
 
     def forward(self, x: torch.Tensor, return_routing: bool = False, iterations: int | None = None) -> CapsuleOutput:
-        """Images -> class capsules; ``iterations`` overrides every EM layer's for this call (each derives its
-        inverse temperatures for that number, :meth:`~capsule_lib.routing.em.EMRoutingBase.inverse_temperatures`)."""
+        """Images -> class capsules.
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            ``[B, in_channels, image_size, image_size]`` images in [0, 1] (``[B, 1, 32, 32]`` by default).
+        return_routing : bool, optional
+            Also record every layer's routing trace (default ``False``).
+        iterations : int, optional
+            EM iterations of every layer for this call, >= 1 (each derives its inverse temperatures for that
+            number, :meth:`~capsule_lib.routing.em.EMRoutingBase.inverse_temperatures`); ``None`` (default) uses
+            the config's.
+
+        Returns
+        -------
+        CapsuleOutput
+            ``scores`` = class activations ``[B, K]`` (``kind="activations"``), ``poses [B, K, 16]``, no
+            reconstruction; ``trace`` and ``extra`` as in the class docstring.
+        """
         check_model_input(x, self)
         p0, a0 = self.primary_caps(self.stem(x))  # [B, B_, 14, 14, 16], [B, B_, 14, 14]
         traces, T = {}, {} if iterations is None else {"iterations": iterations}

@@ -52,16 +52,45 @@ def chain_credits(part_trace, class_trace, iteration: int = -1) -> torch.Tensor:
     ``credit_ik = sum_j D_use_ij R_jk``: input ``i``'s data used by part ``j`` in the first routing's last
     iteration (``D_use = sigmoid(a_i) R_ij``) times part ``j``'s share ``R_jk`` of class ``k`` in iteration
     ``iteration`` of the second routing. Summed over the classes it is ``sigmoid(a_i)`` (all the data that
-    input ``i`` has), so each input's credits say how its data is divided among the classes."""
+    input ``i`` has), so each input's credits say how its data is divided among the classes.
+
+    Parameters
+    ----------
+    part_trace : RoutingTrace
+        Trace of the first routing (inputs -> parts), with ``extra["D_use"]``.
+    class_trace : RoutingTrace
+        Trace of the second routing (parts -> classes).
+    iteration : int, optional
+        Iteration of the second routing whose coefficients are used (default -1, the last).
+
+    Returns
+    -------
+    torch.Tensor
+        ``[..., n_inp, n_classes]`` credits.
+    """
     d_use = part_trace.extra["D_use"][-1]  # [..., I, J]
     r_cls = class_trace.coefficients[iteration]  # [..., J, K]
     return torch.einsum("...ij,...jk->...ik", d_use, r_cls.to(d_use.dtype))  # [..., I, K]
 
 
 def bang_per_bit(routing: GenerativeMatrixRouting, trace, iteration: int = -1) -> torch.Tensor:
-    """``phi_ij = beta_use_ij D_use_ij - beta_ign_ij D_ign_ij`` ``[..., n_inp, n_out]`` of one routing call at
-    ``iteration``: input ``i``'s contribution to output ``j``'s logit (``a_out_j = sum_i phi_ij``), the quantity
-    Heinsen (2022) chains across routings for end-to-end credit assignment."""
+    """``phi_ij = beta_use_ij D_use_ij - beta_ign_ij D_ign_ij`` of one routing call at ``iteration``: input ``i``'s
+    contribution to output ``j``'s logit (``a_out_j = sum_i phi_ij``), what Heinsen (2022) chains across routings.
+
+    Parameters
+    ----------
+    routing : GenerativeMatrixRouting
+        The routing layer that made ``trace`` (its ``beta_use``, ``beta_ign``).
+    trace : RoutingTrace
+        Trace of one call (``return_routing=True``), with ``extra["D_use"]`` and ``extra["D_ign"]``.
+    iteration : int, optional
+        Iteration of that call (default -1, the last).
+
+    Returns
+    -------
+    torch.Tensor
+        ``[..., n_inp, n_out]`` contributions ``phi_ij``.
+    """
     d_use, d_ign = trace.extra["D_use"][iteration], trace.extra["D_ign"][iteration]  # [..., I, J]
     I, J = d_use.shape[-2:]
     _, _, b_use, b_ign = routing.expanded_parameters(J, I)
@@ -71,33 +100,54 @@ def bang_per_bit(routing: GenerativeMatrixRouting, trace, iteration: int = -1) -
 # -------------------------------------------------------------------------------------------- smallNORB
 @dataclass
 class SmallNORBConfig:
-    """Hyper-parameters of the paper's smallNORB model (the defaults)."""
+    """Hyper-parameters of the paper's smallNORB model (the defaults).
 
-    n_objs: int = 5  # object classes (class capsules)
-    n_parts: int = 64  # part capsule types per position, and parts after routing 1
-    d_chns: int = 64  # channels of the conv stack
-    in_channels: int = 2  # L and R images (4 if the data pipeline already added the coordinates)
-    image_size: int | None = 96  # checked on input; None accepts any size (routing 1 takes any n_inp)
-    d_pose: int = 4  # capsules are d_pose x d_pose matrices
+    Attributes
+    ----------
+    n_objs : int
+        Object classes, the class capsules (default 5).
+    n_parts : int
+        Part capsule types per position, and parts after routing 1 (default 64).
+    d_chns : int
+        Channels of the conv stack (default 64).
+    in_channels : int
+        Image channels: the L and R images (default 2; 4 if the data pipeline already added the coordinates).
+    image_size : int or None
+        Checked on input (default 96); ``None`` accepts any size (routing 1 takes any ``n_inp``).
+    d_pose : int
+        Capsules are ``d_pose x d_pose`` matrices (default 4).
+    iterations : int
+        Iterations of both routings, >= 1 (default 3).
+    strides : tuple of int
+        Strides of the 3x3 convolutions, one each (default ``(1, 2, 1, 2, 1, 2)``: six).
+    coord_channels : bool
+        Add the two coordinate channels inside the model (default ``True``; ``False``: the input has them).
+    """
+
+    n_objs: int = 5
+    n_parts: int = 64
+    d_chns: int = 64
+    in_channels: int = 2
+    image_size: int | None = 96
+    d_pose: int = 4
     iterations: int = 3
     strides: tuple[int, ...] = (1, 2, 1, 2, 1, 2)
-    coord_channels: bool = True  # add the two coordinate channels inside the model (False: input has them)
+    coord_channels: bool = True
 
 
 class SmallNORBClassifier(nn.Module):
     """Heinsen's (2019) smallNORB classifier (99.1% test accuracy in the paper; 271,688 parameters).
 
-    ``forward(images [B, 2, 96, 96], return_routing=False) -> CapsuleOutput`` with
-
-    * ``lengths [B, n_objs]``: the class routing's ``a_out``. These are **logits for a (soft-target)
-      cross-entropy**, not capsule lengths; ``argmax`` gives the prediction.
-    * ``poses [B, n_objs, 16]``: the class capsules ``mu_out`` (4 x 4 pose matrices, flattened).
-    * ``extra``: ``"mu"`` ``[B, n_objs, 4, 4]``, ``"sigma2"`` ``[B, n_objs, 4, 4]`` (their variances), and with
-      ``return_routing`` ``"traces"`` = ``[parts trace, class trace]``; ``trace`` is the class routing's trace.
-
     Module names follow the original code (``convolve``, ``compute_a``, ``compute_mu``, ``routings``), so the
     published state_dict loads. As in the original code, the six 3x3 convolutions get Kaiming-normal
     weights and zero biases; the 1x1 heads keep PyTorch's default init.
+
+    Parameters
+    ----------
+    config : SmallNORBConfig, optional
+        The hyper-parameters; ``None`` (default) for ``SmallNORBConfig()``, the paper's model.
+    overrides
+        Keyword arguments: fields of the config to replace (e.g. ``coord_channels=False``).
     """
 
     def __init__(self, config: SmallNORBConfig | None = None, **overrides) -> None:
@@ -136,7 +186,18 @@ class SmallNORBClassifier(nn.Module):
         return ImageContract(self.config.in_channels, self.config.image_size)
 
     def part_capsules(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``[B, 2, H, W]`` -> ``(a [B, n_parts * h * w], mu [B, n_parts * h * w, 4, 4])`` (part-major, then y, x)."""
+        """The part capsules of images, part-major, then ``(y, x)``.
+
+        Parameters
+        ----------
+        images : torch.Tensor
+            As in :meth:`forward` (checked here too).
+
+        Returns
+        -------
+        tuple of torch.Tensor
+            ``(a [B, n_parts * h * w], mu [B, n_parts * h * w, d_pose, d_pose])``: activation logits and poses.
+        """
         c = self.config
         check_images(images, self.input_contract, f"{type(self).__name__}: images")
         x = add_coordinate_channels(images) if c.coord_channels else images  # [B, 4, 96, 96]
@@ -150,7 +211,25 @@ class SmallNORBClassifier(nn.Module):
     def forward(
         self, images: torch.Tensor, return_routing: bool = False, iterations: int | None = None
     ) -> CapsuleOutput:
-        """Images -> class capsules (logits); ``iterations`` overrides both routings' for this call."""
+        """Images -> class capsules (logits).
+
+        Parameters
+        ----------
+        images : torch.Tensor
+            ``[B, in_channels, image_size, image_size]`` images in [0, 1] (``[B, 2, 96, 96]`` by default).
+        return_routing : bool, optional
+            Also record both routings' traces (default ``False``).
+        iterations : int, optional
+            Iterations of both routings for this call, >= 1; ``None`` (default) uses the config's.
+
+        Returns
+        -------
+        CapsuleOutput
+            ``scores [B, n_objs]``: the class routing's ``a_out``, **logits for a (soft-target) cross-entropy**
+            (``kind="logits"``), not capsule lengths. ``poses [B, n_objs, 16]``: the class capsules ``mu_out`` (4 x 4
+            pose matrices, flattened). ``extra``: ``"mu"``, ``"sigma2"`` ``[B, n_objs, 4, 4]`` (their variances),
+            and with ``return_routing`` ``"traces"`` = ``[parts trace, class trace]``; ``trace``: the class routing's.
+        """
         check_model_input(images, self, "images")
         a, mu = self.part_capsules(images)
         traces, T = [], {} if iterations is None else {"iterations": iterations}
@@ -166,7 +245,18 @@ class SmallNORBClassifier(nn.Module):
         return CapsuleOutput(a, "logits", mu.flatten(-2), None, traces[-1] if traces else None, extra)
 
     def part_grid(self, images: torch.Tensor) -> tuple[int, int]:
-        """``(h, w)``: the grid of part-capsule positions the six convolutions leave for these images."""
+        """The grid of part-capsule positions the convolutions leave for these images.
+
+        Parameters
+        ----------
+        images : torch.Tensor
+            ``[..., H, W]`` images (only their size is read).
+
+        Returns
+        -------
+        tuple of int
+            ``(h, w)`` (``(9, 9)`` for 96 x 96 images).
+        """
         h, w = images.shape[-2:]
         for s in self.config.strides:
             h, w = (h - 3) // s + 1, (w - 3) // s + 1
@@ -175,9 +265,19 @@ class SmallNORBClassifier(nn.Module):
     def class_credits(self, images: torch.Tensor, iteration: int = -1) -> tuple[CapsuleOutput, torch.Tensor]:
         """Which part capsules each class capsule explains, as maps over the grid of positions.
 
-        Returns ``(out, credits [B, n_objs, n_parts, h, w])`` with ``out`` the forward pass (traces included)
-        and ``credits`` = :func:`chain_credits` of the two routings at the class routing's ``iteration``,
-        per part type and position (summed over part types it is a map ``[B, n_objs, h, w]``)."""
+        Parameters
+        ----------
+        images : torch.Tensor
+            ``[B, in_channels, image_size, image_size]`` images in [0, 1].
+        iteration : int, optional
+            Iteration of the class routing (default -1, the last).
+
+        Returns
+        -------
+        tuple
+            ``(out, credits)``: the forward pass (traces included) and ``[B, n_objs, n_parts, h, w]`` credits,
+            :func:`chain_credits` of the two routings per part type and position (summed over part types: a map).
+        """
         out = self(images, return_routing=True)
         c = self.config
         h, w = self.part_grid(images)
@@ -189,14 +289,32 @@ class SmallNORBClassifier(nn.Module):
 # --------------------------------------------------------------------------- sequence classification
 @dataclass
 class SequenceClassifierConfig:
-    """The paper's SST head (defaults: SST-5 on the 37 hidden states of GPT-2-large; use ``n_classes=2`` for
-    SST-2). ``d_depth=None`` takes one embedding per token ``[B, n, d_emb]`` and has no depth embedding."""
+    """The paper's SST head (defaults: SST-5 on the 37 hidden states of GPT-2-large).
 
-    d_depth: int | None = 37  # embeddings per token (transformer layers incl. the input embeddings)
-    d_emb: int = 1280  # size of each embedding
-    d_inp: int = 64  # features computed per embedding (the input capsules' size)
-    d_cap: int = 2  # output capsules are 1 x d_cap
-    n_parts: int = 64  # capsules after the first routing
+    Attributes
+    ----------
+    d_depth : int or None
+        Embeddings per token, transformer layers incl. the input embeddings (default 37); ``None`` takes one
+        embedding per token ``[B, n, d_emb]`` and has no depth embedding.
+    d_emb : int
+        Size of each embedding (default 1280).
+    d_inp : int
+        Features computed per embedding, the input capsules' size (default 64).
+    d_cap : int
+        Output capsules are ``1 x d_cap`` (default 2).
+    n_parts : int
+        Capsules after the first routing (default 64).
+    n_classes : int
+        Classes (default 5; 2 for SST-2).
+    iterations : int
+        Iterations of both routings, >= 1 (default 3).
+    """
+
+    d_depth: int | None = 37
+    d_emb: int = 1280
+    d_inp: int = 64
+    d_cap: int = 2
+    n_parts: int = 64
     n_classes: int = 5
     iterations: int = 3
 
@@ -205,14 +323,6 @@ class SequenceClassifierHead(nn.Module):
     """Heinsen's (2019) sequence classifier head over variable-length token capsules (the SST model, without
     the frozen transformer): 140,480 trainable parameters for SST-5, 138,944 for SST-2.
 
-    ``forward(embs, padding_mask=None, *, token_weights=None, return_routing=False) -> CapsuleOutput``
-
-    * ``embs``: ``[B, n, d_depth, d_emb]`` (all hidden states of every token), or ``[B, n, d_emb]`` when
-      ``config.d_depth is None``.
-    * ``padding_mask``: bool ``[B, n]``, **True = padding** (ignored). Or ``token_weights``: float ``[B, n]`` in
-      [0, 1] with 1 = token, as in the original code (mixup mixes these); the score is ``a = logit(w)``, which
-      is ``+-inf`` for exact 0/1. Without either, every position is a token.
-
     An empty sequence axis (``n = 0``) raises ``ValueError``. A sequence of padding only is defined: no input
     has any data (``sigmoid(-inf) = 0``), so the parts are empty (``mu = 0``, scores ``0``) and the class
     scores are what the trained head gives to "no evidence", finite and independent of the padded embeddings.
@@ -220,10 +330,14 @@ class SequenceClassifierHead(nn.Module):
     Pipeline: ``embs + depth_emb`` -> Linear(d_emb -> d_inp, Kaiming) -> Swish -> LayerNorm(d_inp) gives
     ``n * d_depth`` input capsules ``[B, n * d_depth, 1, d_inp]`` with scores ``a`` repeated over depth ->
     Routing(1, d_inp, d_cap, n_out=n_parts, variable n_inp) -> Routing(1, d_cap, d_cap, n_inp=n_parts,
-    n_out=n_classes). Returns a :class:`CapsuleOutput` with ``lengths`` = class **logits** ``[B, n_classes]``,
-    ``poses [B, n_classes, d_cap]``, ``extra["sigma2"]`` and, with ``return_routing``, the class routing's trace
-    (``extra["traces"]`` holds both). Module names (``depth_emb``, ``detect_parts``, ``routings``) follow the
-    original ``SSTClassifier``.
+    n_out=n_classes). Module names (``depth_emb``, ``detect_parts``, ``routings``) follow the original
+    ``SSTClassifier``.
+
+    Parameters
+    ----------
+    config, overrides
+        A :class:`SequenceClassifierConfig` (``None``, the default: the paper's SST-5 head) and keyword arguments
+        that replace its fields.
     """
 
     def __init__(self, config: SequenceClassifierConfig | None = None, **overrides) -> None:
@@ -255,7 +369,22 @@ class SequenceClassifierHead(nn.Module):
     def input_scores(
         self, embs: torch.Tensor, padding_mask: torch.Tensor | None, token_weights: torch.Tensor | None
     ) -> torch.Tensor:
-        """Token score logits ``[B, n]``: +inf for tokens, -inf for padding (or ``logit(token_weights)``)."""
+        """Token score logits: +inf for tokens, -inf for padding (or ``logit(token_weights)``).
+
+        Parameters
+        ----------
+        embs : torch.Tensor
+            ``[B, n, ...]`` embeddings (only ``B`` and ``n`` are read).
+        padding_mask : torch.Tensor or None
+            Bool ``[B, n]``, True = padding.
+        token_weights : torch.Tensor or None
+            Float ``[B, n]`` in [0, 1], 1 = token; not together with ``padding_mask`` (``ValueError``).
+
+        Returns
+        -------
+        torch.Tensor
+            ``[B, n]`` score logits (+inf everywhere when both are ``None``).
+        """
         Bsz, n = embs.shape[:2]
         if padding_mask is not None and token_weights is not None:
             raise ValueError("pass either padding_mask or token_weights, not both")
@@ -282,6 +411,27 @@ class SequenceClassifierHead(nn.Module):
         token_weights: torch.Tensor | None = None,
         return_routing: bool = False,
     ) -> CapsuleOutput:
+        """Token capsules -> class capsules (logits).
+
+        Parameters
+        ----------
+        embs : torch.Tensor
+            ``[B, n, d_depth, d_emb]`` (all hidden states of every token), or ``[B, n, d_emb]`` when
+            ``config.d_depth is None``; ``n >= 1``.
+        padding_mask : torch.Tensor, optional
+            Bool ``[B, n]``, **True = padding** (ignored). ``None`` (default): no mask.
+        token_weights : torch.Tensor, optional
+            Instead of ``padding_mask``: float ``[B, n]`` in [0, 1], 1 = token, as in the original code (mixup mixes
+            these); score ``a = logit(w)`` (``+-inf`` for exact 0/1). Without either, every position is a token.
+        return_routing : bool, optional
+            Also record both routings' traces (default ``False``).
+
+        Returns
+        -------
+        CapsuleOutput
+            ``scores`` = class **logits** ``[B, n_classes]`` (``kind="logits"``), ``poses [B, n_classes, d_cap]``,
+            ``extra["sigma2"]``; with ``return_routing``, the class routing's trace (``extra["traces"]``: both).
+        """
         c = self.config
         if c.d_depth:
             check_tensor(
@@ -317,7 +467,25 @@ class SequenceClassifierHead(nn.Module):
 @dataclass
 class TokenSequenceConfig:
     """A token-embedding table in front of :class:`SequenceClassifierHead` (one embedding per token, no depth
-    embedding): the Heinsen chapter's model for :func:`~capsule_lib.data.sequences.marker_sequences`."""
+    embedding): the Heinsen chapter's model for :func:`~capsule_lib.data.sequences.marker_sequences` (defaults).
+
+    Attributes
+    ----------
+    vocab : int
+        Vocabulary size, token ids in ``[0, vocab)`` with 0 = padding (default 32).
+    d_emb : int
+        Size of the token embeddings (default 32).
+    d_inp : int
+        Features computed per token embedding, the input capsules' size (default 16).
+    d_cap : int
+        Output capsules are ``1 x d_cap`` (default 2).
+    n_parts : int
+        Capsules after the first routing (default 16).
+    n_classes : int
+        Classes (default 4).
+    iterations : int
+        Iterations of both routings, >= 1 (default 3).
+    """
 
     vocab: int = 32
     d_emb: int = 32
@@ -331,7 +499,14 @@ class TokenSequenceConfig:
 class TokenSequenceClassifier(nn.Module):
     """``tokens [B, n]`` (int64, ``0`` = padding) -> :class:`CapsuleOutput` of class logits: an
     ``nn.Embedding`` then Heinsen's routing head over the ``n`` token capsules, which routes from any ``n``
-    (padding masked out)."""
+    (padding masked out).
+
+    Parameters
+    ----------
+    config, overrides
+        A :class:`TokenSequenceConfig` (default ``None``: ``TokenSequenceConfig()``) and fields of it to replace,
+        as keyword arguments.
+    """
 
     def __init__(self, config: TokenSequenceConfig | None = None, **overrides) -> None:
         super().__init__()
@@ -353,6 +528,20 @@ class TokenSequenceClassifier(nn.Module):
         )
 
     def forward(self, tokens: torch.Tensor, return_routing: bool = False) -> CapsuleOutput:
+        """Token ids -> class capsules (logits).
+
+        Parameters
+        ----------
+        tokens : torch.Tensor
+            int64 ``[B, n]`` token ids in ``[0, vocab)``, 0 = padding.
+        return_routing : bool, optional
+            Also record both routings' traces (default ``False``).
+
+        Returns
+        -------
+        CapsuleOutput
+            As :meth:`SequenceClassifierHead.forward`: class logits ``[B, n_classes]``, ``poses [B, n_classes, d_cap]``.
+        """
         if not isinstance(tokens, torch.Tensor) or tokens.dtype != torch.long or tokens.dim() != 2:
             got = f"{tokens.dtype} {tuple(tokens.shape)}" if isinstance(tokens, torch.Tensor) else type(tokens).__name__
             raise ValueError(f"tokens: expected an int64 tensor [B, n] of token ids (0 = padding), got {got}")
@@ -363,9 +552,20 @@ class TokenSequenceClassifier(nn.Module):
         return self.head(self.embed(tokens), tokens == 0, return_routing=return_routing)
 
     def token_credits(self, tokens: torch.Tensor) -> tuple[CapsuleOutput, torch.Tensor]:
-        """``(out, credits [B, n, n_classes])``: each token's credit for each class logit, Heinsen's (2022)
-        chained "bang per bit" ``credit_ik = sum_j phi1_ij phi2_jk`` (:func:`bang_per_bit` of the two routings'
-        last iterations; positive = the token speaks for class ``k``, negative = against it, 0 for padding)."""
+        """Each token's credit for each class logit, Heinsen's (2022) chained "bang per bit"
+        ``credit_ik = sum_j phi1_ij phi2_jk`` (:func:`bang_per_bit` of the two routings' last iterations).
+
+        Parameters
+        ----------
+        tokens : torch.Tensor
+            Token ids, as in :meth:`forward`.
+
+        Returns
+        -------
+        tuple
+            ``(out, credits)``: the forward pass (traces included) and ``[B, n, n_classes]`` credits: positive =
+            the token speaks for class ``k``, negative = against it, 0 for padding.
+        """
         out = self(tokens, return_routing=True)
         t1, t2 = out.extra["traces"]
         phi1 = bang_per_bit(self.head.routings[0], t1)  # [B, n, J]
@@ -374,9 +574,20 @@ class TokenSequenceClassifier(nn.Module):
 
     @torch.no_grad()
     def token_occlusion(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(scores [B, K], effect [B, n, K])``: how much each class logit drops when token ``t`` alone is masked
-        out (turned into padding, which the routing ignores exactly): ``effect[b, t] = scores[b] -
-        scores(tokens[b] without t)``; 0 at padding. Positive = the token spoke for the class."""
+        """How much each class logit drops when token ``t`` alone is masked out (turned into padding, which the
+        routing ignores exactly); no gradients.
+
+        Parameters
+        ----------
+        tokens : torch.Tensor
+            int64 ``[B, n]`` token ids, 0 = padding.
+
+        Returns
+        -------
+        tuple of torch.Tensor
+            ``(scores [B, K], effect [B, n, K])``: the class logits of ``tokens`` and ``effect[b, t] = scores[b] -
+            scores(tokens[b] without t)``, 0 at padding; positive = the token spoke for the class.
+        """
         Bsz, n = tokens.shape
         scores = self(tokens).scores  # [B, K]
         masked = tokens[:, None, :].repeat(1, n, 1)  # [B, n (masked position), n]

@@ -27,8 +27,7 @@ Differences from the official code (the paper is silent on all of them):
 * the logits are ``final_fc(poses).squeeze(-1)``, so they stay ``[B, K]`` at batch size 1 (the official
   ``out.squeeze()`` returns ``[K]`` there);
 * ``iterations`` defaults to 2 (the official README recommends more than one routing iteration, and its best
-  results use it)
-  whereas the command line default is 1 (no agreement step at all).
+  results use it) whereas the command line default is 1 (no agreement step at all).
 """
 
 from __future__ import annotations
@@ -37,21 +36,23 @@ import math
 from dataclasses import dataclass, replace
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .._checks import check_images, check_iterations, check_model_input
 from ..layers import InvertedPrimaryCapsules
 from ..routing.inverted import EXPANSIONS, InvertedConvCapsules, InvertedFCCapsules
 from ..types import CapsuleOutput, ImageContract, RoutingTrace
+from .backbones import (
+    _input_contract,
+    _normalise,
+    _register_input_norm,
+    build_backbone,
+)
 
 __all__ = [
     "CapsLayerSpec",
     "CapsModelConfig",
     "CapsModel",
-    "BasicBlock",
-    "ResNetBackbone",
-    "SimpleBackbone",
     "BackboneClassifier",
     "CIFAR10_MEAN",
     "CIFAR10_STD",
@@ -61,119 +62,23 @@ __all__ = [
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2023, 0.1994, 0.2010)
 
-_BACKBONES = ("resnet", "simple")
-
-
-# ------------------------------------------------------------------------------------------- backbones
-class BasicBlock(nn.Module):
-    """CIFAR ResNet basic block: ``relu(BN(conv3x3(relu(BN(conv3x3(x))))) + shortcut(x))``, convs without
-    bias; the shortcut is a 1x1 conv (no bias) + BN when the stride or the width changes, else identity.
-    ``[B, in_planes, H, W] -> [B, planes, H', W']``."""
-
-    expansion = 1
-
-    def __init__(self, in_planes: int, planes: int, stride: int = 1) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(in_planes, planes, 3, stride=stride, padding=1, bias=False)
-        self.bn1 = nn.BatchNorm2d(planes)
-        self.conv2 = nn.Conv2d(planes, planes, 3, stride=1, padding=1, bias=False)
-        self.bn2 = nn.BatchNorm2d(planes)
-        self.shortcut = nn.Sequential()
-        if stride != 1 or in_planes != planes:
-            self.shortcut = nn.Sequential(
-                nn.Conv2d(in_planes, planes, 1, stride=stride, bias=False), nn.BatchNorm2d(planes)
-            )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = F.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        return F.relu(out + self.shortcut(x))
-
-
-class ResNetBackbone(nn.Module):
-    """The official ``resnet_backbone``: conv3x3(in -> stem, s1, p1, no bias) -> BN -> ReLU ->
-    ``blocks[0]`` BasicBlocks(stem, s1) -> ``blocks[1]`` BasicBlocks(channels, first with ``stride``).
-    ``[B, 3, 32, 32] -> [B, 128, 16, 16]`` with the defaults."""
-
-    def __init__(
-        self,
-        in_channels: int = 3,
-        channels: int = 128,
-        stride: int = 2,
-        stem: int = 64,
-        blocks: tuple[int, int] = (3, 4),
-    ) -> None:
-        super().__init__()
-        layers: list[nn.Module] = [
-            nn.Conv2d(in_channels, stem, 3, stride=1, padding=1, bias=False),
-            nn.BatchNorm2d(stem),
-            nn.ReLU(),
-        ]
-        in_planes = stem
-        for planes, n_blocks, first_stride in ((stem, blocks[0], 1), (channels, blocks[1], stride)):
-            for st in [first_stride] + [1] * (n_blocks - 1):
-                layers.append(BasicBlock(in_planes, planes, st))
-                in_planes = planes
-        self.pre_caps = nn.Sequential(*layers)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.pre_caps(x)
-
-
-class SimpleBackbone(nn.Module):
-    """The official ``simple_backbone``: conv(in -> channels, k, stride, padding, with bias) + ReLU.
-    ``[B, 3, 32, 32] -> [B, 128, 16, 16]`` with the defaults (k3, s2, p1)."""
-
-    def __init__(
-        self, in_channels: int = 3, channels: int = 128, kernel_size: int = 3, stride: int = 2, padding: int = 1
-    ) -> None:
-        super().__init__()
-        self.pre_caps = nn.Sequential(nn.Conv2d(in_channels, channels, kernel_size, stride, padding), nn.ReLU())
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.pre_caps(x)
-
-
-def build_backbone(cfg) -> nn.Module:
-    """The backbone a :class:`CapsModelConfig` names (``"resnet"`` or ``"simple"``), shared by
-    :class:`CapsModel` and :class:`BackboneClassifier`."""
-    if cfg.backbone == "resnet":
-        return ResNetBackbone(
-            cfg.in_channels, cfg.backbone_channels, cfg.backbone_stride, cfg.resnet_stem, cfg.resnet_blocks
-        )
-    if cfg.backbone == "simple":
-        return SimpleBackbone(
-            cfg.in_channels, cfg.backbone_channels, cfg.backbone_kernel, cfg.backbone_stride, cfg.backbone_padding
-        )
-    raise ValueError(f"backbone must be one of {_BACKBONES}, got {cfg.backbone!r}")
-
-
-def _register_input_norm(module: nn.Module, cfg) -> None:
-    """Buffers ``input_mean`` / ``input_std`` ``[1, C, 1, 1]`` (or ``None``)."""
-    if cfg.input_mean is None:
-        module.input_mean = module.input_std = None
-        return
-    module.register_buffer("input_mean", torch.tensor(cfg.input_mean).view(1, -1, 1, 1), persistent=False)
-    module.register_buffer("input_std", torch.tensor(cfg.input_std).view(1, -1, 1, 1), persistent=False)
-
-
-def _input_contract(cfg) -> ImageContract:
-    """Images in [0, 1] (normalised inside when the config has ``input_mean``: ``predict`` refuses already-normalised
-    or 0-255 float input)."""
-    return ImageContract(cfg.in_channels, cfg.image_size)
-
-
-def _normalise(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    if module.input_mean is None:
-        return x
-    return (x - module.input_mean.to(x.dtype)) / module.input_std.to(x.dtype)
-
 
 # ---------------------------------------------------------------------------------------------- config
 @dataclass(frozen=True)
 class CapsLayerSpec:
-    """One capsule layer between the primary and the class capsules: ``kind`` is ``"conv"`` (valid ``k x k``
-    windows with ``stride``) or ``"fc"``; ``n_caps`` is the number of output types (CONV) or capsules (FC)."""
+    """One capsule layer between the primary and the class capsules.
+
+    Attributes
+    ----------
+    kind : str
+        ``"conv"`` (valid ``k x k`` windows with ``stride``) or ``"fc"``.
+    n_caps : int
+        The number of output types (CONV) or capsules (FC).
+    kernel_size : int
+        Window side ``k``, CONV only (default 3).
+    stride : int
+        Window stride, CONV only (default 1).
+    """
 
     kind: str
     n_caps: int
@@ -187,28 +92,70 @@ class CapsModelConfig:
 
     Use the presets ``CapsModelConfig.cifar10(backbone="resnet"|"simple", **overrides)`` and
     ``CapsModelConfig.cifar100(...)`` (``configs/resnet_backbone_CIFAR{10,100}.json``).
+
+    Attributes
+    ----------
+    n_classes : int
+        Class capsules (default 10).
+    in_channels : int
+        Image channels (default 3).
+    image_size : int
+        Side of the square input images (default 32).
+    backbone : str
+        ``"resnet"`` (default) or ``"simple"``.
+    backbone_channels : int
+        Backbone output channels, the primary capsules' input (default 128).
+    backbone_stride : int
+        Stride of the first block of the 2nd resnet stage / of the simple conv (default 2).
+    backbone_kernel : int
+        Kernel side of the simple backbone's conv, simple backbone only (default 3).
+    backbone_padding : int
+        Its padding, simple backbone only (default 1).
+    resnet_stem : int
+        Channels of the resnet stem and first stage (default 64).
+    resnet_blocks : tuple of int
+        BasicBlocks in the two resnet stages (default ``(3, 4)``).
+    primary_types : int
+        Primary capsule types (default 32).
+    pose_dim : int
+        ``d = s*s``, a square: 4x4 matrix poses for CIFAR-10 (default 16), 6x6 for CIFAR-100.
+    capsules : tuple of CapsLayerSpec
+        The capsule layers before the class capsules (default: CONV 32 types k3 s2, then CONV 32 types k3 s1).
+    iterations : int
+        ``T >= 1`` (default 2; official CLI default 1; its README recommends > 1).
+    sequential_routing : bool
+        ``False`` (default): concurrent (Jacobi) schedule, the official default; ``True``: sequential.
+    dropout : float
+        ``--dp``, on the vote sum before each LayerNorm (default 0.0).
+    expansion : str
+        ``"unfold"`` (default) or ``"official_bug"``: the official CONV window expansion (apple PR #1).
+    norm_eps : float
+        LayerNorm epsilon (default 1e-5).
+    input_mean : tuple of float or None
+        Per-channel input normalisation inside the model (images in [0, 1] in, ``(x - mean) / std`` to the
+        backbone); ``None`` (default) = none. The CIFAR recipes set the official statistics (``CIFAR10_MEAN``).
+    input_std : tuple of float or None
+        The ``std`` of that normalisation (``CIFAR10_STD``); set both or neither (default ``None``).
     """
 
     n_classes: int = 10
     in_channels: int = 3
     image_size: int = 32
-    backbone: str = "resnet"  # "resnet" | "simple"
-    backbone_channels: int = 128  # backbone output channels (primary-capsule input)
-    backbone_stride: int = 2  # stride of the first block of the 2nd resnet stage / of the simple conv
-    backbone_kernel: int = 3  # simple backbone only
-    backbone_padding: int = 1  # simple backbone only
+    backbone: str = "resnet"
+    backbone_channels: int = 128
+    backbone_stride: int = 2
+    backbone_kernel: int = 3
+    backbone_padding: int = 1
     resnet_stem: int = 64
     resnet_blocks: tuple[int, int] = (3, 4)
     primary_types: int = 32
-    pose_dim: int = 16  # d = s*s (4x4 matrix poses for CIFAR-10, 6x6 for CIFAR-100)
+    pose_dim: int = 16
     capsules: tuple[CapsLayerSpec, ...] = (CapsLayerSpec("conv", 32, 3, 2), CapsLayerSpec("conv", 32, 3, 1))
-    iterations: int = 2  # T >= 1 (official CLI default 1; its README recommends > 1)
-    sequential_routing: bool = False  # False: concurrent (Jacobi) schedule, the official default
-    dropout: float = 0.0  # --dp, on the vote sum before each LayerNorm
-    expansion: str = "unfold"  # "official_bug": the official CONV window expansion (apple PR #1)
+    iterations: int = 2
+    sequential_routing: bool = False
+    dropout: float = 0.0
+    expansion: str = "unfold"
     norm_eps: float = 1e-5
-    # per-channel input normalisation inside the model (images in [0, 1] in, ``(x - mean) / std`` to the
-    # backbone); None = none. The CIFAR recipes set the official statistics (CIFAR10_MEAN / CIFAR10_STD).
     input_mean: tuple[float, ...] | None = None
     input_std: tuple[float, ...] | None = None
 
@@ -227,7 +174,8 @@ class CapsModelConfig:
 
     @classmethod
     def cifar10(cls, backbone: str = "resnet", **overrides) -> CapsModelConfig:
-        """CIFAR-10: 2 CONV capsule layers (32 types, k3 s2 then k3 s1), d = 16, 10 class capsules."""
+        """CIFAR-10: 2 CONV capsule layers (32 types, k3 s2 then k3 s1), d = 16, 10 class capsules.
+        ``backbone``: ``"resnet"`` (default) or ``"simple"``; ``overrides`` change its fields."""
         return cls(
             **{
                 "n_classes": 10,
@@ -240,7 +188,8 @@ class CapsModelConfig:
 
     @classmethod
     def cifar100(cls, backbone: str = "resnet", **overrides) -> CapsModelConfig:
-        """CIFAR-100: the same CONV layers with d = 36, an FC layer (800 -> 20), then 100 class capsules."""
+        """CIFAR-100: the same CONV layers with d = 36, an FC layer (800 -> 20), then 100 class capsules.
+        ``backbone`` and ``overrides`` as in :meth:`cifar10`."""
         return cls(
             **{
                 "n_classes": 100,
@@ -258,7 +207,7 @@ class CapsModelConfig:
         3 + 4 blocks, 128); 8 capsule types in the primary and both CONV capsule layers (instead of 32), same
         kernels, strides, 4x4 poses, class capsules, T = 2, concurrent schedule; CIFAR normalisation inside.
         135,985 parameters; its first CONV capsule layer forms 16x fewer vote values per image than the paper's
-        (0.45 M instead of 7.2 M)."""
+        (0.45 M instead of 7.2 M). ``overrides`` change its fields."""
         return cls.cifar10(
             **{
                 "backbone": "resnet",
@@ -285,19 +234,17 @@ class CapsModelConfig:
 class CapsModel(nn.Module):
     """Backbone -> primary capsules -> capsule layers -> class capsules -> shared ``final_fc`` logits.
 
-    ``forward(x, return_routing=False) -> CapsuleOutput`` with
-
-    * ``lengths [B, K]``: the **logits** ``w . p_k + b`` of the shared ``final_fc`` (not capsule lengths; train
-      with cross-entropy on them, as the paper does);
-    * ``poses [B, K, d]``: the class capsules after the last update;
-    * ``trace`` (``return_routing=True``): the class layer's :class:`RoutingTrace`, one entry per update of that
-      layer (``T`` entries, the last is the final update; coefficients ``[B, n_inp, K]``), with
-      ``extra["layers"]`` the traces of the other capsule layers in order (CONV coefficients
-      ``[B, h, w, N*k*k, M]``), ``extra["poses"]`` the final poses of every level ``[P_0, ..., P_L]`` and
-      ``extra["schedule"]``.
+    ``forward(x, return_routing=False) -> CapsuleOutput`` (see :meth:`forward`).
 
     Initialisation follows the official code: capsule weights Gaussian (std ``sqrt(M/(s N))`` FC,
     ``sqrt(M/(s N k^2))`` CONV), LayerNorms gamma 1 / beta 0, everything else PyTorch defaults.
+
+    Parameters
+    ----------
+    config : CapsModelConfig, optional
+        The hyper-parameters; ``None`` (default) for ``CapsModelConfig()``, the official CIFAR-10 resnet model.
+    overrides
+        Keyword arguments: fields of the config to replace.
     """
 
     def __init__(self, config: CapsModelConfig | None = None, **overrides) -> None:
@@ -363,7 +310,18 @@ class CapsModel(nn.Module):
         return _input_contract(self.config)
 
     def primary_capsules(self, x: torch.Tensor) -> torch.Tensor:
-        """``[B, 3, 32, 32] -> [B, 32, 16, 16, d]`` (post-LayerNorm primary poses ``P_0``)."""
+        """The post-LayerNorm primary poses ``P_0`` of images.
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            As in :meth:`forward`; the normalisation happens here.
+
+        Returns
+        -------
+        torch.Tensor
+            ``[B, primary_types, h, w, d]`` (``[B, 32, 16, 16, 16]`` by default).
+        """
         check_images(x, self.input_contract)
         return self.primary(self.backbone(_normalise(self, x)))
 
@@ -374,11 +332,7 @@ class CapsModel(nn.Module):
         iterations: int | None = None,
         sequential: bool | None = None,
     ):
-        """Run the routing schedule from the primary poses ``p0``; returns the final poses of every level
-        ``[P_0, P_1, ..., P_L]`` (``P_L`` = class capsules ``[B, K, d]``) and, with ``return_routing``, one
-        :class:`RoutingTrace` per capsule layer (one entry per update of that layer). ``iterations`` and
-        ``sequential`` override the config's ``iterations`` and ``sequential_routing`` for this call (e.g. to
-        evaluate a trained model with another T or schedule).
+        """Run the routing schedule from the primary poses ``p0``.
 
         With ``L_l(P_in, P_prev)`` one update of capsule layer ``l`` and ``T = iterations``:
 
@@ -389,6 +343,25 @@ class CapsModel(nn.Module):
           with the final ``P_{l-1}``.
 
         Both schedules coincide for ``T = 1``.
+
+        Parameters
+        ----------
+        p0 : torch.Tensor
+            ``[B, primary_types, h, w, d]`` primary poses (:meth:`primary_capsules`).
+        return_routing : bool, optional
+            Also return the traces (default ``False``).
+        iterations : int, optional
+            ``T`` for this call, >= 1 (e.g. to evaluate a trained model with another T); ``None`` (default) uses the
+            config's ``iterations``.
+        sequential : bool, optional
+            The schedule for this call; ``None`` (default) uses the config's ``sequential_routing``.
+
+        Returns
+        -------
+        list of torch.Tensor
+            The final poses of every level ``[P_0, P_1, ..., P_L]`` (``P_L`` = class capsules ``[B, K, d]``); with
+            ``return_routing``, ``(poses, traces)``: one :class:`~capsule_lib.types.RoutingTrace` per capsule layer
+            (one entry per update of that layer).
         """
         layers = self.capsule_layers
         T = self.config.iterations if iterations is None else check_iterations(iterations)
@@ -428,8 +401,31 @@ class CapsModel(nn.Module):
         iterations: int | None = None,
         sequential: bool | None = None,
     ) -> CapsuleOutput:
-        """``x [B, C, H, W]`` in [0, 1] (normalised inside when the config says so) -> :class:`CapsuleOutput`;
-        ``iterations`` / ``sequential`` override the config for this call (see :meth:`route`)."""
+        """Images -> class capsules and logits.
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            ``[B, in_channels, image_size, image_size]`` images in [0, 1] (normalised inside when the config says
+            so).
+        return_routing : bool, optional
+            Also record the traces (default ``False``).
+        iterations : int, optional
+            ``T`` for this call, >= 1; ``None`` (default) uses the config's (see :meth:`route`).
+        sequential : bool, optional
+            The schedule for this call; ``None`` (default) uses the config's ``sequential_routing``.
+
+        Returns
+        -------
+        CapsuleOutput
+            ``scores [B, K]``: the **logits** ``w . p_k + b`` of the shared ``final_fc`` (``kind="logits"``, not
+            capsule lengths; train with cross-entropy on them, as the paper does); ``poses [B, K, d]``: the class
+            capsules after the last update; ``trace`` (``return_routing=True``): the class layer's
+            :class:`~capsule_lib.types.RoutingTrace`, one entry per update of that layer (``T`` entries, the last
+            is the final update; coefficients ``[B, n_inp, K]``), with ``extra["layers"]`` the traces of the other
+            capsule layers in order (CONV coefficients ``[B, h, w, N*k*k, M]``), ``extra["poses"]`` the final poses
+            of every level ``[P_0, ..., P_L]`` and ``extra["schedule"]``.
+        """
         check_model_input(x, self)
         p0 = self.primary_capsules(x)  # [B, 32, 16, 16, d]
         seq = self.config.sequential_routing if sequential is None else bool(sequential)
@@ -450,8 +446,14 @@ class CapsModel(nn.Module):
         return CapsuleOutput(scores=logits, kind="logits", poses=poses, reconstruction=None, trace=trace)
 
     def parameter_breakdown(self) -> dict[str, int]:
-        """Parameters per part: ``backbone``, ``primary capsules``, ``capsule layers`` (all of them, the class layer
-        included), ``final_fc``, plus ``"total"``."""
+        """Parameters per part.
+
+        Returns
+        -------
+        dict[str, int]
+            ``backbone``, ``primary capsules``, ``capsule layers`` (all of them, the class layer included),
+            ``final_fc``, plus ``"total"``.
+        """
         count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
         parts = {
             "backbone": count(self.backbone),
@@ -462,8 +464,18 @@ class CapsModel(nn.Module):
         return {**parts, "total": sum(parts.values())}
 
     def set_expansion(self, expansion: str) -> CapsModel:
-        """Switch how every CONV capsule layer gathers its windows (``"unfold"``, or ``"official_bug"`` to
-        reproduce the official ``input_expansion``); returns ``self``. The weights are unchanged."""
+        """Switch how every CONV capsule layer gathers its windows; the weights are unchanged.
+
+        Parameters
+        ----------
+        expansion : str
+            ``"unfold"``, or ``"official_bug"`` to reproduce the official ``input_expansion``.
+
+        Returns
+        -------
+        CapsModel
+            ``self`` (its config's ``expansion`` updated).
+        """
         if expansion not in EXPANSIONS:
             raise ValueError(f"expansion must be one of {EXPANSIONS}, got {expansion!r}")
         for layer in self.capsule_layers:
@@ -486,7 +498,13 @@ class BackboneClassifier(nn.Module):
     """The capsule model's backbone with a linear head instead of the capsule layers: backbone ->
     global average pooling -> ``Linear(backbone_channels, n_classes)``. Built from the same
     :class:`CapsModelConfig` (only the backbone fields and the input normalisation are used), so the
-    comparison isolates what the capsule layers add. ``forward(x) -> CapsuleOutput`` with ``kind="logits"``."""
+    comparison isolates what the capsule layers add.
+
+    Parameters
+    ----------
+    config, overrides
+        As in :class:`CapsModel`.
+    """
 
     def __init__(self, config: CapsModelConfig | None = None, **overrides) -> None:
         super().__init__()
@@ -502,6 +520,18 @@ class BackboneClassifier(nn.Module):
         return _input_contract(self.config)
 
     def forward(self, x: torch.Tensor) -> CapsuleOutput:
+        """Classify images.
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            ``[B, in_channels, image_size, image_size]`` images in [0, 1], normalised inside as in :class:`CapsModel`.
+
+        Returns
+        -------
+        CapsuleOutput
+            ``scores`` = logits ``[B, n_classes]`` (``kind="logits"``); no poses, reconstruction or trace.
+        """
         check_model_input(x, self)
         feats = self.backbone(_normalise(self, x)).mean(dim=(2, 3))  # [B, C]
         return CapsuleOutput(scores=self.head(feats), kind="logits", poses=None, reconstruction=None, trace=None)

@@ -35,14 +35,40 @@ MODELS: dict[str, tuple[type[nn.Module], type]] = {
 
 
 def config_from_dict(cls: type, d: dict[str, Any]) -> Any:
-    """``cls(**d)`` for the keys that are fields of ``cls`` (others ignored), JSON lists back to tuples."""
+    """``cls(**d)`` for the keys that are fields of ``cls`` (others ignored), JSON lists back to tuples.
+
+    Parameters
+    ----------
+    cls : type
+        A config dataclass.
+    d : dict[str, Any]
+        Field values, e.g. a config read back from JSON (lists become tuples).
+
+    Returns
+    -------
+    Any
+        The config, ``cls(**fields)``.
+    """
     names = {f.name for f in fields(cls)}
     return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in names})
 
 
 def build_model(kind: str, config: Any) -> nn.Module:
-    """A model of ``kind`` (a key of :data:`MODELS`) from its config: a config dataclass, or a dict (unknown keys
-    are ignored)."""
+    """A model of ``kind`` from its config.
+
+    Parameters
+    ----------
+    kind : str
+        A key of :data:`MODELS`; any other raises ``ValueError``.
+    config : Any
+        A config dataclass (used as it is), or a dict of its fields (unknown keys are ignored,
+        :func:`config_from_dict`).
+
+    Returns
+    -------
+    nn.Module
+        The model, built with that config.
+    """
     if kind not in MODELS:
         raise ValueError(f"unknown model kind {kind!r}; known: {sorted(MODELS)}")
     model_cls, config_cls = MODELS[kind]

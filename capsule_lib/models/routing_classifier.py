@@ -42,11 +42,28 @@ __all__ = ["RoutingClassifierConfig", "RoutingClassifier"]
 
 @dataclass
 class RoutingClassifierConfig:
-    """``routing``: a key of :data:`capsule_lib.routing.kinds.ROUTING_KINDS`; ``iterations``: ``None`` for the kind's
-    default (:data:`capsule_lib.routing.kinds.DEFAULT_ITERATIONS`; ``self_attention`` takes none). The stem has
-    ``stem_channels`` convolutions (5x5, then 3x3 stride 2, ReLU); the primary capsules are ``primary_types``
-    types of ``caps_dim`` values (a square: EM and inverted routing use them as matrices) on the grid left by a
-    3x3 stride-2 convolution."""
+    """The comparison network's hyper-parameters (the defaults: the MNIST configuration).
+
+    Attributes
+    ----------
+    routing : str
+        A key of :data:`capsule_lib.routing.kinds.ROUTING_KINDS` (default ``"dynamic"``).
+    iterations : int or None
+        Routing iterations, >= 1; ``None`` (default) for the kind's default
+        (:data:`capsule_lib.routing.kinds.DEFAULT_ITERATIONS`; ``self_attention`` takes none).
+    in_channels : int
+        Image channels (default 1).
+    image_size : int
+        Side of the square input images (default 28).
+    n_classes : int
+        Class capsules (default 10).
+    stem_channels : tuple of int
+        Channels of the stem's two convolutions (5x5, then 3x3 stride 2, ReLU) (default ``(64, 128)``).
+    primary_types : int
+        Primary capsule types on the grid left by a 3x3 stride-2 convolution (default 16).
+    caps_dim : int
+        Values per capsule, a square: EM and inverted routing use them as matrices (default 16).
+    """
 
     routing: str = "dynamic"
     iterations: int | None = None
@@ -85,7 +102,20 @@ class RoutingClassifierConfig:
         return DEFAULT_ITERATIONS[self.routing] if self.iterations is None else self.iterations
 
     def with_routing(self, routing: str, **overrides) -> RoutingClassifierConfig:
-        """The same network with another routing (iterations back to that kind's default unless given)."""
+        """The same network with another routing (iterations back to that kind's default unless given).
+
+        Parameters
+        ----------
+        routing : str
+            A key of :data:`capsule_lib.routing.kinds.ROUTING_KINDS`.
+        overrides
+            Keyword arguments: other fields to change, ``iterations`` included.
+
+        Returns
+        -------
+        RoutingClassifierConfig
+            A new config.
+        """
         return replace(self, routing=routing, iterations=overrides.pop("iterations", None), **overrides)
 
 
@@ -96,6 +126,13 @@ class RoutingClassifier(nn.Module):
     ``"activations"`` or ``"logits"``, ``poses [B, K, d]``, and with ``return_routing`` the routing's trace
     (for ``inverted``, the last update's). ``forward(x, iterations=T)`` overrides the number of iterations at
     test time (the comparison's iteration sweep).
+
+    Parameters
+    ----------
+    config : RoutingClassifierConfig, optional
+        The hyper-parameters; ``None`` (default) for ``RoutingClassifierConfig()`` (dynamic routing).
+    overrides
+        Keyword arguments: fields of the config to replace.
     """
 
     def __init__(self, config: RoutingClassifierConfig | None = None, **overrides) -> None:
@@ -122,7 +159,18 @@ class RoutingClassifier(nn.Module):
         return ImageContract(self.config.in_channels, self.config.image_size)
 
     def primary_capsules(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``x [B, C, H, W] -> (poses [B, N, d], activation logits [B, N])``, capsule ``i = (t*g + y)*g + x``."""
+        """The primary capsules of images, capsule ``i = (t*g + y)*g + x`` on the ``g x g`` grid.
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            ``[B, in_channels, image_size, image_size]`` images, unchecked (:meth:`forward` checks them).
+
+        Returns
+        -------
+        tuple of torch.Tensor
+            ``(poses [B, N, d], activation logits [B, N])``, ``N = primary_types * g * g``, ``d = caps_dim``.
+        """
         cfg = self.config
         B = x.shape[0]
         T, d, g = cfg.primary_types, cfg.caps_dim, cfg.grid
@@ -131,8 +179,25 @@ class RoutingClassifier(nn.Module):
         return h[..., :d], h[..., d]  # [B, N, d], [B, N]
 
     def forward(self, x: torch.Tensor, return_routing: bool = False, iterations: int | None = None) -> CapsuleOutput:
-        """``x [B, C, H, W]`` -> class capsules; ``iterations`` (default: the config's) is passed to the routing
-        layer for this call only (nothing about the layer changes)."""
+        """Images -> class capsules.
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            ``[B, in_channels, image_size, image_size]`` images in [0, 1].
+        return_routing : bool, optional
+            Also record the routing's :class:`~capsule_lib.types.RoutingTrace` (default ``False``).
+        iterations : int, optional
+            Routing iterations for this call, >= 1, passed to the routing layer for this call only (nothing about
+            the layer changes); ``None`` (default) uses the config's. ``self_attention`` refuses a number.
+
+        Returns
+        -------
+        CapsuleOutput
+            ``scores [B, K]`` of ``kind`` ``"lengths"`` (dynamic, self_attention), ``"activations"`` (em) or
+            ``"logits"`` (heinsen_2019, heinsen_2022, inverted), ``poses [B, K, d]``, and with ``return_routing``
+            the routing's trace (for ``inverted``, the last update's).
+        """
         check_model_input(x, self)
         kind = self.config.routing
         if iterations is not None and kind == "self_attention":

@@ -15,7 +15,7 @@ module                 algorithm                                     main entry 
 """
 
 from .dynamic import DynamicRouting, capsule_votes, dynamic_routing
-from .em import EMRouting, EMRoutingBase, em_routing, em_routing_naive, inverse_temperature_schedule, matrix_votes
+from .em import EMRouting, EMRoutingBase, em_routing, inverse_temperature_schedule, matrix_votes
 from .heinsen_2019 import GenerativeMatrixRouting, generative_matrix_routing, heinsen_votes
 from .heinsen_2022 import EfficientVectorRouting, efficient_vector_routing
 from .inverted import (
@@ -32,7 +32,6 @@ __all__ = [
     "DynamicRouting",
     "capsule_votes",
     "em_routing",
-    "em_routing_naive",
     "EMRouting",
     "EMRoutingBase",
     "inverse_temperature_schedule",

@@ -15,7 +15,19 @@ def autocast_outputs(result: Any, device_type: str) -> Any:
     that makes its votes would), whatever precision its internals use; a trace, if present, is left as is
     (its tensors stay in the precision they were computed in). Outside autocast ``result`` is unchanged.
 
-    ``result``: a tensor, a tuple of tensors, or ``(outputs, RoutingTrace)`` from ``return_routing=True``."""
+    Parameters
+    ----------
+    result : torch.Tensor or tuple
+        A tensor, a (nested) tuple of tensors, or ``(outputs, RoutingTrace)`` from ``return_routing=True``.
+    device_type : str
+        The device type whose autocast state is read (``"cpu"``, ``"cuda"``, ...).
+
+    Returns
+    -------
+    torch.Tensor or tuple
+        ``result`` with every floating-point tensor that is not float64 cast to the autocast dtype (tuples
+        recursively, a :class:`RoutingTrace` untouched); ``result`` itself outside autocast.
+    """
     if not torch.is_autocast_enabled(device_type):
         return result
     dtype = torch.get_autocast_dtype(device_type)
@@ -40,7 +52,18 @@ KERNEL_DEVICES: tuple[str, ...] = ("cpu",)
 
 
 def kernel_device(t: torch.Tensor) -> bool:
-    """Whether ``t``'s device is one where the fused kernels are used (:data:`KERNEL_DEVICES`)."""
+    """Whether ``t``'s device is one where the fused kernels are used (:data:`KERNEL_DEVICES`).
+
+    Parameters
+    ----------
+    t : torch.Tensor
+        Any tensor; only its device type is read.
+
+    Returns
+    -------
+    bool
+        True if ``t.device.type`` is in :data:`KERNEL_DEVICES`.
+    """
     return t.device.type in KERNEL_DEVICES
 
 
@@ -60,7 +83,24 @@ def use_kernel(
       path's products would run in half precision and the kernel's not.
 
     Each kernel is tested equal to its plain path in float64 (values and gradients, mixed-scale inputs:
-    ``tests/test_fused_kernels.py``)."""
+    ``tests/test_fused_kernels.py``).
+
+    Parameters
+    ----------
+    \\*tensors : torch.Tensor
+        The kernel's tensor inputs (at least one); the first one's device and dtype decide.
+    trace : bool, optional
+        Whether a trace is asked for (``return_routing=True``); True refuses the kernel (default False).
+    dtypes : tuple[torch.dtype, ...] or None, optional
+        The dtypes the kernel accepts, all tensors sharing one (default float32 and float64); ``None``: any.
+    autocast : bool, optional
+        Whether the kernel handles autocast itself (default False: refused while autocast is on).
+
+    Returns
+    -------
+    bool
+        True if the kernel may replace the plain path.
+    """
     t0 = tensors[0]
     if trace or torch.compiler.is_compiling() or not kernel_device(t0):
         return False
@@ -70,17 +110,53 @@ def use_kernel(
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float16/bfloat16/float32 -> float32; float64 -> float64."""
+    """The dtype a routing computes in: float16/bfloat16/float32 -> float32; float64 -> float64.
+
+    Parameters
+    ----------
+    dtype : torch.dtype
+        The inputs' dtype.
+
+    Returns
+    -------
+    torch.dtype
+        ``torch.promote_types(dtype, torch.float32)``.
+    """
     return torch.promote_types(dtype, torch.float32)
 
 
 def no_autocast(t: torch.Tensor):
-    """Context that turns autocast off on ``t``'s device (so einsums really run in the compute dtype)."""
+    """Context that turns autocast off on ``t``'s device (so einsums really run in the compute dtype).
+
+    Parameters
+    ----------
+    t : torch.Tensor
+        Any tensor; autocast is turned off on its device type.
+
+    Returns
+    -------
+    torch.autocast
+        A context manager, ``torch.autocast(device_type=t.device.type, enabled=False)``.
+    """
     return torch.autocast(device_type=t.device.type, enabled=False)
 
 
 def check_one_or(p: torch.Tensor, name: str, spec: str, n: int, rest: list) -> None:
-    """``p`` must be ``[n, *rest]`` or ``[1, *rest]`` (weights shared across inputs)."""
+    """``p`` must be ``[n, *rest]`` or ``[1, *rest]`` (weights shared across inputs); ValueError otherwise.
+
+    Parameters
+    ----------
+    p : torch.Tensor
+        The parameter to check.
+    name : str
+        Its name in the error message.
+    spec : str
+        Its expected shape as written in the error message, e.g. ``"[n_inp=8 or 1, n_out]"``.
+    n : int
+        The allowed first size besides 1 (the number of inputs).
+    rest : list
+        The expected sizes after the first (``None`` for any size).
+    """
     check_tensor(p, name, spec, [None, *rest])
     if p.shape[0] not in (1, n):
         raise ValueError(f"{name}: expected shape {spec} with first size 1 or {n}, got {tuple(p.shape)}")

@@ -94,14 +94,26 @@ DYNAMIC_PRESETS: dict[str, dict] = {
 
 
 def capsule_votes(u: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """Votes ``u_hat_{j|i} = W_ij^T u_i``: ``u [B, n_inp, d_inp]``, ``W [n_inp, n_out, d_inp, d_out]``
-    -> ``[B, n_inp, n_out, d_out]``.
+    """Votes ``u_hat_{j|i} = W_ij^T u_i``.
 
     On the CPU, for float32/float64 (no autocast, not under ``torch.compile``) the result is a ``[B, I, J, E]`` view of
     parent-major ``[B, J, I, E]`` memory, the layout :func:`dynamic_routing` routes in, so the routing needs no
     copy of the votes; it is formed block by block over the children, each block's product transposed while it is
     still in cache (``_CapsuleVotes``; its backward reads the votes' gradient the same way). Otherwise (and
-    equal in value) a plain einsum."""
+    equal in value) a plain einsum.
+
+    Parameters
+    ----------
+    u : torch.Tensor
+        ``[B, n_inp, d_inp]``, the input capsules ``u_i``.
+    weight : torch.Tensor
+        ``[n_inp, n_out, d_inp, d_out]``, one transformation matrix ``W_ij`` per (input, output) pair.
+
+    Returns
+    -------
+    torch.Tensor
+        ``[B, n_inp, n_out, d_out]``, the votes ``u_hat_{j|i}``.
+    """
     shapes_match = u.dim() == 3 and weight.dim() == 4 and tuple(weight.shape[::2]) == tuple(u.shape[1:])
     if shapes_match and use_kernel(u, weight):  # (mismatched shapes: the einsum says what does not match)
         return _CapsuleVotes.apply(u, weight)
@@ -187,24 +199,31 @@ def dynamic_routing(
 
     Parameters
     ----------
-    votes
-        the prediction vectors ``u_hat_{j|i}``.
-    iterations
-        number of routing iterations ``T`` (>= 1); the paper uses 3.
-    bias
-        optional output bias ``[n_out, d_out]`` added to ``s_j`` (official code, init 0.1).
-    leaky
-        add an all-zero extra logit before the softmax (official "leaky routing").
-    coupling
-        ``"parents"`` (correct: sum to 1 over j) or ``"children"`` (gram-ai bug: over i).
-    squash_kind
-        a :func:`~capsule_lib.functional.squash` kind: ``"hinton"`` (ours) or an original's variant.
-    detach
-        ``"none"`` (official) or ``"non_final"`` (XifengGuo: non-final iterations route detached votes).
-    return_routing
-        also return a :class:`RoutingTrace` with per-iteration coefficients ``[B, I, J]``,
-        agreements ``[B, I, J]`` and outputs ``[B, J, E]``; ``extra`` holds the final ``logits`` and the
-        ``votes``.
+    votes : torch.Tensor
+        ``[B, n_inp, n_out, d_out]``, the prediction vectors ``u_hat_{j|i}``.
+    iterations : int, optional
+        Number of routing iterations ``T``, >= 1 (default 3, the paper's).
+    bias : torch.Tensor or None, optional
+        Output bias ``[n_out, d_out]`` added to ``s_j`` (official code, init 0.1); ``None`` (default): none.
+    leaky : bool, optional
+        Add an all-zero extra logit before the softmax over the parents (official "leaky routing"; unused with
+        ``coupling="children"``). Default False.
+    coupling : str, optional
+        ``"parents"`` (default, correct: sum to 1 over j) or ``"children"`` (gram-ai bug: over i).
+    squash_kind : str, optional
+        A :func:`~capsule_lib.functional.squash` kind: ``"hinton"`` (default, ours) or an original's variant
+        (``"hinton_no_eps"``, ``"hinton_eps_norm"``).
+    detach : str, optional
+        ``"none"`` (default, official) or ``"non_final"`` (XifengGuo: non-final iterations route detached votes).
+    return_routing : bool, optional
+        Also return a :class:`RoutingTrace` (default False).
+
+    Returns
+    -------
+    torch.Tensor or tuple[torch.Tensor, RoutingTrace]
+        The output capsules ``v [B, n_out, d_out]``; with ``return_routing=True``, ``(v, trace)``, the trace
+        (``algorithm="dynamic"``) holding per-iteration coefficients ``[B, I, J]``, agreements ``[B, I, J]``
+        and outputs ``[B, J, E]``; ``extra`` holds the final ``logits`` and the ``votes``.
     """
     check_tensor(votes, "votes", "[B, n_inp, n_out, d_out]", [None, None, None, None])
     check_nonempty(votes, "votes", "[B, n_inp, n_out, d_out]")
@@ -236,9 +255,29 @@ def dynamic_routing(
 class DynamicRouting(nn.Module):
     """Fully-connected capsule layer with dynamic routing: ``[B, n_inp, d_inp] -> [B, n_out, d_out]``.
 
-    Holds one transformation matrix per (input, output) pair, ``W [n_inp, n_out, d_inp, d_out]``, and an
-    optional output bias ``[n_out, d_out]``. ``forward(u, return_routing=True)`` also returns the
+    Holds one transformation matrix per (input, output) pair, ``weight [n_inp, n_out, d_inp, d_out]``, and an
+    optional output ``bias [n_out, d_out]``. ``forward(u, return_routing=True)`` also returns the
     :class:`RoutingTrace`.
+
+    Parameters
+    ----------
+    n_inp, n_out : int
+        Numbers of input and output capsules.
+    d_inp, d_out : int
+        Sizes of the input and output capsules.
+    iterations : int, optional
+        Routing iterations, >= 1 (default 3; checked when routing).
+    bias : bool, optional
+        Whether the layer has an output bias (default True).
+    leaky : bool, optional
+        Leaky routing, as in :func:`dynamic_routing` (default False).
+    coupling, squash_kind, detach : str, optional
+        The routing variant, as in :func:`dynamic_routing` (defaults ``"parents"``, ``"hinton"``, ``"none"``);
+        ``coupling`` and ``detach`` are checked here.
+    init_std : float, optional
+        Standard deviation of the normal initialisation of ``weight`` (default 0.01).
+    bias_init : float, optional
+        Initial value of every bias entry (default 0.1).
     """
 
     def __init__(
@@ -272,8 +311,24 @@ class DynamicRouting(nn.Module):
     def preset(
         cls, name: str, n_inp: int, n_out: int, d_inp: int, d_out: int, iterations: int = 3, **overrides
     ) -> DynamicRouting:
-        """The layer configured as implementation ``name`` of :data:`DYNAMIC_PRESETS` (``"ours"``,
-        ``"official"``, ``"gram-ai"``, ``"acburigo"``, ``"xifengguo"``); ``overrides`` replace preset fields."""
+        """The layer configured as implementation ``name`` of :data:`DYNAMIC_PRESETS`.
+
+        Parameters
+        ----------
+        name : str
+            ``"ours"``, ``"official"``, ``"gram-ai"``, ``"acburigo"`` or ``"xifengguo"`` (ValueError otherwise).
+        n_inp, n_out, d_inp, d_out : int
+            Numbers and sizes of the input and output capsules.
+        iterations : int, optional
+            Routing iterations (default 3).
+        \\*\\*overrides
+            Keyword arguments of :class:`DynamicRouting` that replace the preset's fields.
+
+        Returns
+        -------
+        DynamicRouting
+            The configured layer (an ``init_std`` of ``"sqrt(2 / (n_inp * d_inp))"``, acburigo's, computed).
+        """
         if name not in DYNAMIC_PRESETS:
             raise ValueError(f"unknown dynamic-routing preset {name!r}; expected one of {sorted(DYNAMIC_PRESETS)}")
         kw = {**DYNAMIC_PRESETS[name], **overrides}
@@ -282,14 +337,41 @@ class DynamicRouting(nn.Module):
         return cls(n_inp, n_out, d_inp, d_out, iterations, **kw)
 
     def votes(self, u: torch.Tensor) -> torch.Tensor:
-        """``[B, n_inp, d_inp] -> [B, n_inp, n_out, d_out]``."""
+        """The votes of the layer (:func:`capsule_votes` with its ``weight``).
+
+        Parameters
+        ----------
+        u : torch.Tensor
+            ``[B, n_inp, d_inp]``, the input capsules (non-empty).
+
+        Returns
+        -------
+        torch.Tensor
+            ``[B, n_inp, n_out, d_out]``, the votes ``u_hat_{j|i}``.
+        """
         spec = f"[B, n_inp={self.n_inp}, d_inp={self.d_inp}]"
         check_tensor(u, "u", spec, [None, self.n_inp, self.d_inp])
         check_nonempty(u, "u", spec)
         return capsule_votes(u, self.weight)
 
     def forward(self, u: torch.Tensor, return_routing: bool = False, iterations: int | None = None):
-        """``u [B, n_inp, d_inp] -> [B, n_out, d_out]``, routing ``iterations`` times (default: the module's)."""
+        """Route the input capsules to the output capsules.
+
+        Parameters
+        ----------
+        u : torch.Tensor
+            ``[B, n_inp, d_inp]``, the input capsules.
+        return_routing : bool, optional
+            Also return the :class:`RoutingTrace` (default False).
+        iterations : int or None, optional
+            Routing iterations for this call; ``None`` (default): the module's.
+
+        Returns
+        -------
+        torch.Tensor or tuple[torch.Tensor, RoutingTrace]
+            ``[B, n_out, d_out]``, or ``(outputs, trace)`` with ``return_routing=True`` (see
+            :func:`dynamic_routing`).
+        """
         check_module_input(u, self, type(self).__name__)
         return dynamic_routing(
             self.votes(u),

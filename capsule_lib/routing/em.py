@@ -17,46 +17,42 @@ Procedure 1 of the paper, per iteration ``t = 1..T`` (``R_ij = 1/J`` before the 
     E-step  log p_ij = -1/2 sum_h [ (V_ijh - mu_jh)^2 / sigma2_jh + log sigma2_jh + log 2 pi ]
             R_ij     = softmax_j(log p_ij + log a_j)                 (sums to 1 over the PARENTS j)
 
-The returned capsules are ``mu`` (poses) and ``a`` (activations) of the last M-step; the last E-step only
-feeds the trace.
+The returned capsules are ``mu`` (poses) and ``a`` (activations) of the last M-step; the last E-step only feeds the
+trace.
 
 Numerics
 --------
-Everything runs in float32 (float64 for float64 votes) with autocast disabled: votes in fp16/bf16 are
-upcast and the results are cast back to the votes' dtype. The E-step is done in log space:
-``log a_j = logsigmoid(...)`` (never ``log`` of an underflowed sigmoid), the posterior is normalised with
-``logsumexp``, and ``log sigma`` is ``1/2 log sigma2`` with ``sigma2 >= eps`` (no square root, whose gradient is
-infinite at 0). Sums of ``R'`` are guarded with ``+ eps``, so parents that receive nothing (all ``a_i = 0``)
-get ``mu = 0``, ``sigma2 = eps``, cost 0. Under fp16 autocast, gradients of very large inputs (x1e3) can
-exceed the fp16 range on their way back into fp16 tensors; that is fp16's range (use a GradScaler), not a
-NaN of the routing.
+Everything runs in float32 (float64 for float64 votes) with autocast disabled: votes in fp16/bf16 are upcast and the
+results are cast back to the votes' dtype. The E-step is done in log space: ``log a_j = logsigmoid(...)`` (never ``log``
+of an underflowed sigmoid), the posterior is normalised with ``logsumexp``, and ``log sigma`` is ``1/2 log sigma2`` with
+``sigma2 >= eps`` (no square root, whose gradient is infinite at 0). Sums of ``R'`` are guarded with ``+ eps``, so
+parents that receive nothing (all ``a_i = 0``) get ``mu = 0``, ``sigma2 = eps``, cost 0. Under fp16 autocast, gradients
+of very large inputs (x1e3) can exceed the fp16 range on their way back into fp16 tensors; that is fp16's range (use a
+GradScaler), not a NaN of the routing.
 
 Choices where the paper is silent or where we deviate (see also :func:`inverse_temperature_schedule`)
 ------------------------------------------------------------------------------------------------------
-* **Inverse temperature schedule.** The paper gives no values for ``lambda``. The one published formula is
-  Hinton's OpenReview answer, as quoted in Gritzman's IBM implementation (``em_routing.py``):
-  ``lambda_t = final_lambda * (1 - 0.95**(t+1))`` with ``final_lambda = 0.01`` (not re-checked against
-  OpenReview). We use that shape (``kind="hinton"``, increasing over iterations); see the next point for
-  the value.
-* **Cost normalisation** (``normalize_costs=True``, default). Raw costs grow with the number of children
-  per parent (``~ n_inp / n_out``: 4.5 in a k3 conv layer with 8 input types and 16 output types, > 100 in
-  the class layer), so one ``lambda`` cannot suit every layer. We multiply ``sum_i R'_ij`` by
-  ``n_out / n_inp`` (the cost becomes one of an average-sized parent). IBM's code does the same up to a
-  constant (``100 * n_out / n_inp``), so their ``final_lambda = 0.01`` equals our default
-  ``final_lambda = 1.0``. This is a constant per layer (equivalent to rescaling ``lambda`` and ``beta_a``),
-  not a data-dependent normalisation. ``normalize_costs=False`` gives the paper's raw costs (then use a
-  ``lambda`` around ``1e-3 .. 1e-2``, as yl-1993 and the OpenReview answer do).
+* **Inverse temperature schedule.** The paper gives no values for ``lambda``. The one published formula is Hinton's
+  OpenReview answer, as quoted in Gritzman's IBM implementation (``em_routing.py``):
+  ``lambda_t = final_lambda * (1 - 0.95**(t+1))`` with ``final_lambda = 0.01`` (not re-checked against OpenReview). We
+  use that shape (``kind="hinton"``, increasing over iterations); see the next point for the value.
+* **Cost normalisation** (``normalize_costs=True``, default). Raw costs grow with the number of children per parent
+  (``~ n_inp / n_out``: 4.5 in a k3 conv layer with 8 input types and 16 output types, > 100 in the class layer), so one
+  ``lambda`` cannot suit every layer. We multiply ``sum_i R'_ij`` by ``n_out / n_inp`` (the cost becomes one of an
+  average-sized parent). IBM's code does the same up to a constant (``100 * n_out / n_inp``), so their
+  ``final_lambda = 0.01`` equals our default ``final_lambda = 1.0``. This is a constant per layer (equivalent to
+  rescaling ``lambda`` and ``beta_a``), not a data-dependent normalisation. ``normalize_costs=False`` gives the paper's
+  raw costs (then use a ``lambda`` around ``1e-3 .. 1e-2``, as yl-1993 and the OpenReview answer do).
 * **yl-1993 quirk** (``normalize_over_outputs=True``): yl-1993/Matrix-Capsules-EM-PyTorch renormalises
   ``R'_ij`` over the outputs ``j`` right after multiplying by ``a_i``, which cancels ``a_i`` exactly: input
   activations then have no effect on ``mu``, ``sigma`` or ``a_out``. Off by default; offered to compare.
   yl-1993 as a whole is ``normalize_over_outputs=True, normalize_costs=False, inverse_temperature=1e-3``.
 * ``beta_u``, ``beta_a``: one per output capsule type (shared over positions), initialised to 0 (yl-1993;
   IBM draws ``beta_a`` from N(-1000, 500) at their cost scale, about -10 at ours).
-* ``eps = 1e-8`` (yl-1993; IBM uses 1e-9) is both the variance floor and the denominator guard. When a
-  parent's Gaussian collapses onto one child, ``log sig`` reaches ``1/2 log eps`` and its activation
-  saturates; in small experiments 3 iterations did this more often than 2 (yl-1993 and IBM both default to
-  2 iterations; the paper uses 3, our default). A larger ``eps`` (variance floor) or a smaller
-  ``final_lambda`` are the knobs if it happens.
+* ``eps = 1e-8`` (yl-1993; IBM uses 1e-9) is both the variance floor and the denominator guard. When a parent's Gaussian
+  collapses onto one child, ``log sig`` reaches ``1/2 log eps`` and its activation saturates; in small experiments 3
+  iterations did this more often than 2 (yl-1993 and IBM both default to 2 iterations; the paper uses 3, our default). A
+  larger ``eps`` (variance floor) or a smaller ``final_lambda`` are the knobs if it happens.
 * Nothing is detached: gradients flow through every iteration.
 """
 
@@ -76,7 +72,6 @@ from ._common import use_kernel
 __all__ = [
     "em_routing_reference",
     "em_routing",
-    "em_routing_naive",
     "EMRouting",
     "EMRoutingBase",
     "inverse_temperature_schedule",
@@ -133,14 +128,22 @@ def em_routing_reference(
 def inverse_temperature_schedule(iterations: int, final_lambda: float = 1.0, kind: str = "hinton") -> list[float]:
     """Per-iteration inverse temperatures ``lambda_t``, ``t = 0..iterations-1``.
 
-    ``"hinton"``: ``final_lambda * (1 - 0.95**(t+1))`` (the OpenReview formula; increasing, it approaches
-    ``final_lambda`` only as ``t -> inf``: 0.05, 0.0975, 0.143 x ``final_lambda`` for 3 iterations).
-    ``"fixed"``: ``final_lambda`` every iteration (yl-1993: 1e-3 with raw costs).
-    ``"linear"``: ``final_lambda * (t+1) / iterations`` (reaches ``final_lambda`` at the last iteration).
+    Parameters
+    ----------
+    iterations : int
+        Number of iterations, >= 1.
+    final_lambda : float, optional
+        Default 1.0, meant for :func:`em_routing`'s ``normalize_costs=True``; IBM's 0.01 with their factor 100.
+    kind : str, optional
+        ``"hinton"`` (default): ``final_lambda * (1 - 0.95**(t+1))`` (the OpenReview formula; increasing, it approaches
+        ``final_lambda`` only as ``t -> inf``: 0.05, 0.0975, 0.143 x ``final_lambda`` for 3 iterations). ``"fixed"``:
+        ``final_lambda`` every iteration (yl-1993: 1e-3 with raw costs). ``"linear"``:
+        ``final_lambda * (t+1) / iterations`` (reaches ``final_lambda`` at the last iteration).
 
-    The default ``final_lambda = 1.0`` is meant for the per-child cost normalisation of :func:`em_routing`
-    (``normalize_costs=True``); it equals IBM's 0.01 with their factor 100 in the costs.
-    """
+    Returns
+    -------
+    list[float]
+        One ``lambda_t`` per iteration."""
     check_iterations(iterations)
     if kind == "hinton":
         return [final_lambda * (1.0 - 0.95 ** (t + 1)) for t in range(iterations)]
@@ -197,59 +200,57 @@ def em_routing(
 ):
     """EM routing: ``votes [B, n_inp, n_out, d]``, ``a_in [B, n_inp]`` -> ``(mu [B, n_out, d], a_out [B, n_out])``.
 
-    Extra leading batch dimensions are allowed (``votes [B, h, w, n_inp, n_out, d]`` with
-    ``a_in [B, h, w, n_inp]`` routes every conv position independently).
-
-    Returns ``(mu, a_out)``, or ``((mu, a_out), trace)`` with ``return_routing=True``; both in the dtype of
-    ``votes``.
+    Extra leading batch dimensions are allowed (``votes [B, h, w, n_inp, n_out, d]`` with ``a_in [B, h, w, n_inp]``
+    routes every conv position independently).
 
     Parameters
     ----------
-    votes
-        ``V_ij``, flattened pose votes (``d = 16`` for 4x4 poses; any ``d`` works). Routing works
-        parent-major internally: votes that are the ``transpose(-3, -2)`` view of a contiguous
-        ``[..., n_out, n_inp, d]`` tensor (what :class:`~capsule_lib.layers.ConvCapsules` and
-        :class:`~capsule_lib.layers.ClassCapsules` make) are used without a copy.
-    a_in
-        input activations in ``[0, 1]`` (checked, except while ``torch.compile`` traces).
-    beta_u, beta_a
-        per output type ``[n_out]``: the cost per pose entry of a parent's spread, and the
-        activation threshold.
-    iterations
-        EM iterations ``T >= 1`` (the paper uses 3; yl-1993 finds 2 best).
-    inverse_temperature
+    votes : torch.Tensor
+        ``V_ij``, flattened pose votes (``d = 16`` for 4x4 poses; any ``d`` works). Routing works parent-major
+        internally: votes that are the ``transpose(-3, -2)`` view of a contiguous ``[..., n_out, n_inp, d]`` tensor
+        (what :class:`~capsule_lib.layers.ConvCapsules` and :class:`~capsule_lib.layers.ClassCapsules` make) are used
+        without a copy.
+    a_in : torch.Tensor
+        Input activations in ``[0, 1]`` (checked, except while ``torch.compile`` traces).
+    beta_u, beta_a : torch.Tensor
+        Per output type ``[n_out]``: the cost per pose entry of a parent's spread, and the activation threshold.
+    iterations : int, optional
+        EM iterations ``T >= 1`` (default 3, the paper's; yl-1993 finds 2 best).
+    inverse_temperature : float, Sequence[float] or None, optional
         ``lambda``; a float (fixed), one float per iteration, or ``None`` for
-        ``inverse_temperature_schedule(iterations)`` (Hinton's shape, ``final_lambda = 1``).
-    normalize_over_outputs
-        yl-1993 quirk, renormalise ``R'`` over outputs (cancels ``a_in``). Off = paper.
-    normalize_costs
-        multiply ``sum_i R'_ij`` by ``n_out / n_inp`` in the costs (module docstring).
-    eps
-        variance floor and guard of the ``sum_i R'_ij`` denominators.
-    return_routing
-        also return a :class:`RoutingTrace` (``algorithm="em"``) with, per iteration,
-        ``coefficients`` R used in that M-step ``[B, n_inp, n_out]`` (sum to 1 over ``n_out``),
-        ``agreements`` log p_ij ``[B, n_inp, n_out]`` under that iteration's Gaussians, ``outputs`` mu
-        ``[B, n_out, d]``, ``activations`` a_out ``[B, n_out]``; ``extra``: ``"sigma2"`` and ``"costs"``
-        (``sum_h cost_h``, ``[B, n_out]``) per iteration, ``"inverse_temperatures"``, ``"mass"``
-        (``sum_i R'_ij`` per iteration), ``"posterior"`` (R after the last E-step) and ``"a_in"`` (the
+        ``inverse_temperature_schedule(iterations)`` (default; Hinton's shape, ``final_lambda = 1``).
+    normalize_over_outputs : bool, optional
+        yl-1993 quirk, renormalise ``R'`` over outputs (cancels ``a_in``). Off (default) = paper.
+    normalize_costs : bool, optional
+        Multiply ``sum_i R'_ij`` by ``n_out / n_inp`` in the costs (default True; module docstring).
+    eps : float, optional
+        Variance floor and guard of the ``sum_i R'_ij`` denominators (default 1e-8).
+    return_routing : bool, optional
+        Also return a :class:`RoutingTrace` (default False).
+
+    Returns
+    -------
+    tuple[torch.Tensor, torch.Tensor] or tuple[tuple, RoutingTrace]
+        ``(mu [B, n_out, d], a_out [B, n_out])`` in the dtype of ``votes``, or ``((mu, a_out), trace)`` with
+        ``return_routing=True``, the trace (``algorithm="em"``) holding, per iteration, ``coefficients`` R used in that
+        M-step ``[B, n_inp, n_out]`` (sum to 1 over ``n_out``), ``agreements`` log p_ij ``[B, n_inp, n_out]`` under that
+        iteration's Gaussians, ``outputs`` mu ``[B, n_out, d]``, ``activations`` a_out ``[B, n_out]``; ``extra``:
+        ``"sigma2"`` and ``"costs"`` (``sum_h cost_h``, ``[B, n_out]``) per iteration, ``"inverse_temperatures"``,
+        ``"mass"`` (``sum_i R'_ij`` per iteration), ``"posterior"`` (R after the last E-step) and ``"a_in"`` (the
         children's activations, as given).
 
     Notes
     -----
     Two implementations of the same arithmetic: without the trace, in eager mode on the CPU
-    (``routing/_common.use_kernel``), a custom autograd function
-    (``_EMRoutingFunction``) routes blocks of a few conv positions / samples at a time, so that the
-    votes-sized temporaries ``(V - mu)^2`` stay in the CPU cache, and computes the gradients of all iterations
-    with a hand-derived backward (it keeps only ``[.., n_out, n_inp]``- and ``[.., n_out, d]``-sized tensors
-    per iteration, and recomputes ``V - mu``). With ``return_routing=True`` or under ``torch.compile`` the
-    routing is written as plain differentiable tensor code (the trace tensors carry gradients; inductor fuses
-    it); on CUDA, where the blocked function would launch thousands of small kernels, the plain code runs too. Both
-    give the same forward results and agree to rounding in the gradients (``tests/test_routing_em.py``,
-    ``tests/test_fused_kernels.py``).
-    The custom function is once differentiable: a double backward (``create_graph=True``) through it raises;
-    route with ``return_routing=True`` for that.
-    """
+    (``routing/_common.use_kernel``), a custom autograd function (``_EMRoutingFunction``) routes blocks of a few conv
+    positions / samples at a time, so that the votes-sized temporaries ``(V - mu)^2`` stay in the CPU cache, and
+    computes the gradients of all iterations with a hand-derived backward (it keeps only ``[.., n_out, n_inp]``- and
+    ``[.., n_out, d]``-sized tensors per iteration, and recomputes ``V - mu``). With ``return_routing=True`` or under
+    ``torch.compile`` the routing is written as plain differentiable tensor code (the trace tensors carry gradients;
+    inductor fuses it); on CUDA, where the blocked function would launch thousands of small kernels, the plain code runs
+    too. Both give the same forward results and agree to rounding in the gradients (``tests/test_routing_em.py``,
+    ``tests/test_fused_kernels.py``). The custom function is once differentiable: a double backward
+    (``create_graph=True``) through it raises; route with ``return_routing=True`` for that."""
     _check_em_inputs(votes, a_in, beta_u, beta_a)
     check_iterations(iterations)
     lams = _lambdas(inverse_temperature, iterations)
@@ -383,68 +384,24 @@ def _em_routing_autograd(
     return (mu, a_out), trace
 
 
-def em_routing_naive(
-    votes: torch.Tensor,
-    a_in: torch.Tensor,
-    beta_u: torch.Tensor,
-    beta_a: torch.Tensor,
-    iterations: int = 3,
-    *,
-    inverse_temperature: float | Sequence[float] | None = None,
-    normalize_costs: bool = True,
-    eps: float = 1e-8,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """**Reference for teaching, not for use**: Procedure 1 evaluated literally, in probability space and in
-    the votes' own dtype. Same arguments and results as :func:`em_routing` (without the trace and the yl-1993
-    option), same ``eps`` guards in the M-step; only the numerics differ:
-
-    * ``sigma = sqrt(sigma2)`` and ``cost_h = (beta_u + log sigma) * sum_i R'_ij``;
-    * ``a_j = 1 / (1 + exp(-lambda (beta_a - sum_h cost_h)))``;
-    * E-step: ``p_ij = prod_h exp(-(V_ijh - mu_jh)^2 / (2 sigma2_jh)) / sqrt(2 pi sigma2_jh)`` (a product of
-      ``d`` densities) and ``R_ij = a_j p_ij / sum_k a_k p_ik``;
-    * no upcast: fp16/bf16 votes are routed in fp16/bf16, as they would be under autocast.
-
-    With tight clusters, large poses, many iterations or half precision the product of densities
-    under- or overflows, and ``0/0`` or ``inf/inf`` in the E-step gives NaN. The EM chapter puts it next to
-    :func:`em_routing` on the same inputs.
-    """
-    _check_em_inputs(votes, a_in, beta_u, beta_a)
-    lams = _lambdas(inverse_temperature, iterations)
-    *_, I, J, D = votes.shape
-    scale = J / I if normalize_costs else 1.0
-    dt = votes.dtype
-    with torch.autocast(device_type=votes.device.type, enabled=False):
-        V = votes.transpose(-3, -2)  # [B, J, I, D]
-        a = a_in.to(dt).unsqueeze(-2)  # [B, 1, I]
-        bu, ba = beta_u.to(dt).unsqueeze(-1), beta_a.to(dt)  # [J, 1], [J]
-        R = torch.full_like(V[..., 0], 1.0 / J)  # [B, J, I]
-        for t in range(iterations):
-            # ---- M-step ----
-            Rp = R * a  # [B, J, I]
-            mass = Rp.sum(dim=-1)  # [B, J]
-            coeff = Rp / (mass.unsqueeze(-1) + eps)  # [B, J, I]
-            mu = (coeff.unsqueeze(-1) * V).sum(dim=-2)  # [B, J, D]
-            sigma2 = (coeff.unsqueeze(-1) * (V - mu.unsqueeze(-2)) ** 2).sum(dim=-2) + eps  # [B, J, D]
-            sigma = torch.sqrt(sigma2)  # [B, J, D]
-            cost = ((bu + torch.log(sigma)) * (mass * scale).unsqueeze(-1)).sum(dim=-1)  # [B, J]
-            a_out = 1.0 / (1.0 + torch.exp(-lams[t] * (ba - cost)))  # [B, J]
-            if t == iterations - 1:
-                break
-            # ---- E-step (probability space) ----
-            dens = torch.exp(-((V - mu.unsqueeze(-2)) ** 2) / (2 * sigma2.unsqueeze(-2)))  # [B, J, I, D]
-            dens = dens / torch.sqrt(2 * math.pi * sigma2.unsqueeze(-2))  # [B, J, I, D]
-            p = dens.prod(dim=-1)  # [B, J, I]
-            ap = a_out.unsqueeze(-1) * p  # [B, J, I]
-            R = ap / ap.sum(dim=-2, keepdim=True)  # [B, J, I]  sums to 1 over j (or is NaN)
-    return mu, a_out
-
-
 # ----------------------------------------------------------------------------------------------------
 # Votes and the fully-connected module
 # ----------------------------------------------------------------------------------------------------
 def matrix_votes(poses: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """Matrix votes ``V_ij = M_i W_ij``: ``poses [B, n_inp, P*P]`` (row-major P x P),
-    ``weight [n_inp, n_out, P, P]`` -> ``[B, n_inp, n_out, P*P]``."""
+    """Matrix votes ``V_ij = M_i W_ij``: each child's pose matrix times one transformation per parent.
+
+    Parameters
+    ----------
+    poses : torch.Tensor
+        ``[B, n_inp, P*P]``, each pose a row-major ``P x P`` matrix ``M_i``.
+    weight : torch.Tensor
+        ``[n_inp, n_out, P, P]``, the transformations ``W_ij``.
+
+    Returns
+    -------
+    torch.Tensor
+        ``[B, n_inp, n_out, P*P]``, the votes flattened row-major.
+    """
     n_inp, n_out, P, _ = weight.shape
     M = poses.reshape(*poses.shape[:-1], P, P)  # [B, I, P, P]
     V = torch.einsum("bipq,ijqr->bijpr", M, weight)  # [B, I, J, P, P]
@@ -452,9 +409,16 @@ def matrix_votes(poses: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 class EMRoutingBase(nn.Module):
-    """What every layer with EM routing shares: the routing hyper-parameters, the per-output-type ``beta_u``,
-    ``beta_a`` (init 0, as yl-1993) and :meth:`route`. Subclasses add their transformation weights
-    (:meth:`pose_weight`) and how votes are formed."""
+    """What every layer with EM routing shares: the routing hyper-parameters, the per-output-type ``beta_u``, ``beta_a``
+    (init 0, as yl-1993) and :meth:`route`. Subclasses add their transformation weights (:meth:`pose_weight`) and how
+    votes are formed.
+
+    Parameters
+    ----------
+    n_out : int
+        Number of output capsule types (the size of ``beta_u`` and ``beta_a``).
+    iterations, inverse_temperature, normalize_over_outputs, normalize_costs, eps
+        As in :class:`EMRouting` (no defaults here)."""
 
     @staticmethod
     def pose_weight(shape: tuple[int, ...], init_std: float | None) -> nn.Parameter:
@@ -522,11 +486,20 @@ class EMRouting(EMRoutingBase):
     """Fully-connected matrix-capsule layer with EM routing:
     ``poses [B, n_inp, P*P], a_in [B, n_inp] -> (poses [B, n_out, P*P], a_out [B, n_out])``.
 
-    Owns one ``P x P`` transformation per (input, output) pair, ``weight [n_inp, n_out, P, P]``
-    (``N(0, init_std^2)``; ``init_std = 1/sqrt(P)`` keeps the vote variance equal to the pose variance),
-    and ``beta_u``, ``beta_a`` ``[n_out]``. ``route(votes, a_in)`` runs :func:`em_routing` on given votes.
-    ``forward(..., return_routing=True)`` returns ``((mu, a_out), trace)``.
-    """
+    Parameters
+    ----------
+    n_inp, n_out : int
+        Numbers of input and output capsules: one ``P x P`` transformation per pair, ``weight [n_inp, n_out, P, P]``;
+        ``beta_u``, ``beta_a`` ``[n_out]``.
+    pose_size : int, optional
+        Side ``P`` of the pose matrices (default 4).
+    iterations : int, optional
+        EM iterations, >= 1 (default 3); a call may override it.
+    inverse_temperature, normalize_over_outputs, normalize_costs, eps : optional
+        As in :func:`em_routing` (defaults ``None``, False, True, 1e-8); ``inverse_temperature`` may also be a schedule
+        ``iterations -> values``, and a per-iteration list serves only the layer's own ``iterations``.
+    init_std : float or None, optional
+        Std of the ``N(0, init_std^2)`` weights; ``None`` (default): ``1/sqrt(P)`` (vote variance = pose variance)."""
 
     def __init__(
         self,
@@ -556,14 +529,21 @@ class EMRouting(EMRoutingBase):
     def forward(
         self, poses: torch.Tensor, a_in: torch.Tensor, return_routing: bool = False, iterations: int | None = None
     ):
-        """``poses [B, n_inp, P*P]``, ``a_in [B, n_inp]`` -> ``(mu [B, n_out, P*P], a_out [B, n_out])``."""
+        """Route the input capsules: :meth:`~capsule_lib.routing.em.EMRoutingBase.route` of :meth:`votes`.
+
+        Parameters
+        ----------
+        poses, a_in : torch.Tensor
+            ``poses [B, n_inp, P*P]`` and activations ``a_in [B, n_inp]`` in ``[0, 1]``.
+        return_routing, iterations : optional
+            As in :meth:`~capsule_lib.routing.em.EMRoutingBase.route` (defaults False and ``None``: the layer's).
+
+        Returns
+        -------
+        tuple
+            ``(mu [B, n_out, P*P], a_out [B, n_out])``, or ``((mu, a_out), trace)`` with ``return_routing=True``."""
         check_module_input(poses, self, type(self).__name__)
         return self.route(self.votes(poses), a_in, return_routing, iterations)
 
     def extra_repr(self) -> str:
         return f"n_inp={self.n_inp}, n_out={self.n_out}, pose_size={self.pose_size}, " + self._repr()
-
-
-# ----------------------------------------------------------------------------------------------------
-# Convolutional matrix-capsule layers
-# ----------------------------------------------------------------------------------------------------

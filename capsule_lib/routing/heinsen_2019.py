@@ -94,13 +94,24 @@ def generative_matrix_routing_reference(
 def heinsen_votes(mu_inp: torch.Tensor, W: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
     """Votes ``V_ij = mu_i W_ij + B_ij``.
 
-    ``mu_inp [..., n_inp, d_cov, d_inp]``, ``W [n_inp or 1, n_out, d_inp, d_out]``,
-    ``B [n_inp or 1, n_out, d_cov, d_out]`` -> ``V [..., n_inp, n_out, d_cov, d_out]``. A first size of 1 means
-    one matrix shared by every input (variable ``n_inp``): then the votes are a single matmul.
+    A first size of 1 in ``W`` means one matrix shared by every input (variable ``n_inp``): then the votes are a
+    single matmul.
 
-    The result is a transposed view of a ``[..., n_out, n_inp, d_cov, d_out]`` tensor: the routing's
-    contractions over the inputs (means, variances) then run as plain batched matmuls over the outputs
-    without copying ``V`` (this matters for the smallNORB model's 5184 x 64 votes).
+    Parameters
+    ----------
+    mu_inp : torch.Tensor
+        ``[..., n_inp, d_cov, d_inp]``, the input capsules ``mu_i``.
+    W : torch.Tensor
+        ``[n_inp or 1, n_out, d_inp, d_out]``, the transformation matrices.
+    B : torch.Tensor
+        ``[n_inp or 1, n_out, d_cov, d_out]``, the vote biases.
+
+    Returns
+    -------
+    torch.Tensor
+        ``V [..., n_inp, n_out, d_cov, d_out]``, a transposed view of a ``[..., n_out, n_inp, d_cov, d_out]``
+        tensor: the routing's contractions over the inputs (means, variances) then run as plain batched matmuls
+        over the outputs without copying ``V`` (this matters for the smallNORB model's 5184 x 64 votes).
     """
     I, C = mu_inp.shape[-3:-1]
     if W.shape[0] == 1:  # one matmul: [..., 1, I*C, D] @ [J, D, E]
@@ -152,33 +163,40 @@ def generative_matrix_routing(
 
     Parameters
     ----------
-    a_inp
-        input scores as **logits** (``f(a) = sigmoid(a)``; ``+-inf`` allowed, e.g. ``logit(mask)``).
-    mu_inp
-        input capsules, ``d_cov x d_inp`` matrices.
-    W
+    a_inp : torch.Tensor
+        ``[..., I]``, input scores as **logits** (``f(a) = sigmoid(a)``; ``+-inf`` allowed, e.g. ``logit(mask)``).
+    mu_inp : torch.Tensor
+        ``[..., I, C, D]``, input capsules, ``d_cov x d_inp`` matrices.
+    W : torch.Tensor
         ``[I or 1, J, d_inp, d_out]`` transformation matrices (first size 1 = shared by all inputs).
-    B
+    B : torch.Tensor
         ``[I or 1, J, d_cov, d_out]`` vote biases.
-    beta_use, beta_ign
+    beta_use, beta_ign : torch.Tensor
         ``[I or 1, J]`` net benefit of using / net cost of ignoring a unit of data.
-    iterations
-        routing iterations ``T`` (>= 1; the paper uses 3).
-    p_model
-        ``"gaussian"`` (Gaussian mixture) or ``"skm"`` (soft k-means) for ``log p_ij``.
-    eps
-        added to ``sum_i D_use_ij`` and to the variances.
-    method
+    iterations : int, optional
+        Routing iterations ``T``, >= 1 (default 3, the paper's).
+    p_model : str, optional
+        ``"gaussian"`` (default, Gaussian mixture) or ``"skm"`` (soft k-means) for ``log p_ij``.
+    eps : float, optional
+        Added to ``sum_i D_use_ij`` and to the variances (default 1e-5).
+    method : str, optional
         ``"votes"`` forms the votes ``V [..., I, J, C, E]`` and runs the loop on them; ``"moments"`` (only when
         ``W``, ``B`` and the betas are shared by all inputs, first size 1, and without a trace) runs the same
         loop on weighted moments of the inputs, in float64, without forming the votes (much faster and smaller
         for many inputs on the CPU; ``routing/_kernels/heinsen.py``); ``"auto"`` (default) picks ``"moments"`` when
         it applies on the CPU, ``"votes"`` elsewhere.
-    return_routing
-        also return a :class:`RoutingTrace` (``algorithm="heinsen_2019"``) holding, per iteration,
-        ``coefficients`` R ``[..., I, J]`` (t = 0 is the uniform 1/J), ``agreements`` log p_ij ``[..., I, J]``
-        computed from that iteration's outputs, ``outputs`` mu_out, ``activations`` a_out, and in ``extra``
-        the lists ``D_use``, ``D_ign``, ``sigma2`` plus the ``votes`` V ``[..., I, J, C, E]``.
+    return_routing : bool, optional
+        Also return a :class:`RoutingTrace` (default False).
+
+    Returns
+    -------
+    tuple[torch.Tensor, torch.Tensor, torch.Tensor] or tuple[tuple, RoutingTrace]
+        ``(a_out [..., J], mu_out [..., J, C, E], sigma2_out [..., J, C, E])`` in ``mu_inp``'s dtype; with
+        ``return_routing=True``, ``(that tuple, trace)``, the trace (``algorithm="heinsen_2019"``) holding, per
+        iteration, ``coefficients`` R ``[..., I, J]`` (t = 0 is the uniform 1/J), ``agreements`` log p_ij
+        ``[..., I, J]`` computed from that iteration's outputs, ``outputs`` mu_out, ``activations`` a_out, and in
+        ``extra`` the lists ``D_use``, ``D_ign``, ``sigma2`` plus the ``votes`` V ``[..., I, J, C, E]`` and
+        ``f_a_inp = sigmoid(a_inp)`` ``[..., I]``.
     """
     _check_inputs(a_inp, mu_inp, W, B, beta_use, beta_ign, iterations, p_model, method)
     I, J = mu_inp.shape[-3], W.shape[1]
@@ -305,22 +323,36 @@ class GenerativeMatrixRouting(nn.Module):
     -> ``(a_out [..., n_out], mu_out [..., n_out, d_cov, d_out], sigma2_out [..., n_out, d_cov, d_out])``,
     or ``(that tuple, RoutingTrace)`` with ``return_routing=True``. ``a_inp`` and ``a_out`` are **logits**.
 
-    Arguments (2019 order: ``d_cov, d_inp, d_out, n_inp=-1, n_out=-1, ...``; the 2022 package
-    ``heinsen_routing.GenerativeMatrixRouting`` puts ``n_inp, n_out`` first, so prefer keywords):
+    Weights, as in the paper's code: ``W [I', J', d_inp, d_out] ~ N(0, 1) / d_inp``,
+    ``B [I', J', d_cov, d_out] = 0``, ``beta_use``, ``beta_ign [I', J'] = 0`` (``I' = 1`` if ``n_inp=-1``,
+    ``J' = 1`` if ``n_out=-1``). The state-dict keys (``W``, ``B``, ``B_brk``, ``beta_use``, ``beta_ign`` and the
+    buffer ``CONST_one``) are the original ones, so the published state_dicts load.
 
-    * ``n_inp=-1``: any number of inputs; ``W``, ``B`` and the betas have first size ``I' = 1`` and are shared by
-      every input (the smallNORB model's first routing: ``W [1, 64, 4, 4]`` for 5184 inputs).
-    * ``n_out=-1``: the number of outputs is passed to ``forward(..., n_out=J)`` (default: ``n_inp``);
-      ``W``, ``B`` and the betas are shared across outputs and ``B`` gets ``B_brk * linspace(-1, 1, J)`` to
-      break the symmetry (``B_brk [1, d_cov, d_out]``, init 0). The 2022 package dropped this variant.
-    * ``single_beta``: ``beta_ign`` is the same parameter as ``beta_use``.
-    * ``method``: how the loop is computed (``"auto"``, ``"votes"``, ``"moments"``), see
-      :func:`generative_matrix_routing`; the result is the same.
-
-    Parameters, as in the paper's code: ``W [I', J', d_inp, d_out] ~ N(0, 1) / d_inp``,
-    ``B [I', J', d_cov, d_out] = 0``, ``beta_use``, ``beta_ign [I', J'] = 0`` (``J' = 1`` if ``n_out=-1``).
-    The state-dict keys (``W``, ``B``, ``B_brk``, ``beta_use``, ``beta_ign`` and the buffer ``CONST_one``) are the
-    original ones, so the published state_dicts load.
+    Parameters
+    ----------
+    d_cov, d_inp, d_out : int
+        Capsule matrices: inputs ``d_cov x d_inp``, outputs ``d_cov x d_out``. The 2019 order is
+        ``d_cov, d_inp, d_out, n_inp=-1, n_out=-1, ...``; the 2022 package's
+        ``heinsen_routing.GenerativeMatrixRouting`` puts ``n_inp, n_out`` first, so prefer keywords.
+    n_inp : int, optional
+        Number of inputs (> 0), or ``-1`` (default): any number; ``W``, ``B`` and the betas then have first size
+        ``I' = 1`` and are shared by every input (the smallNORB model's first routing: ``W [1, 64, 4, 4]`` for
+        5184 inputs).
+    n_out : int, optional
+        Number of outputs (> 0), or ``-1`` (default): passed to ``forward(..., n_out=J)`` (default: ``n_inp``);
+        ``W``, ``B`` and the betas are shared across outputs and ``B`` gets ``B_brk * linspace(-1, 1, J)`` to
+        break the symmetry (``B_brk [1, d_cov, d_out]``, init 0). The 2022 package dropped this variant.
+    iterations : int, optional
+        Routing iterations, >= 1 (default 3).
+    single_beta : bool, optional
+        If True, ``beta_ign`` is the same parameter as ``beta_use`` (default False).
+    p_model : str, optional
+        ``"gaussian"`` (default) or ``"skm"``, see :func:`generative_matrix_routing`.
+    eps : float, optional
+        As in :func:`generative_matrix_routing` (default 1e-5).
+    method : str, optional
+        How the loop is computed: ``"auto"`` (default), ``"votes"`` or ``"moments"``, see
+        :func:`generative_matrix_routing`; the result is the same.
     """
 
     def __init__(
@@ -357,7 +389,22 @@ class GenerativeMatrixRouting(nn.Module):
         self.beta_ign = self.beta_use if single_beta else nn.Parameter(torch.zeros(i1, j1))
 
     def expanded_parameters(self, n_out: int | None = None, n_inp: int | None = None):
-        """``(W, B, beta_use, beta_ign)`` expanded to ``n_out`` outputs (symmetry breaker added to ``B``)."""
+        """``(W, B, beta_use, beta_ign)`` expanded to ``n_out`` outputs (symmetry breaker added to ``B``).
+
+        Parameters
+        ----------
+        n_out : int or None, optional
+            Number of outputs, >= 1. A layer built with a fixed ``n_out`` accepts only that (or ``None``); with
+            ``n_out=-1`` ``None`` (default) means ``n_inp``.
+        n_inp : int or None, optional
+            Number of inputs, the default ``n_out`` of a layer with a variable ``n_out`` (default ``None``).
+
+        Returns
+        -------
+        tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+            ``W [I', J, d_inp, d_out]``, ``B [I', J, d_cov, d_out]``, ``beta_use``, ``beta_ign [I', J]``; the
+            parameters themselves when ``n_out`` is fixed.
+        """
         if self.n_out > 0:
             if n_out is not None and n_out != self.n_out:
                 raise ValueError(f"n_out is fixed at {self.n_out} for this routing; got n_out={n_out}")
@@ -381,8 +428,26 @@ class GenerativeMatrixRouting(nn.Module):
         return_routing: bool = False,
         iterations: int | None = None,
     ):
-        """``(a_inp [..., n_inp], mu_inp [..., n_inp, d_cov, d_inp])`` -> ``(a_out, mu_out, sigma2_out)``, routing
-        ``iterations`` times (default: the module's)."""
+        """Route the input capsules to the output capsules.
+
+        Parameters
+        ----------
+        a_inp : torch.Tensor
+            ``[..., n_inp]``, input scores as logits.
+        mu_inp : torch.Tensor
+            ``[..., n_inp, d_cov, d_inp]``, the input capsules.
+        n_out : int or None, optional
+            Number of outputs, for a layer built with ``n_out=-1`` (see :meth:`expanded_parameters`).
+        return_routing, iterations : optional
+            Also return the :class:`RoutingTrace` (default False); routing iterations for this call (``None``, the
+            default: the module's).
+
+        Returns
+        -------
+        tuple[torch.Tensor, torch.Tensor, torch.Tensor] or tuple[tuple, RoutingTrace]
+            ``(a_out [..., n_out], mu_out [..., n_out, d_cov, d_out], sigma2_out [..., n_out, d_cov, d_out])``
+            (the autocast dtype under autocast), or ``(that tuple, trace)`` with ``return_routing=True``.
+        """
         check_module_input(mu_inp, self, type(self).__name__, dtype=False)
         I = self.n_inp if self.n_inp > 0 else None
         check_tensor(

@@ -161,39 +161,48 @@ def efficient_vector_routing(
 
     Parameters
     ----------
-    W_A, B_A
+    x_inp : torch.Tensor
+        ``[..., I, d_inp]``, the input vectors ``x``.
+    W_A, B_A : torch.Tensor
         W_A ``[I', d_inp]``, B_A ``[I']``: input activations ``a_i = x~_i . W_A,i + B_A,i`` with
         ``x~ = x / sqrt(I)``.
-    W_F1, W_F2, B_F2
+    W_F1, W_F2, B_F2 : torch.Tensor
         W_F1 ``[J, d_inp]``, W_F2 ``[d_inp, d_out]``, B_F2 ``[J, d_out]``: votes
         ``V_ij = (x~_i * W_F1,j) W_F2 + B_F2,j``.
-    W_G1, W_G2, B_G2
+    W_G1, W_G2, B_G2 : torch.Tensor
         W_G1 ``[d_out, d_inp]``, W_G2 ``[J, d_inp]``, B_G2 ``[J, d_inp]``: predictions of the inputs
         ``pred_j = (N(x_out_j) W_G1) * W_G2,j + B_G2,j``.
-    W_S, B_S
+    W_S, B_S : torch.Tensor
         W_S ``[I', J]``, B_S ``[I', J]``: agreements ``S_ij = log sigmoid((x_i . pred_j) W_S,ij + B_S,ij)``
         (unscaled x).
-    beta_use, beta_ign
+    beta_use, beta_ign : torch.Tensor
         ``[I, J]`` or per example ``[..., I, J]`` (``Linear(d_inp -> J)`` of x when ``n_inp = -1``).
-    iterations
-        iterations (>= 1; the paper uses 2). ``iterations=1`` works here, trace included (the public
+    iterations : int, optional
+        Iterations, >= 1 (default 2, the paper's). ``iterations=1`` works here, trace included (the public
         ``return_dict=True`` path raises ``UnboundLocalError`` for ``iterations=1``).
-    normalize
-        apply ``N`` (LayerNorm without affine, identity when ``d_out = 1``) to the final outputs.
-    memory_efficient
-        never materialise ``V [..., I, J, d_out]``; contract ``phi`` with ``x~`` first
-        (same result up to rounding).
-    mask
-        optional bool ``[I, J]`` or batch-broadcastable ``[..., I, J]``; **True = ignore the pair**. A masked
+    normalize : bool, optional
+        Apply ``N`` (LayerNorm without affine, identity when ``d_out = 1``) to the final outputs (default True).
+    memory_efficient : bool, optional
+        Never materialise ``V [..., I, J, d_out]``; contract ``phi`` with ``x~`` first
+        (same result up to rounding). Default True.
+    mask : torch.Tensor or None, optional
+        Bool ``[I, J]`` or batch-broadcastable ``[..., I, J]``; **True = ignore the pair**. A masked
         pair gets ``a = -inf`` (so ``D_use = D_ign = phi = 0``) and routing logit ``-inf``; for a padding mask
         ``pad [B, I]`` pass ``pad[..., None]``. An input masked for every output gets all-zero ``R``. Masked
-        input values must be finite (they are multiplied by 0).
-    return_routing
-        also return a :class:`RoutingTrace` (``algorithm="heinsen_2022"``) with per-iteration
-        ``coefficients`` R ``[..., I, J]`` (t = 0 uniform), ``agreements`` S ``[..., I, J]`` (the log-sigmoid
-        logits computed from that iteration's outputs), ``outputs`` x_out ``[..., J, d_out]`` (normalised if
-        ``normalize``), and in ``extra`` the lists ``phi``, ``D_use``, ``D_ign``, ``pred_x_inp`` plus ``a_inp``
-        ``[..., I]`` (and ``V`` when not ``memory_efficient``).
+        input values must be finite (they are multiplied by 0). ``None`` (default): no mask.
+    ln_eps : float, optional
+        The epsilon of ``N`` (default 1e-5).
+    return_routing : bool, optional
+        Also return a :class:`RoutingTrace` (default False).
+
+    Returns
+    -------
+    torch.Tensor or tuple[torch.Tensor, RoutingTrace]
+        ``x_out [..., J, d_out]`` in ``x_inp``'s dtype; with ``return_routing=True``, ``(x_out, trace)``, the trace
+        (``algorithm="heinsen_2022"``) holding per-iteration ``coefficients`` R ``[..., I, J]`` (t = 0 uniform),
+        ``agreements`` S ``[..., I, J]`` (the log-sigmoid logits computed from that iteration's outputs),
+        ``outputs`` x_out ``[..., J, d_out]`` (normalised if ``normalize``), and in ``extra`` the lists ``phi``,
+        ``D_use``, ``D_ign``, ``pred_x_inp`` plus ``a_inp`` ``[..., I]`` (and ``V`` when not ``memory_efficient``).
     """
     _check_inputs(x_inp, W_A, B_A, W_F1, W_F2, B_F2, W_G1, W_G2, B_G2, W_S, B_S, beta_use, beta_ign, iterations)
     (I, D), J = x_inp.shape[-2:], B_F2.shape[0]
@@ -317,9 +326,22 @@ class EfficientVectorRouting(nn.Module):
     ``1/sqrt(d_inp)``, ``B_S [I', J] = 0``; ``beta_use``, ``beta_ign [n_inp, J] ~ N(0, 1)``, or, with
     ``n_inp = -1`` (variable length), ``compute_beta_use``/``compute_beta_ign = Linear(d_inp, J)`` applied to x.
 
-    ``n_out >= 2`` (as in the package). ``iterations=1`` is supported, including ``return_routing=True`` (the
-    public ``return_dict=True`` raises ``UnboundLocalError`` there). ``d_out = 1`` routes a sequence to
-    ``n_out`` scalars (sequence -> vector).
+    ``iterations=1`` is supported, including ``return_routing=True`` (the public ``return_dict=True`` raises
+    ``UnboundLocalError`` there).
+
+    Parameters
+    ----------
+    n_inp : int
+        Number of inputs (> 0), or ``-1`` for a variable number (the betas are then computed from x).
+    n_out : int
+        Number of outputs, >= 2 (as in the package).
+    d_inp, d_out : int
+        Sizes of the input and output vectors; ``d_out = 1`` routes a sequence to ``n_out`` scalars
+        (sequence -> vector).
+    iterations : int, optional
+        Routing iterations, >= 1 (default 2).
+    normalize, memory_efficient : bool, optional
+        As in :func:`efficient_vector_routing` (default True each).
     """
 
     def __init__(
@@ -360,7 +382,18 @@ class EfficientVectorRouting(nn.Module):
             self.compute_beta_ign = nn.Linear(d_inp, n_out)
 
     def betas(self, x_inp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(beta_use, beta_ign)``: the ``[n_inp, n_out]`` parameters, or ``[..., n, n_out]`` from x if variable."""
+        """``(beta_use, beta_ign)``: the ``[n_inp, n_out]`` parameters, or ``[..., n, n_out]`` from x if variable.
+
+        Parameters
+        ----------
+        x_inp : torch.Tensor
+            ``[..., n, d_inp]``, the inputs (read only when ``n_inp = -1``).
+
+        Returns
+        -------
+        tuple[torch.Tensor, torch.Tensor]
+            ``beta_use``, ``beta_ign``; computed in float32 (float64 for float64 inputs) when variable.
+        """
         if self.n_inp > 0:
             return self.beta_use, self.beta_ign
         ct = compute_dtype(x_inp.dtype)
@@ -378,8 +411,25 @@ class EfficientVectorRouting(nn.Module):
         return_routing: bool = False,
         iterations: int | None = None,
     ):
-        """``x_inp [..., n_inp, d_inp] -> x_out [..., n_out, d_out]``, routing ``iterations`` times (default: the
-        module's)."""
+        """Route the input vectors to the output vectors.
+
+        Parameters
+        ----------
+        x_inp : torch.Tensor
+            ``[..., n_inp, d_inp]``, the input vectors.
+        mask : torch.Tensor or None, optional
+            Bool ``[n_inp, n_out]`` or batch-broadcastable, True = ignore the pair (see
+            :func:`efficient_vector_routing`); ``None`` (default): no mask.
+        return_routing, iterations : optional
+            As in :meth:`~capsule_lib.routing.dynamic.DynamicRouting.forward` (defaults False and ``None``: the
+            module's).
+
+        Returns
+        -------
+        torch.Tensor or tuple[torch.Tensor, RoutingTrace]
+            ``x_out [..., n_out, d_out]`` (the autocast dtype under autocast), or ``(x_out, trace)`` with
+            ``return_routing=True``.
+        """
         check_module_input(x_inp, self, type(self).__name__, dtype=False)
         I = self.n_inp if self.n_inp > 0 else None
         check_tensor(x_inp, "x_inp", f"[..., n_inp={I or '*'}, d_inp={self.d_inp}]", [I, self.d_inp], min_leading=0)

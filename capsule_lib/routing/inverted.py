@@ -21,7 +21,6 @@ One routing **update** ``L(P_in, P_out_prev)`` (the layer's ``forward``)::
 Nothing is detached; there is no bias and no squash; ``P_prev`` is the post-LayerNorm output of the previous
 update of the same layer. How updates of different layers are interleaved (the concurrent/Jacobi and the
 sequential schedules) is the model's business: see :class:`capsule_lib.models.inverted.CapsModel`.
-
 The attention update never holds the votes of a whole layer: ``_AttendMatrix`` forms them in cache-sized
 blocks of (positions, children), in the forward and again in the backward (see its docstring).
 
@@ -29,12 +28,8 @@ CONV layers route each output position ``(h, w)`` from its own ``k x k`` window 
 no padding, ``h_out = (H - k) // stride + 1``); the softmax runs over the output types at that position
 only, so a child that lies in several overlapping windows is routed independently in each of them.
 
-``expansion="unfold"`` (default) gathers the windows correctly. ``expansion="official_bug"`` reproduces the
-official ``CapsuleCONV.input_expansion``, which stacks the window slices along the **last** axis,
-``[B, N, k, k, d, h_out*w_out]``, and then ``view``s that memory as ``[B, N, k, k, h_out, w_out, d]``, mixing
-pose entries and output positions (reported in apple PR #1, closed unmerged; the author's fork
-``yaohungt/Capsules-Inverted-Attention-Routing`` switched to ``unfold``). It is here only so the book can
-compare; which expansion produced the published numbers is unknown.
+``expansion="unfold"`` (default) gathers the windows correctly; ``expansion="official_bug"`` reproduces the
+official code's window gathering, which mixes pose entries and output positions (see :func:`conv_windows`).
 """
 
 from __future__ import annotations
@@ -47,7 +42,8 @@ from torch import nn
 
 from .._checks import check_iterations, check_module_input, check_tensor
 from ..types import RoutingTrace
-from ._common import autocast_outputs, use_kernel
+from ._common import autocast_outputs
+from ._kernels.inverted import _RENORM_EPS, _acc_dtype, _attend_matrix
 
 __all__ = [
     "inverted_routing_reference",
@@ -63,7 +59,6 @@ __all__ = [
 ]
 
 EXPANSIONS = ("unfold", "official_bug")
-_RENORM_EPS = 1e-10  # the official r / (sum_j r + 1e-10)
 
 
 def inverted_routing_reference(
@@ -100,11 +95,6 @@ def inverted_routing_reference(
     return out
 
 
-def _acc_dtype(x: torch.Tensor) -> torch.dtype:
-    """Dtype for logits, softmaxes and LayerNorm statistics: fp32, or fp64 for fp64 inputs."""
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
-
-
 def _side(d: int) -> int:
     """Side ``s`` of a square matrix pose with ``d = s*s`` entries (ValueError otherwise)."""
     s = math.isqrt(d)
@@ -115,8 +105,18 @@ def _side(d: int) -> int:
 
 # ----------------------------------------------------------------------------------------------- votes
 def fc_matrix_votes(poses: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """FC votes ``V_{i->j} = P_i . W_ij``: ``poses [B, n_inp, d]``, ``weight [n_inp, s, s, n_out]``
-    -> ``[B, n_inp, n_out, d]`` (each pose read as an ``s x s`` matrix, row-major)."""
+    """FC votes ``V_{i->j} = P_i . W_ij``, each pose read as an ``s x s`` matrix (row-major).
+
+    Parameters
+    ----------
+    poses, weight : torch.Tensor
+        ``poses [B, n_inp, d]`` and ``weight [n_inp, s, s, n_out]`` (``d = s*s``).
+
+    Returns
+    -------
+    torch.Tensor
+        ``[B, n_inp, n_out, d]``.
+    """
     V = _fc_votes(poses, weight)  # [B, I, J, s, s]
     return V.flatten(-2)  # [B, I, J, d]
 
@@ -129,12 +129,25 @@ def _fc_votes(poses: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 def conv_windows(poses: torch.Tensor, kernel_size: int, stride: int = 1, expansion: str = "unfold") -> torch.Tensor:
-    """Valid ``k x k`` windows of a capsule grid: ``[B, N, H, W, d] -> [B, N, k, k, h_out, w_out, d]``
-    (the official layout), with ``h_out = (H - k) // stride + 1``.
+    """Valid ``k x k`` windows of a capsule grid, in the official layout.
 
-    ``expansion="unfold"``: ``out[b, n, k, l, h, w] = poses[b, n, h*stride + k, w*stride + l]`` (a strided
-    view, no copy). ``expansion="official_bug"``: the official ``input_expansion`` (slices stacked on the last
-    axis, then ``view``ed as ``[..., h_out, w_out, d]``), reproduced without its Python loop over positions.
+    Parameters
+    ----------
+    poses : torch.Tensor
+        ``[B, N, H, W, d]``, with ``H, W >= kernel_size``.
+    kernel_size, stride : int
+        The window side ``k`` and its step.
+    expansion : str
+        ``"unfold"``: ``out[b, n, k, l, h, w] = poses[b, n, h*stride + k, w*stride + l]`` (a view). ``"official_bug"``:
+        the official ``CapsuleCONV.input_expansion``: window slices stacked on the **last** axis,
+        ``[B, N, k, k, d, h_out*w_out]``, that memory then ``view``ed as ``[B, N, k, k, h_out, w_out, d]``, mixing
+        pose entries and positions (apple PR #1, unmerged; the author's fork switched to ``unfold``); here only so
+        the book can compare (which expansion produced the published numbers is unknown).
+
+    Returns
+    -------
+    torch.Tensor
+        ``[B, N, k, k, h_out, w_out, d]`` with ``h_out = (H - k) // stride + 1``.
     """
     if expansion not in EXPANSIONS:
         raise ValueError(f"expansion must be one of {EXPANSIONS}, got {expansion!r}")
@@ -156,9 +169,18 @@ def conv_windows(poses: torch.Tensor, kernel_size: int, stride: int = 1, expansi
 
 
 def conv_matrix_votes(windows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """CONV votes ``V_{(n,k,l)->m}(h, w) = P_n(h*stride+k, w*stride+l) . W_{k,l,n,m}``:
-    ``windows [B, N, k, k, h, w, d]`` (from :func:`conv_windows`), ``weight [k, k, N, s, s, M]``
-    -> ``[B, h, w, N*k*k, M, d]``; the window children are ordered ``i = n*k*k + k_row*k + k_col``."""
+    """CONV votes ``V_{(n,k,l)->m}(h, w) = P_n(h*stride+k, w*stride+l) . W_{k,l,n,m}``.
+
+    Parameters
+    ----------
+    windows, weight : torch.Tensor
+        ``windows [B, N, k, k, h, w, d]`` (from :func:`conv_windows`) and ``weight [k, k, N, s, s, M]``.
+
+    Returns
+    -------
+    torch.Tensor
+        ``[B, h, w, N*k*k, M, d]``, the window children ordered ``i = n*k*k + k_row*k + k_col``.
+    """
     return _conv_votes(windows, weight).flatten(-2)  # [B, h, w, I, M, d]
 
 
@@ -185,66 +207,6 @@ def _attend(votes: torch.Tensor, prev_pose: torch.Tensor):
     r = r / (r.sum(dim=-1, keepdim=True) + _RENORM_EPS)  # official renormalisation (a no-op up to rounding)
     s = torch.einsum("...ij,...ijae->...jae", r.to(votes.dtype), votes)  # [B, ..., J, s, s]
     return s.flatten(-2), r, a  # [B, ..., J, d]
-
-
-def _attend_matrix_unfused(P: torch.Tensor, W: torch.Tensor, Q: torch.Tensor):
-    """Same contract as ``_AttendMatrix``, written with ordinary differentiable ops on the full votes,
-    copied once to parent-major (the path used under ``torch.compile``, which fuses the elementwise steps)."""
-    I, p, s, _ = P.shape
-    M = W.shape[-1]
-    d = s * s
-    V = torch.bmm(P.reshape(I, p * s, s), W.reshape(I, s, s * M))  # [I, p*a, e*M]
-    V = V.view(I, p, s, s, M).permute(1, 4, 0, 2, 3).reshape(p * M, I, d)  # [p*M, I, d]  parent-major
-    a = torch.bmm(V, Q.reshape(p * M, d, 1)).view(p, M, I)  # [p, M, I]  <V_im, P_m^prev>
-    a = a.to(_acc_dtype(V)) * (1.0 / math.sqrt(d))  # / sqrt(d); fp32 (fp64 for fp64 votes)
-    r = torch.softmax(a, dim=1)  # [p, M, I], over the parents m
-    r = r / (r.sum(dim=1, keepdim=True) + _RENORM_EPS)  # official renormalisation (a no-op up to rounding)
-    s_sum = torch.bmm(r.to(V.dtype).reshape(p * M, 1, I), V).view(p, M, d)  # [p, M, d]
-    return s_sum.transpose(1, 2), r.permute(2, 0, 1), a.permute(2, 0, 1)  # [p, d, M], [I, p, M] x2
-
-
-def _attend_matrix(P: torch.Tensor, W: torch.Tensor, Q: torch.Tensor, blocks: tuple[int, int] | None = None):
-    """One attention update for matrix poses: votes ``V[i, p, m] = P[i, p] . W[i, :, :, m]``, agreement
-    ``a = <V, Q>/sqrt(d)``, ``r = softmax_m(a)`` (renormalised) and ``s = sum_i r V``.
-
-    Parameters
-    ----------
-    P
-        ``[I, p, s, s]`` the children's poses (``p`` = batch x positions; rows ``a``, columns ``x``).
-    W
-        ``[I, s, s, M]`` one ``s x s`` matrix per (child, parent): rows ``x``, columns ``e``, parent last.
-    Q
-        ``[p, M, d]`` the parents' previous poses.
-    blocks
-        ``(positions, children)`` per block of ``_AttendMatrix``; default ``_attend_blocks``.
-
-    Returns
-    -------
-    tuple of torch.Tensor
-        ``s [p, d, M]`` in the votes' dtype (the autocast dtype under autocast), ``r [I, p, M]`` and
-        ``a [I, p, M]`` in fp32 (fp64 for fp64 inputs); ``r`` sums to 1 over ``M``.
-
-    Notes
-    -----
-    On the CPU the votes are never materialised whole: ``_AttendMatrix`` forms them block by block, in the forward
-    and again in the backward. On CUDA and under ``torch.compile`` the unfused autograd version runs instead
-    (``routing/_common.use_kernel``).
-    """
-    dtype = P.dtype
-    dev = P.device.type
-    if torch.is_autocast_enabled(dev) and dtype != torch.float64:
-        dtype = torch.get_autocast_dtype(dev)  # what the votes' matmul would produce under autocast
-    P, W, Q = P.to(dtype), W.to(dtype), Q.to(dtype)
-    if not use_kernel(P, dtypes=None, autocast=True):  # CUDA, torch.compile: the plain, vectorised update
-        return _attend_matrix_unfused(P, W, Q)
-    from ._kernels.inverted import _attend_blocks, _AttendMatrix  # the CPU kernel (it imports this module's pieces)
-
-    I, p, s, _ = P.shape
-    M = W.shape[-1]
-    if blocks is None:
-        blocks = _attend_blocks(I, p, M, s * s, P.element_size())
-    pc, ic = blocks
-    return _AttendMatrix.apply(P, W, Q, pc, ic)
 
 
 def _pose_norm(
@@ -280,16 +242,27 @@ def inverted_attention_update(
 ) -> torch.Tensor | tuple[torch.Tensor, RoutingTrace]:
     """One inverted-attention routing update from precomputed votes.
 
-    ``votes [B, ..., n_inp, n_out, d]`` (any number of position axes ``...``), ``prev_pose [B, ..., n_out, d]``
-    (post-LayerNorm output of the previous update, or ``None`` for the first, uniform pass)
-    -> new poses ``[B, ..., n_out, d]`` = ``LayerNorm_d(Dropout(sum_i r_ij V_ij))`` with LayerNorm affine
-    parameters ``norm_weight``/``norm_bias`` (``[d]`` or ``None``).
+    Parameters
+    ----------
+    votes : torch.Tensor
+        ``[B, ..., n_inp, n_out, d]`` (any number of position axes ``...``).
+    prev_pose : torch.Tensor or None, optional
+        ``[B, ..., n_out, d]``, the previous update's post-LayerNorm output; ``None`` (default): a uniform pass.
+    norm_weight, norm_bias : torch.Tensor or None, optional
+        LayerNorm's affine parameters ``[d]`` (default ``None``: none).
+    eps, dropout : float, optional
+        LayerNorm's epsilon (``eps``, default 1e-5); the dropout probability before it (``dropout``, default 0.0).
+    training, return_routing : bool, optional
+        Dropout is active only if ``training``; ``return_routing`` also returns a one-iteration :class:`RoutingTrace`.
+        Default False each.
 
-    With ``return_routing=True`` also returns a one-iteration :class:`RoutingTrace`: ``coefficients``
-    ``r [B, ..., n_inp, n_out]`` (sum to 1 over the last axis, the parents), ``agreements`` = the scaled dot
-    products ``a_ij`` that produced them (zeros for the uniform pass; unlike dynamic routing the logits are
-    recomputed from scratch at each update, never accumulated), ``outputs`` the new poses.
-    """
+    Returns
+    -------
+    torch.Tensor or tuple[torch.Tensor, RoutingTrace]
+        Poses ``[B, ..., n_out, d] = LayerNorm_d(Dropout(sum_i r_ij V_ij))``, or ``(poses, trace)``: ``coefficients``
+        ``r [B, ..., n_inp, n_out]`` (sum to 1 over the last axis, the parents), ``agreements`` the scaled dot products
+        ``a_ij`` that produced them (zeros for the uniform pass; unlike dynamic routing the logits are recomputed from
+        scratch at each update, never accumulated), ``outputs`` the new poses."""
     check_tensor(votes, "votes", "[B, ..., n_inp, n_out, d]", [None, None, None], min_leading=1)
     I, J, D = votes.shape[-3:]
     if prev_pose is None:
@@ -318,12 +291,21 @@ def inverted_fc_update(
     training: bool = False,
     return_routing: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, RoutingTrace]:
-    """Functional form of :class:`InvertedFCCapsules`: ``poses [B, n_inp, d]`` (or a grid
-    ``[B, N, h, w, d]``, flattened type-major ``i = n*h*w + y*w + x``), ``weight [n_inp, s, s, n_out]``,
-    ``prev_pose [B, n_out, d]`` or ``None`` -> ``[B, n_out, d]`` (plus the trace when asked).
+    """Functional form of :class:`InvertedFCCapsules` (one update). The uniform first pass is computed as
+    ``(1/J) sum_i P_i . W_ij`` without materialising the votes.
 
-    The uniform first pass is computed as ``(1/J) sum_i P_i . W_ij`` without materialising the votes.
-    """
+    Parameters
+    ----------
+    poses, weight : torch.Tensor
+        ``poses [B, n_inp, d]`` (or a grid ``[B, N, h, w, d]``, flattened type-major ``i = n*h*w + y*w + x``) and
+        ``weight [n_inp, s, s, n_out]``, ``d = s*s``.
+    prev_pose, norm_weight, norm_bias, eps, dropout, training, return_routing
+        As in :func:`inverted_attention_update`, with ``prev_pose [B, n_out, d]`` or ``None``.
+
+    Returns
+    -------
+    torch.Tensor or tuple[torch.Tensor, RoutingTrace]
+        ``[B, n_out, d]``, or ``(poses, trace)`` with ``return_routing=True``."""
     I, s, _, J = weight.shape
     D = s * s
     if poses.dim() == 5:
@@ -362,13 +344,23 @@ def inverted_conv_update(
     training: bool = False,
     return_routing: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, RoutingTrace]:
-    """Functional form of :class:`InvertedConvCapsules`: ``poses [B, N, H, W, d]``,
-    ``weight [k, k, N, s, s, M]``, ``prev_pose [B, M, h_out, w_out, d]`` or ``None``
-    -> ``[B, M, h_out, w_out, d]`` (plus the trace when asked).
+    """Functional form of :class:`InvertedConvCapsules` (one update).
 
-    Trace shapes: ``coefficients``/``agreements`` ``[B, h_out, w_out, N*k*k, M]`` (window child
-    ``i = n*k*k + k_row*k + k_col``; sum to 1 over ``M`` at each position), ``outputs`` ``[B, M, h_out, w_out, d]``.
-    """
+    Parameters
+    ----------
+    poses, weight : torch.Tensor
+        ``poses [B, N, H, W, d]`` and ``weight [k, k, N, s, s, M]``, ``d = s*s``.
+    prev_pose, norm_weight, norm_bias, eps, dropout, training, return_routing
+        As in :func:`inverted_attention_update`, with ``prev_pose [B, M, h_out, w_out, d]`` or ``None``.
+    stride, expansion
+        As in :func:`conv_windows` (defaults 1 and ``"unfold"``).
+
+    Returns
+    -------
+    torch.Tensor or tuple[torch.Tensor, RoutingTrace]
+        ``[B, M, h_out, w_out, d]``, or ``(poses, trace)``: ``coefficients``/``agreements``
+        ``[B, h_out, w_out, N*k*k, M]`` (window child ``i = n*k*k + k_row*k + k_col``; sum to 1 over ``M`` at each
+        position), ``outputs`` ``[B, M, h_out, w_out, d]``."""
     K, _, N, s, _, M = weight.shape
     D = s * s
     check_tensor(poses, "poses", f"[B, N={N}, H, W, d={D}]", [None, N, None, None, D])
@@ -397,18 +389,34 @@ def inverted_conv_update(
 
 
 # -------------------------------------------------------------------------------------------- modules
+def _update_options(layer: nn.Module, return_routing: bool) -> dict:
+    """A layer's keyword arguments of one update: its LayerNorm, dropout and mode, and ``return_routing``."""
+    norm = layer.norm
+    return dict(
+        norm_weight=norm.weight,
+        norm_bias=norm.bias,
+        eps=norm.eps,
+        dropout=layer.dropout,
+        training=layer.training,
+        return_routing=return_routing,
+    )
+
+
 class InvertedFCCapsules(nn.Module):
     """Fully-connected capsule layer with one inverted-attention update per call (``CapsuleFC``,
     ``matrix_pose=True``): ``[B, n_inp, d] -> [B, n_out, d]``.
 
-    Parameters: ``weight [n_inp, s, s, n_out]``, one ``s x s`` matrix per (input, output) pair, Gaussian with
-    std ``sqrt(n_out / (s * n_inp))`` (official init); ``norm`` = ``LayerNorm(d)`` (gamma 1, beta 0).
-    ``forward(P_in, P_out_prev=None, return_routing=False)``: ``P_in [B, n_inp, d]`` or a CONV layer's
-    grid ``[B, N, h, w, d]`` (flattened type-major, ``N*h*w = n_inp``); ``P_out_prev [B, n_out, d]`` is the
-    post-LayerNorm output of this layer's previous update (``None``: uniform first pass).
-    ``route(P_in, iterations=None)``: the layer's own ``iterations`` updates, alone (a network of several layers
-    interleaves their updates itself: :class:`~capsule_lib.models.inverted.CapsModel`).
-    """
+    Parameters
+    ----------
+    n_inp, n_out : int
+        Numbers of input and output capsules: ``weight [n_inp, s, s, n_out]``, one ``s x s`` matrix per pair,
+        Gaussian with std ``sqrt(n_out / (s * n_inp))`` (official init).
+    pose_dim : int, optional
+        Pose size ``d = s*s``, a square (default 16); ``norm`` = ``LayerNorm(d)`` (gamma 1, beta 0).
+    iterations : int, optional
+        Number of updates :meth:`route` runs, >= 1 (default 2).
+    dropout, eps : float, optional
+        Dropout probability before the LayerNorm, in training (``dropout``, default 0.0); LayerNorm's ``eps`` (1e-5)."""
 
     def __init__(
         self,
@@ -435,9 +443,9 @@ class InvertedFCCapsules(nn.Module):
         return fc_matrix_votes(P_in, self.weight)
 
     def route(self, P_in: torch.Tensor, iterations: int | None = None, return_routing: bool = False):
-        """``iterations`` updates (default: the layer's), the first uniform, each from the previous output (as in
-        :func:`inverted_routing_reference`): ``[B, n_inp, d] -> [B, n_out, d]``; with ``return_routing`` also the
-        last update's trace."""
+        """``iterations`` updates (default: the layer's), the first uniform, each from the previous output, as in
+        :func:`inverted_routing_reference`: ``[B, n_inp, d] -> [B, n_out, d]`` (+ the last trace if ``return_routing``).
+        A network of layers interleaves their updates itself (:class:`~capsule_lib.models.inverted.CapsModel`)."""
         T = self.iterations if iterations is None else check_iterations(iterations)
         P, trace = None, None
         for _ in range(T):
@@ -447,22 +455,21 @@ class InvertedFCCapsules(nn.Module):
         return (P, trace) if return_routing else P
 
     def forward(self, P_in: torch.Tensor, P_out_prev: torch.Tensor | None = None, return_routing: bool = False):
-        """One update (see the class docstring)."""
+        """One update: :func:`inverted_fc_update` with the layer's weights.
+
+        Parameters
+        ----------
+        P_in, P_out_prev, return_routing
+            ``poses``, ``prev_pose`` (this layer's previous output, post-LayerNorm; ``None``: uniform first pass) and
+            ``return_routing`` of :func:`inverted_fc_update`.
+
+        Returns
+        -------
+        torch.Tensor or tuple[torch.Tensor, RoutingTrace]
+            ``[B, n_out, d]`` (in the autocast dtype under autocast), or ``(poses, trace)``."""
         check_module_input(P_in, self, type(self).__name__)
-        return autocast_outputs(
-            inverted_fc_update(
-                P_in,
-                self.weight,
-                P_out_prev,
-                norm_weight=self.norm.weight,
-                norm_bias=self.norm.bias,
-                eps=self.norm.eps,
-                dropout=self.dropout,
-                training=self.training,
-                return_routing=return_routing,
-            ),
-            P_in.device.type,
-        )
+        out = inverted_fc_update(P_in, self.weight, P_out_prev, **_update_options(self, return_routing))
+        return autocast_outputs(out, P_in.device.type)
 
     def extra_repr(self) -> str:
         return (
@@ -472,15 +479,22 @@ class InvertedFCCapsules(nn.Module):
 
 
 class InvertedConvCapsules(nn.Module):
-    """Convolutional capsule layer with one inverted-attention update per call (``CapsuleCONV``,
-    ``matrix_pose=True``): ``[B, n_inp, H, W, d] -> [B, n_out, h_out, w_out, d]``, valid windows,
-    ``h_out = (H - k) // stride + 1``.
+    """Convolutional capsule layer with one inverted-attention update per call (``CapsuleCONV``, ``matrix_pose=True``):
+    ``[B, n_inp, H, W, d] -> [B, n_out, h_out, w_out, d]``, valid windows, ``h_out = (H - k) // stride + 1``.
 
-    Parameters: ``weight [k, k, n_inp, s, s, n_out]`` shared over positions, Gaussian with std
-    ``sqrt(n_out / (s * n_inp * k^2))`` (official init); ``norm`` = ``LayerNorm(d)``.
-    ``expansion="unfold"`` gathers windows correctly; ``"official_bug"`` reproduces the official
-    ``input_expansion`` (see the module docstring), for comparison only.
-    """
+    Parameters
+    ----------
+    n_inp, n_out : int
+        Numbers of input and output capsule types: ``weight [k, k, n_inp, s, s, n_out]``, shared over positions,
+        Gaussian with std ``sqrt(n_out / (s * n_inp * k^2))`` (official init).
+    pose_dim, kernel_size, stride : int, optional
+        Pose size ``d = s*s``, a square (default 16; ``norm`` = ``LayerNorm(d)``), window side ``k`` (default 3) and
+        stride (default 1).
+    dropout, eps : float, optional
+        Dropout probability before the LayerNorm, in training (``dropout``, default 0.0); LayerNorm's ``eps`` (1e-5).
+    expansion : str, optional
+        ``"unfold"`` (default) gathers windows correctly; ``"official_bug"`` reproduces the official
+        ``input_expansion`` (see :func:`conv_windows`), for comparison only."""
 
     def __init__(
         self,
@@ -519,23 +533,24 @@ class InvertedConvCapsules(nn.Module):
         return conv_matrix_votes(conv_windows(P_in, self.kernel_size, self.stride, self.expansion), self.weight)
 
     def forward(self, P_in: torch.Tensor, P_out_prev: torch.Tensor | None = None, return_routing: bool = False):
+        """One update: :func:`inverted_conv_update` with the layer's weights.
+
+        Parameters
+        ----------
+        P_in, P_out_prev, return_routing
+            ``poses [B, n_inp, H, W, d]``, ``prev_pose`` (``None``: the uniform first pass) and ``return_routing`` of
+            :func:`inverted_conv_update`.
+
+        Returns
+        -------
+        torch.Tensor or tuple[torch.Tensor, RoutingTrace]
+            ``[B, n_out, h_out, w_out, d]`` (in the autocast dtype under autocast), or ``(poses, trace)``."""
         check_module_input(P_in, self, type(self).__name__)
-        return autocast_outputs(
-            inverted_conv_update(
-                P_in,
-                self.weight,
-                P_out_prev,
-                stride=self.stride,
-                expansion=self.expansion,
-                norm_weight=self.norm.weight,
-                norm_bias=self.norm.bias,
-                eps=self.norm.eps,
-                dropout=self.dropout,
-                training=self.training,
-                return_routing=return_routing,
-            ),
-            P_in.device.type,
+        options = _update_options(self, return_routing)
+        out = inverted_conv_update(
+            P_in, self.weight, P_out_prev, stride=self.stride, expansion=self.expansion, **options
         )
+        return autocast_outputs(out, P_in.device.type)
 
     def extra_repr(self) -> str:
         return (

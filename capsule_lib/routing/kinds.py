@@ -32,10 +32,34 @@ DEFAULT_ITERATIONS = {
 
 
 def build_routing(kind: str, n_inp: int, n_out: int, d: int, iterations: int | None = None) -> nn.Module:
-    """A fully connected routing layer of ``kind`` from ``n_inp`` to ``n_out`` capsules of size ``d`` (a square
-    for ``em`` and ``inverted``, whose capsules are matrices), routing with ``iterations`` (default:
-    :data:`DEFAULT_ITERATIONS`; ``self_attention`` has none and refuses a number). ``inverted`` is one update per
-    call (:class:`~capsule_lib.routing.inverted.InvertedFCCapsules`); its ``route`` runs its ``iterations``."""
+    """A fully connected routing layer of ``kind`` from ``n_inp`` to ``n_out`` capsules of size ``d``.
+
+    ``inverted`` is one update per call (:class:`~capsule_lib.routing.inverted.InvertedFCCapsules`); its ``route``
+    runs its ``iterations``.
+
+    Parameters
+    ----------
+    kind : str
+        One of :data:`ROUTING_KINDS`: ``"dynamic"``, ``"em"``, ``"heinsen_2019"``, ``"heinsen_2022"``,
+        ``"inverted"``, ``"self_attention"`` (ValueError otherwise).
+    n_inp, n_out : int
+        Numbers of input and output capsules.
+    d : int
+        Capsule size, of inputs and outputs alike; a square (``4 x 4 = 16``) for ``em`` and ``inverted``, whose
+        capsules are ``sqrt(d) x sqrt(d)`` matrices.
+    iterations : int or None, optional
+        Routing iterations; ``None`` (default): the kind's :data:`DEFAULT_ITERATIONS`. ``self_attention`` has
+        none and refuses a number.
+
+    Returns
+    -------
+    torch.nn.Module
+        :class:`~capsule_lib.routing.dynamic.DynamicRouting`, :class:`~capsule_lib.routing.em.EMRouting`,
+        :class:`~capsule_lib.routing.heinsen_2019.GenerativeMatrixRouting` (``d_cov = 1``),
+        :class:`~capsule_lib.routing.heinsen_2022.EfficientVectorRouting`,
+        :class:`~capsule_lib.routing.inverted.InvertedFCCapsules` or
+        :class:`~capsule_lib.routing.self_attention.SelfAttentionRouting`.
+    """
     from .dynamic import DynamicRouting
     from .em import EMRouting
     from .heinsen_2019 import GenerativeMatrixRouting

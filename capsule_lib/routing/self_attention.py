@@ -85,6 +85,16 @@ def keras_fans(shape: tuple[int, ...] | torch.Size) -> tuple[int, int]:
     ``(*receptive_field, input_depth, depth)``: ``fan_in = shape[-2] * prod(shape[:-2])`` and
     ``fan_out = shape[-1] * prod(shape[:-2])``. For the ``FCCaps`` weight ``(J, I, d_in, D) =
     (10, 16, 8, 16)`` this gives ``fan_in = 8 * 10 * 16 = 1280`` (the "receptive field" is ``J * I``).
+
+    Parameters
+    ----------
+    shape : tuple[int, ...] or torch.Size
+        The weight's shape (a 0-D shape gives ``(1, 1)``, a 1-D one ``(n, n)``).
+
+    Returns
+    -------
+    tuple[int, int]
+        ``(fan_in, fan_out)``.
     """
     shape = tuple(int(s) for s in shape)
     if len(shape) < 1:
@@ -99,15 +109,42 @@ def keras_fans(shape: tuple[int, ...] | torch.Size) -> tuple[int, int]:
 
 def keras_he_normal_(tensor: torch.Tensor, fan_in: int, generator: torch.Generator | None = None) -> torch.Tensor:
     """In-place Keras ``he_normal``: normal with std ``sqrt(2 / fan_in) / 0.8796``, truncated at +-2 std
-    (so that the truncated distribution has standard deviation ``sqrt(2 / fan_in)``)."""
+    (so that the truncated distribution has standard deviation ``sqrt(2 / fan_in)``).
+
+    Parameters
+    ----------
+    tensor : torch.Tensor
+        The tensor to fill (under ``torch.no_grad``).
+    fan_in : int
+        The fan-in, e.g. ``keras_fans(tensor.shape)[0]``.
+    generator : torch.Generator or None, optional
+        Random generator for the draw (default ``None``: the global one).
+
+    Returns
+    -------
+    torch.Tensor
+        ``tensor``, filled.
+    """
     std = math.sqrt(2.0 / fan_in) / TRUNC_NORMAL_STD
     with torch.no_grad():
         return nn.init.trunc_normal_(tensor, 0.0, std, -2.0 * std, 2.0 * std, generator=generator)
 
 
 def self_attention_votes(u: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """Votes ``u_hat_{j,i} = u_i W_{j,i}``: ``u [B, n_inp, d_inp]``, ``W [n_out, n_inp, d_inp, d_out]``
-    (the original ``(J, I, d_in, D)`` layout) -> ``[B, n_inp, n_out, d_out]``."""
+    """Votes ``u_hat_{j,i} = u_i W_{j,i}``.
+
+    Parameters
+    ----------
+    u : torch.Tensor
+        ``[B, n_inp, d_inp]``, the input capsules.
+    weight : torch.Tensor
+        ``W [n_out, n_inp, d_inp, d_out]`` (the original ``(J, I, d_in, D)`` layout).
+
+    Returns
+    -------
+    torch.Tensor
+        ``[B, n_inp, n_out, d_out]``, the votes.
+    """
     return torch.einsum("bid,jide->bije", u, weight)  # [B, I, J, E]
 
 
@@ -125,18 +162,18 @@ def self_attention_routing(
 
     Parameters
     ----------
-    votes
-        the prediction vectors ``u_hat_{j,i}`` (see :func:`self_attention_votes`).
-    log_prior
-        the learned bias ``b`` as ``[n_inp, n_out]`` (the module stores it as ``(J, I, 1)``, like
-        the original), added to the coefficients **after** the softmax; ``None`` = 0.
-    eps
-        squash_E epsilon, ``1e-20`` as in the official code. :func:`~capsule_lib.functional.squash_efficient`
+    votes : torch.Tensor
+        ``[B, n_inp, n_out, d_out]``, the prediction vectors ``u_hat_{j,i}`` (see :func:`self_attention_votes`).
+    log_prior : torch.Tensor or None, optional
+        The learned bias ``b`` as ``[n_inp, n_out]`` (the module stores it as ``(J, I, 1)``, like
+        the original), added to the coefficients **after** the softmax; ``None`` (default) = 0.
+    eps : float, optional
+        squash_E epsilon, default ``1e-20`` as in the official code. :func:`~capsule_lib.functional.squash_efficient`
         puts it inside the root of the norm instead of adding it to ``|s|`` and ``e^{|s|}``; the values
         agree to float precision for any ``|s| >> 1e-10`` and, unlike the original, the gradient at
         ``s = 0`` is finite.
-    return_routing
-        also return a :class:`RoutingTrace` (one iteration) with
+    return_routing : bool, optional
+        Also return a :class:`RoutingTrace` (default False; one iteration) with
 
         * ``coefficients[0]`` ``[B, I, J]``: ``softmax_j`` of the scaled row sums, **before** the bias
           (sums to 1 over the outputs, the last axis);
@@ -145,6 +182,12 @@ def self_attention_routing(
         * ``extra["attention"]`` ``[B, J, I, I]``: ``A_j = U_j U_j^T`` (unscaled);
           ``extra["coefficients_with_prior"]`` ``[B, I, J]``: ``c + b``, the weights actually used;
           ``extra["log_prior"]`` ``[I, J]`` (zeros when ``None``).
+
+    Returns
+    -------
+    torch.Tensor or tuple[torch.Tensor, RoutingTrace]
+        The output capsules ``v [B, n_out, d_out]`` in the votes' dtype, or ``(v, trace)`` with
+        ``return_routing=True``.
     """
     check_tensor(votes, "votes", "[B, n_inp, n_out, d_out]", [None, None, None, None])
     B, I, J, E = votes.shape
@@ -194,6 +237,15 @@ class SelfAttentionRouting(nn.Module):
       softmax (see :func:`self_attention_routing`).
 
     ``forward(u, return_routing=True)`` also returns the :class:`RoutingTrace`.
+
+    Parameters
+    ----------
+    n_inp, n_out, d_inp, d_out : int
+        Numbers and sizes of the input and output capsules (``I``, ``J``, ``d_in``, ``D`` above).
+    eps : float, optional
+        The squash_E epsilon (default ``SQUASH_EPS = 1e-20``), see :func:`self_attention_routing`.
+    init : str, optional
+        Initialisation of ``weight``: ``"keras"`` (default) or ``"torch"`` (see above).
     """
 
     def __init__(
@@ -214,18 +266,52 @@ class SelfAttentionRouting(nn.Module):
             self.log_prior.zero_()
 
     def prior(self) -> torch.Tensor:
-        """The bias ``b`` as ``[n_inp, n_out]`` (the coefficient layout)."""
+        """The bias ``b`` in the coefficient layout.
+
+        Returns
+        -------
+        torch.Tensor
+            ``[n_inp, n_out]``, a view of ``log_prior``.
+        """
         return self.log_prior.squeeze(-1).transpose(0, 1)  # [I, J]
 
     def _check_input(self, u: torch.Tensor) -> None:
         check_tensor(u, "u", f"[B, n_inp={self.n_inp}, d_inp={self.d_inp}]", [None, self.n_inp, self.d_inp])
 
     def votes(self, u: torch.Tensor) -> torch.Tensor:
-        """``[B, n_inp, d_inp] -> [B, n_inp, n_out, d_out]``."""
+        """The votes of the layer (:func:`self_attention_votes` with its ``weight``).
+
+        Parameters
+        ----------
+        u : torch.Tensor
+            ``[B, n_inp, d_inp]``, the input capsules.
+
+        Returns
+        -------
+        torch.Tensor
+            ``[B, n_inp, n_out, d_out]``, the votes ``u_hat_{j,i}``.
+        """
         self._check_input(u)
         return self_attention_votes(u, self.weight)
 
     def forward(self, u: torch.Tensor, return_routing: bool = False):
+        """Route the input capsules to the output capsules, in one pass.
+
+        On the CPU (float32/float64, no autocast, no trace, not under ``torch.compile``) votes, routing and squash
+        run as one fused autograd function; elsewhere :func:`self_attention_routing` on :meth:`votes`.
+
+        Parameters
+        ----------
+        u : torch.Tensor
+            ``[B, n_inp, d_inp]``, the input capsules.
+        return_routing : bool, optional
+            Also return the :class:`RoutingTrace` of :func:`self_attention_routing` (default False).
+
+        Returns
+        -------
+        torch.Tensor or tuple[torch.Tensor, RoutingTrace]
+            ``[B, n_out, d_out]``, or ``(outputs, trace)`` with ``return_routing=True``.
+        """
         check_module_input(u, self, type(self).__name__)
         if use_kernel(u, self.weight, self.log_prior, trace=return_routing):
             self._check_input(u)
@@ -241,4 +327,14 @@ class SelfAttentionRouting(nn.Module):
 
 class FCCapsules(SelfAttentionRouting):
     """The paper's name for :class:`SelfAttentionRouting` (``FCCaps(N, D)`` in the official code, with
-    the input capsule count and size given explicitly here): ``FCCapsules(n_inp, n_out, d_inp, d_out)``."""
+    the input capsule count and size given explicitly here): ``FCCapsules(n_inp, n_out, d_inp, d_out)``.
+
+    Parameters
+    ----------
+    n_inp, n_out, d_inp, d_out : int
+        Numbers and sizes of the input and output capsules.
+    eps : float, optional
+        The squash_E epsilon (default ``1e-20``).
+    init : str, optional
+        ``"keras"`` (default) or ``"torch"``, as in :class:`SelfAttentionRouting`.
+    """

@@ -1,5 +1,9 @@
-"""``python -m capsule_lib.train <recipe> --set key=value`` (see :func:`capsule_lib.train.cli.main`)."""
+"""``python -m capsule_lib.train <recipe> --set key=value`` (see :func:`capsule_lib.train.cli.main`): the command
+line with the defaults of ``--data-root`` and ``--offline`` from the environment (``CAPSULE_DATA``,
+``CAPSULE_OFFLINE``), read by :func:`capsule_lib.notebook.environment`, the one reader of ``CAPSULE_*``."""
 
+from ..notebook import environment
 from .cli import main
 
-main()
+env = environment()
+main(data_root=env.data_root, offline=env.offline)

@@ -6,9 +6,12 @@ Chapters (``TRAIN = True``), the command line and the tests all train through :f
     python -m capsule_lib.train --shipped capsnet_mnist --out runs/capsnet_mnist   # the shipped model's recipe
 
 It builds the recipe's data loaders (training augmentation only), model, optimiser, schedule and objective,
-then runs :class:`~capsule_lib.train.trainer.Trainer` with checkpoints and resume in ``out_dir``. ``standin`` is
-passed to :func:`~capsule_lib.data.get_dataset`: ``None`` uses the generated stand-in only in offline mode
-(``CAPSULE_OFFLINE=1``), ``True`` whenever the real data cannot be had (the chapters), ``False`` never.
+then runs :class:`~capsule_lib.train.trainer.Trainer` with checkpoints and resume in ``out_dir``. ``data_root``,
+``offline`` and ``standin`` go to :func:`~capsule_lib.data.get_dataset` (as one
+:class:`~capsule_lib.data.DataSource`): ``standin=None`` uses the generated stand-in only offline, ``True``
+whenever the real data cannot be had (the chapters), ``False`` never. This module reads no environment
+variable: ``python -m capsule_lib.train`` (``__main__``) takes the defaults of ``--data-root`` and ``--offline``
+from ``CAPSULE_DATA`` / ``CAPSULE_OFFLINE`` through :func:`capsule_lib.notebook.environment`.
 ``resume=True`` continues the run in ``out_dir`` (only the same run: see :class:`~capsule_lib.train.trainer.Trainer`);
 ``resume=False`` starts afresh. The test split is evaluated once, after the epoch is chosen on validation,
 and recorded in ``trainer.history.meta["test"]``. ``--export NAME`` (or :func:`capsule_lib.pretrained.export_run`)
@@ -27,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..data.datasets import check_labels, data_fingerprint
+from ..data.datasets import DataSource, check_labels, data_fingerprint
 from ..distributed import setup as setup_distributed
 from .recipes import RECIPES, make_recipe, recipe_config
 from .recipes.base import (
@@ -99,11 +102,12 @@ def train(
     recipe: str | Recipe,
     *,
     out_dir: str | Path | None = None,
-    data_root: str | None = None,
+    data_root: DataSource | str | None = None,
     callbacks: tuple = (),
     progress: bool = True,
     test: bool = True,
     standin: bool | None = None,
+    offline: bool | None = None,
     resume: bool = True,
     budget_minutes: float | None = None,
     start_from: str | None = None,
@@ -124,7 +128,8 @@ def train(
         The run folder (``last.pt``, ``best.pt``, ``history.json``); ``None`` keeps everything in memory (no
         checkpoints, no resume).
     data_root
-        Where the datasets are (:func:`~capsule_lib.data.get_dataset`).
+        Where the datasets are (:func:`~capsule_lib.data.get_dataset`): a folder, or a
+        :class:`~capsule_lib.data.DataSource` (a chapter's ``cfg.data``: root, offline mode, stand-ins allowed).
     callbacks
         Called after every epoch with the trainer and the epoch's record (e.g. :class:`~capsule_lib.viz.LivePlot`).
     progress
@@ -134,6 +139,8 @@ def train(
     standin
         Passed to :func:`~capsule_lib.data.get_dataset`: ``None`` uses the generated stand-in only in offline
         mode, ``True`` whenever the real data cannot be had (the chapters), ``False`` never.
+    offline
+        Never download a dataset (the command line's ``--offline``); default ``False`` (or the source's).
     resume
         Continue the run in ``out_dir`` (only the same run: see :class:`~capsule_lib.train.trainer.Trainer`);
         ``False`` starts afresh.
@@ -166,7 +173,7 @@ def train(
     dist = setup_distributed(select_device(r.device))  # a torchrun job, or this process alone
     device = dist.device
     torch.manual_seed(r.seed)
-    loaders = r.loaders(data_root, device, test=test, standin=standin, dist=dist)
+    loaders = r.loaders(DataSource.of(data_root, offline=offline, standin=standin), device, test=test, dist=dist)
     model = r.build_model()
     start = _start_from(model, r, start_from) if start_from is not None else None
     r.check_data(model, loaders)
@@ -222,7 +229,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("recipe", nargs="?", choices=sorted(RECIPES), help="recipe name (or use --shipped)")
     p.add_argument("--shipped", metavar="CHECKPOINT", help="start from a shipped checkpoint's recipe")
     p.add_argument("--out", required=True, help="run directory (checkpoints, history.json); resumes if present")
-    p.add_argument("--data-root", default=None)
+    p.add_argument("--data-root", default=None, help="the data root (default: $CAPSULE_DATA, else ./data)")
+    p.add_argument(
+        "--offline",
+        action="store_true",
+        default=None,
+        help="never download; use generated stand-ins for missing data (default: $CAPSULE_OFFLINE)",
+    )
     p.add_argument(
         "--set",
         nargs="*",
@@ -250,10 +263,13 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> None:
-    """The command line (see the module docstring)."""
+def main(argv: list[str] | None = None, *, data_root: str | None = None, offline: bool = False) -> None:
+    """The command line (see the module docstring); ``data_root`` and ``offline`` are the defaults of
+    ``--data-root`` and ``--offline`` (``__main__`` passes the environment's)."""
     p = _parser()
     a = p.parse_args(argv)
+    a.data_root = a.data_root or (str(data_root) if data_root else None)
+    a.offline = offline if a.offline is None else a.offline
     if (a.recipe is None) == (a.shipped is None):
         p.error("give a recipe name or --shipped CHECKPOINT (one of them)")
     if a.threads:
@@ -283,6 +299,7 @@ def main(argv: list[str] | None = None) -> None:
             recipe,
             out_dir=a.out,
             data_root=a.data_root,
+            offline=a.offline,
             progress=False,
             resume=not a.fresh,
             budget_minutes=a.budget_minutes,
@@ -302,5 +319,5 @@ def main(argv: list[str] | None = None) -> None:
     if a.export:
         from ..pretrained import export_run
 
-        entry = export_run(a.out, a.export, data_root=a.data_root)
+        entry = export_run(a.out, a.export, data_root=DataSource(a.data_root, a.offline))
         print(json.dumps({k: entry[k] for k in ("file", "sha256", "metrics")}, indent=1))

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
-from .._checks import module_device
+from ..analysis import decode_poses
 from ..functional import capsule_lengths
 from ..types import RoutingTrace
 from .data import to_display
@@ -250,15 +250,6 @@ def perturb_poses(
     return out
 
 
-@torch.no_grad()
-def _decode(model: torch.nn.Module, poses: torch.Tensor, label: int) -> torch.Tensor:
-    """Decode ``poses [B, K, D]`` with ``model.reconstruct`` on the model's device (the model is never moved);
-    returns the reconstructions on the CPU."""
-    dev = module_device(model)
-    y = torch.full((poses.shape[0],), label, dtype=torch.long, device=dev)
-    return model.reconstruct(poses.to(dev), y).cpu()
-
-
 def plot_lengths(ax, lengths: np.ndarray, highlight: int | None = None, classes: Sequence[str] | None = None) -> None:
     names = list(classes) if classes is not None else [str(k) for k in range(len(lengths))]
     ax.bar(
@@ -282,9 +273,10 @@ def plot_perturbation(
 ) -> Figure:
     """Input, reconstruction from the perturbed ``label`` capsule, and the lengths of the perturbed capsules.
 
-    ``poses [K, D]`` of one image; ``offsets [D]``; ``perturb``: ``"all"`` capsules or only the ``"label"``."""
+    ``poses [K, D]`` of one image; ``offsets [D]``; ``perturb``: ``"all"`` capsules or only the ``"label"``. The
+    ``model`` is only passed to :func:`~capsule_lib.analysis.decode_poses`, which decodes the perturbed poses."""
     p = perturb_poses(poses, offsets, None if perturb == "all" else label)
-    recon = _decode(model, p[None], label)[0]
+    recon = decode_poses(model, p[None], label)[0]
     fig, axes = plt.subplots(1, 3, figsize=(9, 2.9), gridspec_kw={"width_ratios": [1, 1, 1.6]})
     axes[0].imshow(to_display(image), cmap="gray")
     axes[0].set_title("input")
@@ -308,14 +300,15 @@ def plot_perturbation_grid(
 ) -> Figure:
     """The paper's Figure 4: one row per pose dimension, one column per perturbation value; each cell is
     the reconstruction after adding that value to that dimension of the ``label`` capsule. With ``image``,
-    a first row shows the input next to the unperturbed reconstruction."""
+    a first row shows the input next to the unperturbed reconstruction. The ``model`` is only passed to
+    :func:`~capsule_lib.analysis.decode_poses`, which decodes every cell in one batch."""
     D = poses.shape[-1]
     dims = list(range(D)) if dims is None else list(dims)
     vals = torch.tensor([float(v) + 0.0 for v in values], dtype=poses.dtype)  # + 0.0 turns -0.0 into 0.0
     batch = poses[None].repeat(len(dims) * len(vals) + 1, 1, 1)  # [R*V + 1, K, D]; the last is unperturbed
     for r, d in enumerate(dims):
         batch[r * len(vals) : (r + 1) * len(vals), label, d] += vals.to(poses.device)
-    recons = _decode(model, batch, label).cpu()  # [R*V + 1, C, H, W]
+    recons = decode_poses(model, batch, label).cpu()  # [R*V + 1, C, H, W]
     top = 1 if image is not None else 0
     nrows, ncols = len(dims) + top, len(vals) + 1
     fig, axes = plt.subplots(nrows, ncols, figsize=(0.75 * ncols, 0.78 * nrows), squeeze=False)

@@ -1,6 +1,8 @@
-"""Explorers for trained capsule classifiers (Sabour CapsNet, Efficient-CapsNet), built on
-:func:`capsule_lib.viz.widgets.explorer`. Each wires controls to a static twin from
-:mod:`capsule_lib.viz.capsules`, which the chapters also draw as ordinary figures for the rendered page.
+"""Explorers for trained capsule classifiers (CapsNet, Efficient-CapsNet, EM, Heinsen, inverted attention),
+built on :func:`capsule_lib.viz.widgets.explorer`. Each wires controls to a static twin from the static modules
+of ``capsule_lib.viz``, which the chapters also draw as ordinary figures for the rendered page. An explorer
+that recomputes for a slider's value does so through :mod:`capsule_lib.analysis` (the model it is given is only
+passed on to an analysis function, once per setting, cached); it never runs the model itself.
 """
 
 from __future__ import annotations
@@ -11,12 +13,21 @@ from collections.abc import Callable, Sequence
 import ipywidgets as W
 import torch
 
+from ..analysis import (
+    class_attention_maps,
+    class_credit_maps,
+    class_poses,
+    em_class_inputs,
+    em_class_trace,
+    grid_geometry,
+    pose_projection,
+)
 from ..functional import capsule_lengths
 from ..types import RoutingTrace
 from .capsules import perturb_poses, plot_perturbation, plot_routing_step
 from .em import EM_LAMBDA_SCALES, em_readout, plot_em_state
-from .heinsen import class_poses, credit_maps, credit_readout, plot_class_credits, plot_viewpoint_state, pose_projection
-from .inverted import attention_readout, class_attention_maps, grid_geometry, plot_attention_maps
+from .heinsen import credit_readout, plot_class_credits, plot_viewpoint_state
+from .inverted import attention_readout, plot_attention_maps
 from .widgets import Explorer, explorer
 
 __all__ = [
@@ -123,11 +134,11 @@ def em_routing_explorer(
     image (``"image"``), the number of EM ``"iterations"`` (1 ... ``max_iterations``) and the inverse
     temperature (``"lambda x"``, a multiple of the model's ``final_lambda``, from
     :data:`~capsule_lib.viz.em.EM_LAMBDA_SCALES`). Everything below the class layer is computed once
-    (:meth:`~capsule_lib.models.EMCapsNet.class_inputs`); the figure and the readout share one routing.
+    (:func:`~capsule_lib.analysis.em_class_inputs`); each setting is routed by
+    :func:`~capsule_lib.analysis.em_class_trace`, and the figure and the readout share one routing.
 
     Static twin: :func:`~capsule_lib.viz.em.plot_em_state` (readout :func:`~capsule_lib.viz.em.em_readout`)."""
-    with torch.no_grad():
-        poses, acts = model.class_inputs(images)
+    poses, acts = em_class_inputs(model, images)
     base = model.config.final_lambda
     T0 = model.config.iterations
     controls = {
@@ -145,11 +156,7 @@ def em_routing_explorer(
 
     @functools.lru_cache(maxsize=4)  # the figure and the readout of one setting share one routing
     def route(image: int, iterations: int, scale: float):
-        with torch.no_grad():
-            (_, _), trace = model.route_classes(
-                poses[image : image + 1], acts[image : image + 1], iterations, base * scale
-            )
-        return trace.detach()
+        return em_class_trace(model, poses[image : image + 1], acts[image : image + 1], iterations, scale)
 
     def draw(image: int, iterations: int, scale: float):
         label = int(labels[image]) if labels is not None else None
@@ -175,7 +182,8 @@ def pose_trajectory_explorer(
     images at every azimuth (``[18, 2, H, W]``; each sweep is fetched or rendered once and cached). The
     figure shows the view, the class probabilities of a
     :class:`~capsule_lib.models.SmallNORBClassifier` and the pose of class capsule ``category`` along the
-    current azimuth sweep in the 2-D PCA of the ``reference`` (elevation, lighting) sweep, drawn in grey.
+    current azimuth sweep in the 2-D PCA of the ``reference`` (elevation, lighting) sweep, drawn in grey
+    (:func:`~capsule_lib.analysis.class_poses`, :func:`~capsule_lib.analysis.pose_projection`).
 
     Static twin: :func:`~capsule_lib.viz.heinsen.plot_viewpoint_state` (the full trajectories:
     :func:`~capsule_lib.viz.heinsen.plot_pose_trajectories`)."""
@@ -227,21 +235,15 @@ def class_credit_explorer(
     classes: Sequence[str],
 ) -> Explorer:
     """Which part capsules each class capsule of a :class:`~capsule_lib.models.SmallNORBClassifier` explains:
-    sliders ``"image"`` and ``"iteration"`` (of the class routing). Static twin:
+    sliders ``"image"`` and ``"iteration"`` (of the class routing); each image's maps come from
+    :func:`~capsule_lib.analysis.class_credit_maps`. Static twin:
     :func:`~capsule_lib.viz.heinsen.plot_class_credits` (readout :func:`~capsule_lib.viz.heinsen.credit_readout`)."""
     T = model.config.iterations
-    device = next(model.parameters()).device
 
     @functools.lru_cache(maxsize=8)
     def run(image: int):
-        x = images[image : image + 1].to(device)
-        x = x.float() / 255 if x.dtype == torch.uint8 else x.float()
-        with torch.no_grad():
-            maps = []
-            for t in range(T):
-                out, credits = model.class_credits(x, t)
-                maps.append(credit_maps(credits[0]).cpu())
-        return torch.stack(maps), out.scores[0].float().softmax(-1).cpu()  # [T, K, h, w], [K]
+        maps, probs = class_credit_maps(model, images[image : image + 1])
+        return maps[0], probs[0]  # [T, K, h, w], [K]
 
     controls = {
         "image": W.IntSlider(value=0, min=0, max=images.shape[0] - 1, description="image", continuous_update=False),
@@ -271,7 +273,8 @@ def attention_explorer(
     ``"image"`` (slider), ``"class"`` (dropdown: the class predicted after the shown update, or any class) and
     ``"iteration"`` (which update of the class layer; the model is routed with ``max_iterations`` updates, so
     iterations after the model's own T show what more routing would do; the probabilities are those after the
-    shown update). Static twin: :func:`~capsule_lib.viz.inverted.plot_attention_maps` (readout
+    shown update; :func:`~capsule_lib.analysis.class_attention_maps`). Static twin:
+    :func:`~capsule_lib.viz.inverted.plot_attention_maps` (readout
     :func:`~capsule_lib.viz.inverted.attention_readout`)."""
     geometry = grid_geometry(model)[-1]
 

@@ -2,13 +2,14 @@
 part capsules each class capsule explains (maps over the grid, per iteration), which tokens each output
 capsule credits in a sequence, and how the routings' memory and time grow with the numbers of capsules.
 Static twins of :func:`~capsule_lib.viz.explorers.pose_trajectory_explorer` and
-:func:`~capsule_lib.viz.explorers.class_credit_explorer`.
+:func:`~capsule_lib.viz.explorers.class_credit_explorer`. The poses, their projections and the credit maps are
+computed by :mod:`capsule_lib.analysis` (:func:`~capsule_lib.analysis.class_poses`,
+:func:`~capsule_lib.analysis.pose_projection`, :func:`~capsule_lib.analysis.class_credit_maps`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import matplotlib.pyplot as plt
@@ -16,58 +17,17 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
+from ..analysis import pose_projection
 from .data import to_display
 
 __all__ = [
-    "class_poses",
-    "PoseProjection",
-    "pose_projection",
     "plot_pose_trajectories",
     "plot_viewpoint_state",
-    "credit_maps",
     "plot_class_credits",
     "credit_readout",
     "plot_token_credits",
     "plot_routing_scaling",
 ]
-
-
-@torch.no_grad()
-def class_poses(model: torch.nn.Module, images: torch.Tensor, batch: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(probabilities [N, K], poses [N, K, 16])`` of a :class:`~capsule_lib.models.SmallNORBClassifier`
-    on uint8 or [0, 1] float images (float32, on the CPU); probabilities are the softmax of the logits."""
-    device = next(model.parameters()).device
-    probs, poses = [], []
-    for lo in range(0, images.shape[0], batch):
-        x = images[lo : lo + batch].to(device)
-        x = x.float() / 255 if x.dtype == torch.uint8 else x.float()
-        out = model(x)
-        probs.append(out.scores.float().softmax(-1).cpu())
-        poses.append(out.poses.float().cpu())
-    return torch.cat(probs), torch.cat(poses)
-
-
-@dataclass
-class PoseProjection:
-    """A 2-D principal-component projection of pose vectors: ``apply(p [..., D]) -> [..., 2]``."""
-
-    mean: torch.Tensor  # [D]
-    components: torch.Tensor  # [2, D]
-    explained: torch.Tensor  # [2] fraction of the variance along each axis
-
-    def apply(self, poses: torch.Tensor) -> torch.Tensor:
-        return (poses.float() - self.mean) @ self.components.T  # [..., 2]
-
-
-def pose_projection(poses: torch.Tensor) -> PoseProjection:
-    """The first two principal components of ``poses [N, D]`` (``N >= 2``)."""
-    p = poses.float().reshape(-1, poses.shape[-1])
-    if p.shape[0] < 2:
-        raise ValueError(f"poses: need at least 2 pose vectors for a projection, got {p.shape[0]}")
-    mean = p.mean(0)
-    _, s, vh = torch.linalg.svd(p - mean, full_matrices=False)
-    var = s**2
-    return PoseProjection(mean, vh[:2], var[:2] / var.sum().clamp_min(1e-12))
 
 
 def plot_pose_trajectories(
@@ -171,11 +131,6 @@ def plot_viewpoint_state(
     return fig
 
 
-def credit_maps(credits: torch.Tensor) -> torch.Tensor:
-    """``[..., K, n_parts, h, w] -> [..., K, h, w]``: credit summed over the part types at each position."""
-    return credits.float().sum(-3)
-
-
 def plot_class_credits(
     image: torch.Tensor,
     maps: torch.Tensor,
@@ -185,9 +140,10 @@ def plot_class_credits(
     title: str = "",
 ) -> Figure:
     """Which part capsules each class capsule explains: ``maps [T, K, h, w]`` (rows: iterations of the class
-    routing; columns: class capsules) of :func:`credit_maps`, drawn over the left camera image (each grid cell
-    where the part capsules of that position sit). A column's title gives the class capsule's share of all
-    the credit in the last row."""
+    routing; columns: class capsules) of :func:`~capsule_lib.analysis.credit_maps` (one image's entry of
+    :func:`~capsule_lib.analysis.class_credit_maps`), drawn over the left camera image (each grid cell where the
+    part capsules of that position sit). A column's title gives the class capsule's share of all the credit in
+    the last row."""
     T, K = maps.shape[:2]
     its = list(iterations) if iterations is not None else list(range(1, T + 1))
     left = to_display(image[:1] if image.dim() == 3 else image)  # the left camera

@@ -2,6 +2,9 @@
 schedules as diagrams, a convolutional capsule layer's window and routing probabilities, the class capsules'
 attention maps over an image (static twin of :func:`~capsule_lib.viz.explorers.attention_explorer`), what the
 official ``input_expansion`` bug reads, and accuracy / cost against the number of routing iterations.
+The maps, the grids' geometry and the bug's sources are computed by :mod:`capsule_lib.analysis`
+(:func:`~capsule_lib.analysis.class_attention_maps`, :func:`~capsule_lib.analysis.grid_geometry`,
+:func:`~capsule_lib.analysis.expansion_sources`).
 """
 
 from __future__ import annotations
@@ -15,17 +18,14 @@ import torch
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
-from ..routing.inverted import conv_windows
+from ..analysis import expansion_sources
 from .data import to_display
 
 __all__ = [
     "plot_schedules",
-    "grid_geometry",
-    "class_attention_maps",
     "plot_attention_maps",
     "attention_readout",
     "plot_conv_window",
-    "expansion_sources",
     "plot_expansion_bug",
     "plot_iteration_sweep",
 ]
@@ -107,53 +107,6 @@ def plot_schedules(n_layers: int = 3, iterations: int = 3) -> Figure:
 
 
 # ----------------------------------------------------------------------------------- attention maps
-def grid_geometry(model: torch.nn.Module) -> list[tuple[float, float, int]]:
-    """For every capsule grid of a :class:`~capsule_lib.models.CapsModel` (primary, then each CONV layer):
-    ``(first centre, spacing, side)`` in input pixels (pixel ``i`` has centre ``i``): where the receptive field
-    of grid cell ``h`` is centred is ``first + h * spacing``. Used to draw the grids over the image."""
-    cfg = model.config
-    stride = cfg.backbone_stride
-    a, b, side = float(stride), (stride - 1) / 2.0, cfg.backbone_grid  # centre(h) = a h + b
-    out = [(b, a, side)]
-    for layer in model.capsule_layers:
-        if not hasattr(layer, "kernel_size"):
-            break
-        k, s = layer.kernel_size, layer.stride
-        b, a, side = a * (k - 1) / 2.0 + b, a * s, layer.output_size(side)
-        out.append((b, a, side))
-    return out
-
-
-@torch.no_grad()
-def class_attention_maps(
-    model: torch.nn.Module, images: torch.Tensor, iterations: int | None = None, sequential: bool | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Routing probabilities from the last CONV capsule layer into the class capsules, as maps:
-    ``(maps [N, T, K, h, w], probabilities [N, T, K])`` for ``images`` (uint8 or [0, 1] float ``[N, C, H, W]``);
-    ``probabilities[:, t]`` is the softmax of the logits of the class poses after the class layer's update
-    ``t + 1`` (the last one is the model's output).
-
-    ``maps[n, t, k, y, x]`` is the mean over the capsule types at grid position ``(y, x)`` of ``r_{i -> k}``,
-    the share of child ``i``'s vote that goes to class ``k`` in the class layer's ``t``-th update (``t = 0``
-    is the uniform first pass: ``1/K`` everywhere). ``iterations`` / ``sequential`` as in
-    :meth:`~capsule_lib.models.CapsModel.forward`. Float32 on the CPU."""
-    device = next(model.parameters()).device
-    x = images.to(device)
-    x = x.float() / 255 if x.dtype == torch.uint8 else x.float()
-    out = model(x, return_routing=True, iterations=iterations, sequential=sequential)
-    last = [layer for layer in model.capsule_layers if hasattr(layer, "kernel_size")]
-    if not last:
-        raise ValueError("class_attention_maps needs a model with at least one CONV capsule layer")
-    side = grid_geometry(model)[-1][2]
-    n_types = last[-1].n_out
-    maps = []
-    for r in out.trace.coefficients:  # [N, n_types*h*w, K] per update, type-major children
-        r = r.float().reshape(r.shape[0], n_types, side, side, r.shape[-1])  # [N, types, h, w, K]
-        maps.append(r.mean(1).permute(0, 3, 1, 2))  # [N, K, h, w]
-    probs = [model.final_fc(p).squeeze(-1).float().softmax(-1) for p in out.trace.outputs]  # [N, K] per update
-    return torch.stack(maps, 1).cpu(), torch.stack(probs, 1).cpu()
-
-
 def _overlay(ax, image: torch.Tensor, amap: np.ndarray, geometry: tuple[float, float, int], vmin: float, vmax: float):
     first, step, side = geometry
     ax.imshow(to_display(image))
@@ -179,8 +132,9 @@ def plot_attention_maps(
     title: str = "",
 ) -> Figure:
     """Rows: images; columns: the image, then for each update of the class layer the map of routing
-    probabilities into class ``targets[n]`` (``maps [N, T, K, h, w]`` of :func:`class_attention_maps`), each
-    cell drawn over its receptive field's centre (``geometry`` = ``grid_geometry(model)[-1]``; the white square
+    probabilities into class ``targets[n]`` (``maps [N, T, K, h, w]`` of
+    :func:`~capsule_lib.analysis.class_attention_maps`), each cell drawn over its receptive field's centre
+    (``geometry`` = ``grid_geometry(model)[-1]`` of :func:`~capsule_lib.analysis.grid_geometry`; the white square
     is the area the grid covers). ``probs [N, T, K]`` (optional): the class probabilities after each update, shown
     in the titles. One colour scale for the whole figure, spanning the values of the maps and ``1/K``, the
     uniform routing of the first pass."""
@@ -281,18 +235,6 @@ def plot_conv_window(
 
 
 # ---------------------------------------------------------------------------------- the official bug
-def expansion_sources(
-    size: int, kernel_size: int, stride: int, d: int, expansion: str
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Where each value of :func:`~capsule_lib.routing.inverted.conv_windows` comes from, on a ``size x size``
-    grid of one capsule type with ``d`` pose entries: ``(rows, cols, entries)``, each
-    ``[k, k, h_out, w_out, d]`` (the input row, column and pose entry read for window offset ``(k, l)``,
-    output position ``(h, w)`` and pose entry ``e``)."""
-    ids = torch.arange(size * size * d, dtype=torch.float64).view(1, 1, size, size, d)  # id = (y*size + x)*d + e
-    win = conv_windows(ids, kernel_size, stride, expansion)[0, 0].long()  # [k, k, h, w, d]
-    return win // d // size, win // d % size, win % d
-
-
 def plot_expansion_bug(size: int = 7, kernel_size: int = 3, stride: int = 2, d: int = 16) -> Figure:
     """What one output position's window reads under the correct expansion (``unfold``) and the official
     ``input_expansion`` (``official_bug``), on a ``size x size`` grid: for output positions (0, 0) and the

@@ -5,7 +5,8 @@ nothing. A page-mode explorer computes its frames for a small grid of slider val
 embeds them as PNG images in the page's widget state, and links the sliders to which frame is shown with
 ``jslink`` (slider ``index`` -> ``Stack.selected_index``): the ipywidgets HTML manager served with the book
 does the switching in the browser. In a live kernel the same widgets work too (the full explorers of
-:mod:`capsule_lib.viz.explorers` are the interactive version).
+:mod:`capsule_lib.viz.explorers` are the interactive version). The explorers that take a model compute their
+frames' numbers through :mod:`capsule_lib.analysis` when the page is built and only draw them here.
 
 :func:`page_explorer` builds one from any grid of frames; :func:`perturbation_page_explorer` is the
 capsule-dimension perturbation explorer of the CapsNet and Efficient-CapsNet chapters (one dimension at a time,
@@ -21,14 +22,23 @@ import ipywidgets as W
 import numpy as np
 import torch
 
-from .._checks import module_device
+from ..analysis import (
+    ToyVotes,
+    class_attention_maps,
+    class_poses,
+    decode_poses,
+    em_class_inputs,
+    em_class_trace,
+    grid_geometry,
+    pose_projection,
+)
 from ..types import RoutingTrace
-from .capsules import _decode, perturb_poses, plot_routing_step
+from .capsules import perturb_poses, plot_routing_step
 from .data import to_display
 from .em import EM_LAMBDA_SCALES, plot_em_state
-from .heinsen import class_poses, plot_viewpoint_state, pose_projection
-from .inverted import class_attention_maps, grid_geometry, plot_attention_maps
-from .toy import ToyVotes, plot_routing_state
+from .heinsen import plot_viewpoint_state
+from .inverted import plot_attention_maps
+from .toy import plot_routing_state
 
 __all__ = [
     "png_bytes",
@@ -138,15 +148,15 @@ def perturbation_page_explorer(
 ) -> W.VBox:
     """The perturbation explorer in page mode: pick a pose dimension of the class capsules ``poses [K, D]``
     of ``image`` and an offset in ``[-value_range, +value_range]`` (``steps`` values); the reconstruction from
-    the ``label`` capsule is shown. ``D * steps`` reconstructions are decoded in one batch when called."""
+    the ``label`` capsule is shown. ``D * steps`` reconstructions are decoded in one batch when called
+    (:func:`~capsule_lib.analysis.decode_poses`)."""
     K, D = poses.shape
     offsets = torch.linspace(-value_range, value_range, steps)  # [S]
     bumps = torch.zeros(D, steps, D)
     bumps[torch.arange(D), :, torch.arange(D)] = offsets  # [D, S, D]: dimension d moved by each offset
     label_only = None if perturb == "all" else label
     batch = torch.stack([perturb_poses(poses, bumps[d, s], label_only) for d in range(D) for s in range(steps)])
-    with torch.no_grad():
-        recons = _decode(model, batch, label)  # [D*S, C, H, W]
+    recons = decode_poses(model, batch, label)  # [D*S, C, H, W]
     frames = [[png_bytes(recons[d * steps + s], scale) for s in range(steps)] for d in range(D)]
     return page_explorer(
         frames,
@@ -213,20 +223,18 @@ def em_routing_page_explorer(
     """The EM chapter's iterations x inverse-temperature explorer in page mode, for one image: the class
     capsules of an :class:`~capsule_lib.models.EMCapsNet` re-routed with every number of ``iterations`` and
     every multiple ``scales`` of the model's ``final_lambda`` when the page is built
-    (:func:`~capsule_lib.viz.em.plot_em_state` for each), chosen by two sliders in the browser."""
-    x = image.unsqueeze(0).float()
-    x = x / 255.0 if image.dtype == torch.uint8 else x
+    (:func:`~capsule_lib.analysis.em_class_inputs` once, :func:`~capsule_lib.analysis.em_class_trace` and
+    :func:`~capsule_lib.viz.em.plot_em_state` for each), chosen by two sliders in the browser."""
     base, T0 = model.config.final_lambda, model.config.iterations
-    with torch.no_grad():
-        poses, acts = model.class_inputs(x.to(module_device(model)))
-        frames = []
-        for T in iterations:
-            row = []
-            for s in scales:
-                (_, _), trace = model.route_classes(poses, acts, T, base * s)
-                fig = plot_em_state(image, trace.detach(), 0, None, classes, label, title=f"lambda = {s:g} x {base:g}")
-                row.append(figure_png(fig, dpi))
-            frames.append(row)
+    poses, acts = em_class_inputs(model, image.unsqueeze(0))
+    frames = []
+    for T in iterations:
+        row = []
+        for s in scales:
+            trace = em_class_trace(model, poses, acts, T, s)
+            fig = plot_em_state(image, trace, 0, None, classes, label, title=f"lambda = {s:g} x {base:g}")
+            row.append(figure_png(fig, dpi))
+        frames.append(row)
     return page_explorer(
         frames,
         rows=("iterations", [str(T) for T in iterations]),
@@ -254,8 +262,9 @@ def pose_page_explorer(
     """The Heinsen chapter's camera explorer in page mode: ``sweep(elevation, lighting)`` gives one object's
     images at the 18 azimuths; for every listed elevation (lighting 0) and every ``azimuth_step``-th azimuth,
     :func:`~capsule_lib.viz.heinsen.plot_viewpoint_state` (view, class probabilities, the pose of class capsule
-    ``category`` on its azimuth path in the PCA of the ``reference`` sweep) is drawn when the page is built;
-    two sliders choose one in the browser."""
+    ``category`` on its azimuth path in the PCA of the ``reference`` sweep, from
+    :func:`~capsule_lib.analysis.class_poses`) is drawn when the page is built; two sliders choose one in the
+    browser."""
     _, ref_poses = class_poses(model, sweep(*reference))
     proj = pose_projection(ref_poses[:, category])
     ref_track = proj.apply(ref_poses[:, category])
@@ -299,9 +308,10 @@ def attention_page_explorer(
     dpi: int = 100,
 ) -> W.VBox:
     """The Tsai chapter's attention explorer in page mode: for every image and every number of routing
-    ``iterations`` T, the model is routed with T updates and the map of the class layer's last update into
-    the predicted class is drawn (:func:`~capsule_lib.viz.inverted.plot_attention_maps`) when the page is
-    built; sliders ``"image"`` and ``"iterations"`` choose one in the browser. The frames are small figures
+    ``iterations`` T, the model is routed with T updates (:func:`~capsule_lib.analysis.class_attention_maps`)
+    and the map of the class layer's last update into the predicted class is drawn
+    (:func:`~capsule_lib.viz.inverted.plot_attention_maps`) when the page is built; sliders ``"image"`` and
+    ``"iterations"`` choose one in the browser. The frames are small figures
     (4.4 in wide), saved at 100 dpi so that their 7 pt titles are 9.7 px high (at 60 dpi: 5.8 px)."""
     geometry = grid_geometry(model)[-1]
     frames = []

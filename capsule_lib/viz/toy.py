@@ -1,15 +1,15 @@
-"""Toy 2-D routing problems and their figures (the primer chapter).
+"""Figures of the primer's toy 2-D routing problems.
 
-:func:`toy_votes` builds votes ``[B, n_inp, n_out, 2]`` where groups of children agree on one parent each
-and a few outliers agree with nobody. The figures consume a :class:`~capsule_lib.types.RoutingTrace`
-recorded once (``return_routing=True``); they never re-run routing. Iterations are 1-based: panel ``t``
+The problems come from :func:`~capsule_lib.analysis.toy_votes` (votes ``[B, n_inp, n_out, 2]`` where groups
+of children agree on one parent each and a few outliers agree with nobody). The figures consume a
+:class:`~capsule_lib.types.RoutingTrace` recorded once (``return_routing=True``) or the results of
+:func:`~capsule_lib.analysis.outlier_sweep`; they never run routing. Iterations are 1-based: panel ``t``
 shows the coefficients used in iteration ``t`` and the parents they produced.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -17,108 +17,20 @@ import torch
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from ..functional import capsule_lengths
-from ..routing.dynamic import dynamic_routing
+from ..analysis import PARENT_NAMES, ToyVotes, group_shares
 from ..types import RoutingTrace
 from .plots import _np, _unit_circle
 
 __all__ = [
-    "ToyVotes",
-    "toy_votes",
     "draw_routing_panel",
     "plot_routing_state",
     "plot_toy_iterations",
     "routing_readout",
-    "group_shares",
-    "outlier_sweep",
     "plot_outlier_sweep",
 ]
 
-PARENT_NAMES = "ABCDEFGH"
 _GROUP_COLORS = ["tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink"]
 _OUTLIER_COLOR = "0.45"
-
-
-@dataclass
-class ToyVotes:
-    """Votes of a toy routing problem.
-
-    ``votes``: ``[B, n_inp, n_out, 2]``, the vote of child ``i`` for parent ``j``.
-    ``group``: ``[n_inp]``, the parent each child agrees on (``-1`` for outliers).
-    ``centers``: ``[n_out, 2]``, the pose each group of children agrees on.
-    """
-
-    votes: torch.Tensor
-    group: torch.Tensor
-    centers: torch.Tensor
-
-    @property
-    def n_children(self) -> int:
-        return self.votes.shape[1]
-
-    @property
-    def n_parents(self) -> int:
-        return self.votes.shape[2]
-
-    def parent_names(self) -> list[str]:
-        return list(PARENT_NAMES[: self.n_parents])
-
-    def child_labels(self) -> list[str]:
-        """``"A1"``, ``"A2"``, ... for group members, ``"o1"``, ... for outliers."""
-        counts: dict[int, int] = {}
-        out = []
-        for g in self.group.tolist():
-            counts[g] = counts.get(g, 0) + 1
-            out.append(f"{PARENT_NAMES[g] if g >= 0 else 'o'}{counts[g]}")
-        return out
-
-
-def toy_votes(
-    groups: Sequence[int] = (5, 3),
-    n_outliers: int = 2,
-    spread: float = 0.12,
-    length: float = 0.9,
-    outlier_length: tuple[float, float] = (0.3, 1.1),
-    batch: int = 1,
-    seed: int = 0,
-) -> ToyVotes:
-    """Votes from ``sum(groups) + n_outliers`` children for ``len(groups)`` parents.
-
-    The ``groups[j]`` children of group ``j`` vote for parent ``j`` near a common pose (a vector of length
-    ``length`` at angle ``2*pi*j/len(groups) + 0.5``), with Gaussian noise ``spread``; all their other
-    votes, and every vote of an outlier, point in uniformly random directions with lengths uniform in
-    ``outlier_length``. Deterministic for a given ``seed``; ``batch`` independent draws share the groups.
-    """
-    if len(groups) < 1 or any(g < 0 for g in groups) or n_outliers < 0:
-        raise ValueError(
-            f"groups must be non-negative sizes (at least one) and n_outliers >= 0, got {groups}, {n_outliers}"
-        )
-    n_out = len(groups)
-    n_inp = sum(groups) + n_outliers
-    if n_inp < 1:
-        raise ValueError("at least one child is needed")
-    g = torch.Generator().manual_seed(seed)
-    group = torch.tensor([j for j, k in enumerate(groups) for _ in range(k)] + [-1] * n_outliers)  # [I]
-    angles = torch.arange(n_out, dtype=torch.float32) * (2 * np.pi / n_out) + 0.5
-    centers = length * torch.stack([angles.cos(), angles.sin()], dim=-1)  # [J, 2]
-    lo, hi = outlier_length
-    theta = torch.rand(batch, n_inp, n_out, generator=g) * (2 * np.pi)
-    radius = lo + (hi - lo) * torch.rand(batch, n_inp, n_out, generator=g)
-    votes = radius.unsqueeze(-1) * torch.stack([theta.cos(), theta.sin()], dim=-1)  # [B, I, J, 2] scattered
-    noise = spread * torch.randn(batch, n_inp, 2, generator=g)  # [B, I, 2]
-    for j in range(n_out):  # loop over parents (2-3), not over capsules
-        members = group == j  # [I]
-        votes[:, members, j] = centers[j] + noise[:, members]
-    return ToyVotes(votes, group, centers)
-
-
-def group_shares(toy: ToyVotes, trace: RoutingTrace, t: int, sample: int = 0) -> np.ndarray:
-    """Mean coefficient each group of children sends to each parent in iteration ``t``:
-    ``[n_groups (+1 row for outliers, if any), n_out]``; rows follow ``toy.group`` values 0, 1, ..., -1."""
-    c = _np(trace.coefficients[t - 1][sample])  # [I, J]
-    grp = toy.group.numpy()
-    keys = sorted(k for k in set(grp.tolist()) if k >= 0) + ([-1] if (grp < 0).any() else [])
-    return np.stack([c[grp == k].mean(axis=0) for k in keys])
 
 
 def _check_t(trace: RoutingTrace, t: int) -> None:
@@ -267,38 +179,10 @@ def routing_readout(toy: ToyVotes, trace: RoutingTrace, t: int, sample: int = 0)
     return "; ".join(p for p in parts if p)
 
 
-def outlier_sweep(
-    n_outliers: Sequence[int] = tuple(range(0, 13, 2)),
-    group: int = 4,
-    iterations: Sequence[int] = (1, 3),
-    problems: int = 500,
-    seed: int = 0,
-    progress: bool = True,
-) -> dict[str, np.ndarray]:
-    """Mean parent lengths when one group of ``group`` children agrees on parent A, nobody agrees on B,
-    and ``m`` outliers vote at random, for each ``m`` in ``n_outliers``.
-
-    For every ``m``, ``problems`` random problems (one batch) are routed with plain and leaky dynamic
-    routing for each number of ``iterations``. Returns ``{"n_outliers": [M], "iterations": [T],
-    "leaky": [2], "lengths": [M, 2 (plain, leaky), T, 2 (A, B)]}``. Shows a ``tqdm.auto`` bar if
-    ``progress``.
-    """
-    from tqdm.auto import tqdm
-
-    ms, its = list(n_outliers), list(iterations)
-    out = np.zeros((len(ms), 2, len(its), 2))
-    for a, m in enumerate(tqdm(ms, desc="outlier counts", disable=not progress)):
-        toy = toy_votes(groups=(group, 0), n_outliers=m, batch=problems, seed=seed + m)
-        for b, leaky in enumerate((False, True)):
-            for k, T in enumerate(its):
-                v = dynamic_routing(toy.votes, T, leaky=leaky)  # [P, 2, 2]
-                out[a, b, k] = _np(capsule_lengths(v).mean(dim=0))  # [2]
-    return {"n_outliers": np.array(ms), "iterations": np.array(its), "leaky": np.array([False, True]), "lengths": out}
-
-
 def plot_outlier_sweep(sweep: dict[str, np.ndarray]) -> Figure:
-    """Two panels (plain / leaky routing): mean length of parent A (agreed on) and parent B (agreed on by
-    nobody) against the number of outliers, one line style per number of iterations."""
+    """The results of :func:`~capsule_lib.analysis.outlier_sweep` in two panels (plain / leaky routing): mean
+    length of parent A (agreed on) and parent B (agreed on by nobody) against the number of outliers, one line
+    style per number of iterations."""
     fig, axes = plt.subplots(1, 2, figsize=(7.0, 3.6), sharey=True, constrained_layout=True)
     styles = ["-o", "--s", ":^", "-.v"]
     for b, (ax, name) in enumerate(zip(axes, ("plain routing", "leaky routing"))):

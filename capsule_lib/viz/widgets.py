@@ -20,8 +20,9 @@ import ipywidgets as W
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
+from ..analysis import ToyVotes
 from ..types import RoutingTrace
-from .toy import ToyVotes, plot_routing_state, routing_readout
+from .toy import plot_routing_state, routing_readout
 
 __all__ = ["Explorer", "explorer", "routing_explorer", "figure_output"]
 

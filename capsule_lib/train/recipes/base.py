@@ -12,7 +12,7 @@ from typing import Any, ClassVar, NamedTuple
 import torch
 from torch import nn
 
-from ...data import get_dataset
+from ...data import DataSource, get_dataset
 from ...data.loaders import TensorLoader
 from ...data.transforms import random_shift
 from ...distributed import DistInfo
@@ -91,22 +91,22 @@ class Recipe:
         return torch.optim.Adam(model.parameters(), lr=self.lr, eps=getattr(self, "adam_eps", 1e-8))
 
     def loaders(
-        self,
-        data_root: str | None,
-        device: torch.device,
-        *,
-        test: bool = True,
-        standin: bool | None = None,
-        dist: DistInfo | None = None,
+        self, data: DataSource | str | None, device: torch.device, *, test: bool = True, dist: DistInfo | None = None
     ) -> Loaders:
         """Training (augmented, shuffled), validation and test loaders; the test loader is ``None`` unless
-        ``test``. ``standin`` is passed to :func:`~capsule_lib.data.get_dataset`. In a distributed job
-        (``dist``) every loader is this rank's shard and the training batch is this rank's share of the
-        recipe's (global) ``batch_size``."""
-        shard = _shard(self, dist)
-        tr = get_dataset(self.dataset, data_root, "train", standin=standin)
-        va = get_dataset(self.dataset, data_root, "val", standin=standin)
-        te = get_dataset(self.dataset, data_root, "test", standin=standin) if test else None
+        ``test``. ``data``: a data root or a :class:`~capsule_lib.data.DataSource` (root, offline, stand-ins),
+        passed to :func:`~capsule_lib.data.get_dataset`. In a distributed job (``dist``) every loader is this
+        rank's shard and the training batch is this rank's share of the recipe's (global) ``batch_size``.
+        A family builds its loaders in :meth:`make_loaders`."""
+        return self.make_loaders(data, device, test, _shard(self, dist))
+
+    def make_loaders(self, data: DataSource | str | None, device: torch.device, test: bool, shard: dict) -> Loaders:
+        """The loaders of :meth:`loaders`, given this rank's ``shard`` (``batch_size``: its training batch;
+        ``rank``: its loader arguments; ``eval``: those of its evaluation loaders). Here: an image dataset's
+        train / val / test splits."""
+        tr = get_dataset(self.dataset, data, "train")
+        va = get_dataset(self.dataset, data, "val")
+        te = get_dataset(self.dataset, data, "test") if test else None
         if self.train_subset:
             tr = tr.subset(self.train_subset)
         if self.eval_subset:
@@ -127,10 +127,10 @@ class Recipe:
             test_loader = TensorLoader.from_dataset(te, 256, device=device, pad_shards=False, **shard["rank"])
         return Loaders(train, val, test_loader, tr, tr.name, tr.generated)
 
-    def evaluation_sets(self, data_root: str | None = None, standin: bool | None = None) -> dict[str, Any]:
+    def evaluation_sets(self, data: DataSource | str | None = None) -> dict[str, Any]:
         """The datasets a shipped checkpoint of this recipe is evaluated on, by metric prefix (``"val"``,
         ``"test"``): what :func:`~capsule_lib.pretrained.export_run` records in the registry."""
-        return {split: get_dataset(self.dataset, data_root, split, standin=standin) for split in ("val", "test")}
+        return {split: get_dataset(self.dataset, data, split) for split in ("val", "test")}
 
     def check_data(self, model: nn.Module, loaders: Loaders) -> None:
         """Refuse data the model cannot take (one line naming the mismatch)."""
@@ -207,7 +207,8 @@ def _shard(recipe: Recipe, dist: DistInfo | None) -> dict[str, Any]:
             f"pick a multiple of {world} (--set batch_size=...)"
         )
     rank = {"rank": dist.rank, "world_size": world} if dist is not None and world > 1 else {}
-    return {"batch_size": recipe.batch_size // world, "rank": rank}
+    evaluation = {**rank, "pad_shards": False} if rank else {}
+    return {"batch_size": recipe.batch_size // world, "rank": rank, "eval": evaluation}
 
 
 def _epoch_decay(r: Any, epoch: int) -> float:

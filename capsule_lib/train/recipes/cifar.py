@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from ...data import DataSource
 from ...data.transforms import random_crop_flip, random_shift
 from ...losses import (
     ClassifierObjective,
@@ -71,11 +72,11 @@ class TsaiCifarRecipe(Recipe):
     def has_augmentation(self) -> bool:
         return bool(self.crop_padding) or self.flip
 
-    def evaluation_sets(self, data_root: str | None = None, standin: bool | None = None) -> dict[str, Any]:
+    def evaluation_sets(self, data: DataSource | str | None = None) -> dict[str, Any]:
         """``val`` and ``test``, plus ``test_exact`` when the test split carries an ``exact`` mask (a copy of
         CIFAR-10 some of whose test images were recovered from a lossy source: only those marked exact are the
         original images, so that accuracy is the one to quote)."""
-        sets = super().evaluation_sets(data_root, standin)
+        sets = super().evaluation_sets(data)
         exact = sets["test"].extra.get("exact")
         if exact is not None and not bool(exact.all()):
             sets["test_exact"] = sets["test"].subset(torch.nonzero(exact).squeeze(1))
@@ -101,8 +102,8 @@ class TsaiCifarCPURecipe(TsaiCifarRecipe):
     warmup: float = 0.15
     model: CapsModelConfig = field(default_factory=_tsai_cpu_config)
 
-    def loaders(self, data_root, device, *, test=True, standin=None, dist=None) -> Loaders:
-        out = super().loaders(data_root, device, test=test, standin=standin, dist=dist)
+    def loaders(self, data, device, *, test=True, dist=None) -> Loaders:
+        out = super().loaders(data, device, test=test, dist=dist)
         self._steps_per_epoch = len(out.train)  # the schedule is laid out over epochs * steps per epoch
         return out
 

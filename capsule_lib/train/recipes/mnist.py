@@ -10,10 +10,9 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from ...data import get_dataset
+from ...data import DataSource, get_dataset
 from ...data.multimnist import MultiMNISTLoader
 from ...data.transforms import efficient_mnist_augment
-from ...distributed import DistInfo
 from ...losses import (
     CapsuleObjective,
     ClassifierObjective,
@@ -27,7 +26,6 @@ from .base import (
     Recipe,
     ShiftDecayRecipe,
     _epoch_decay,
-    _shard,
 )
 
 __all__ = [
@@ -141,21 +139,12 @@ class MultiMNISTRecipe(Recipe):
     val_pairs: int = 5000
     test_pairs: int = 10000
 
-    def loaders(
-        self,
-        data_root: str | None,
-        device: torch.device,
-        *,
-        test: bool = True,
-        standin: bool | None = None,
-        dist: DistInfo | None = None,
-    ) -> Loaders:
-        shard = _shard(self, dist)
-        ev = {**shard["rank"], "pad_shards": False} if shard["rank"] else {}
-        tr = get_dataset(self.dataset, data_root, "train", standin=standin)
+    def make_loaders(self, data: DataSource | str | None, device: torch.device, test: bool, shard: dict) -> Loaders:
+        ev = shard["eval"]
+        tr = get_dataset(self.dataset, data, "train")
         if self.train_subset:
             tr = tr.subset(self.train_subset)
-        va = get_dataset(self.dataset, data_root, "val", standin=standin)
+        va = get_dataset(self.dataset, data, "val")
         train = MultiMNISTLoader(
             tr, self.pairs_per_epoch, shard["batch_size"], self.variant, seed=self.seed, device=device, **shard["rank"]
         )
@@ -164,7 +153,7 @@ class MultiMNISTRecipe(Recipe):
         )
         test_loader = None
         if test:
-            te = get_dataset(self.dataset, data_root, "test", standin=standin)
+            te = get_dataset(self.dataset, data, "test")
             test_loader = MultiMNISTLoader(
                 te,
                 self.test_pairs,

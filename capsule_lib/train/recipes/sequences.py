@@ -8,9 +8,9 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from ...data import DataSource
 from ...data.loaders import TensorLoader
 from ...data.sequences import marker_sequences
-from ...distributed import DistInfo
 from ...losses import (
     ClassifierObjective,
 )
@@ -18,7 +18,6 @@ from ...models.heinsen import TokenSequenceConfig
 from .base import (
     Loaders,
     Recipe,
-    _shard,
 )
 
 __all__ = ["HeinsenSequenceRecipe"]
@@ -63,19 +62,10 @@ class HeinsenSequenceRecipe(Recipe):
         m = self.model
         return marker_sequences(n, seed, n_markers=m.n_classes, vocab=m.vocab)
 
-    def loaders(
-        self,
-        data_root: str | None,
-        device: torch.device,
-        *,
-        test: bool = True,
-        standin: bool | None = None,
-        dist: DistInfo | None = None,
-    ) -> Loaders:
+    def make_loaders(self, data: DataSource | str | None, device: torch.device, test: bool, shard: dict) -> Loaders:
         if self.dataset != "marker_sequences":
             raise ValueError(f"{self.name}: dataset must be 'marker_sequences' (generated), got {self.dataset!r}")
-        shard = _shard(self, dist)
-        ev = {**shard["rank"], "pad_shards": False} if shard["rank"] else {}
+        ev = shard["eval"]
         tr = self.sequences("train")
         train = TensorLoader(
             [tr.tokens, tr.labels], shard["batch_size"], shuffle=True, seed=self.seed, device=device, **shard["rank"]
@@ -88,7 +78,7 @@ class HeinsenSequenceRecipe(Recipe):
             tests = TensorLoader([te.tokens, te.labels], 512, device=device, **ev)
         return Loaders(train, val, tests, tr, "marker_sequences (GENERATED)", True)
 
-    def evaluation_sets(self, data_root: str | None = None, standin: bool | None = None) -> dict[str, Any]:
+    def evaluation_sets(self, data: DataSource | str | None = None) -> dict[str, Any]:
         return {"val": self.sequences("val"), "test": self.sequences("test")}
 
     def check_data(self, model: nn.Module, loaders: Loaders) -> None:

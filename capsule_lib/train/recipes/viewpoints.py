@@ -10,10 +10,10 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from ...data import DataSource
 from ...data.loaders import TensorLoader
 from ...data.smallnorb import heinsen_transform, hinton_transform
 from ...data.viewpoints import ViewpointSets, viewpoint_sets
-from ...distributed import DistInfo
 from ...losses import (
     ClassifierObjective,
     SpreadObjective,
@@ -24,7 +24,6 @@ from ...models.heinsen import SmallNORBConfig
 from .base import (
     Loaders,
     Recipe,
-    _shard,
 )
 
 __all__ = [
@@ -66,19 +65,18 @@ class ViewpointRecipe(Recipe):
     lr: float = 3e-3
     lr_decay: float = 0.85  # x per epoch
 
-    def viewpoint_data(self, data_root: str | None = None, standin: bool | None = None) -> ViewpointSets:
+    def viewpoint_data(self, data: DataSource | str | None = None) -> ViewpointSets:
         """The protocol's four sets (:class:`~capsule_lib.data.viewpoints.ViewpointSets`)."""
         n_test = self.eval_subset or self.test_images
         return viewpoint_sets(
             self.dataset,
-            data_root,
+            data,
             axis=self.axis,
             familiar=self.familiar,
             size=self.image_size,
             eval_crop=self.crop,
             n_train=self.train_subset,
             n_test=n_test,
-            standin=standin,
             seed=self.data_seed,
             workers=self.render_workers,
         )
@@ -92,18 +90,9 @@ class ViewpointRecipe(Recipe):
     def has_augmentation(self) -> bool:
         return True
 
-    def loaders(
-        self,
-        data_root: str | None,
-        device: torch.device,
-        *,
-        test: bool = True,
-        standin: bool | None = None,
-        dist: DistInfo | None = None,
-    ) -> Loaders:
-        shard = _shard(self, dist)
-        ev = {**shard["rank"], "pad_shards": False} if shard["rank"] else {}
-        sets = self.viewpoint_data(data_root, standin)
+    def make_loaders(self, data: DataSource | str | None, device: torch.device, test: bool, shard: dict) -> Loaders:
+        ev = shard["eval"]
+        sets = self.viewpoint_data(data)
         train = TensorLoader.from_dataset(
             sets.train,
             shard["batch_size"],
@@ -123,8 +112,8 @@ class ViewpointRecipe(Recipe):
         name = f"{sets.name} ({self.axis} protocol)"
         return Loaders(train, val, tests, sets.train, name, sets.generated)
 
-    def evaluation_sets(self, data_root: str | None = None, standin: bool | None = None) -> dict[str, Any]:
-        sets = self.viewpoint_data(data_root, standin)
+    def evaluation_sets(self, data: DataSource | str | None = None) -> dict[str, Any]:
+        sets = self.viewpoint_data(data)
         return {"val": sets.val, "test_familiar": sets.familiar, "test_novel": sets.novel}
 
     def check_data(self, model: nn.Module, loaders: Loaders) -> None:
