@@ -292,7 +292,7 @@ def _author_config(sd: dict[str, torch.Tensor]) -> tuple[str, dict[str, Any]]:
             "d_depth": sd["depth_emb"].shape[0] if "depth_emb" in sd else None,
             "d_emb": d_emb,
             "d_inp": d_inp,
-            "d_cap": sd["routings.0.W"].shape[-1],
+            "d_out": sd["routings.0.W"].shape[-1],
             "n_parts": sd["routings.0.W"].shape[1],
             "n_classes": sd["routings.1.W"].shape[1],
         }

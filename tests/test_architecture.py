@@ -229,7 +229,7 @@ def test_every_model_says_what_its_scores_are():
     from capsule_lib.models.heinsen import SequenceClassifierConfig
 
     assert CapsNet(TINY)(torch.rand(2, 1, 28, 28)).kind == "lengths"
-    cfg = SequenceClassifierConfig(d_depth=3, d_emb=16, d_inp=8, d_cap=2, n_parts=6, n_classes=3)
+    cfg = SequenceClassifierConfig(d_depth=3, d_emb=16, d_inp=8, d_out=2, n_parts=6, n_classes=3)
     assert SequenceClassifierHead(cfg)(torch.randn(2, 5, 3, 16)).kind == "logits"
     from capsule_lib.models import EMCapsNet, EMCapsNetConfig
 
@@ -357,6 +357,24 @@ def test_the_command_line_trains_a_recipe_with_overrides(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["capsnet", "--out", str(out), "--set", "epoch=1"])
     assert "has no field 'epoch'" in capsys.readouterr().err
+
+
+#: synonyms of the capsule size retired by CONTRIBUTING.md's glossary ("capsule size")
+RETIRED_NAMES = {"d_caps", "d_cap", "capsule_dim", "caps_size", "capsule_size", "d_capsule"}
+
+
+def test_retired_synonyms_are_not_used():
+    """One name per concept: no argument, field, attribute or variable of the library uses a retired synonym."""
+    found = []
+    for path, module, _ in _modules():
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [getattr(node, key, None) for key in ("arg", "attr", "id")]
+            if isinstance(node, ast.keyword):
+                names = [node.arg]
+            found += [f"{module}:{node.lineno} {n}" for n in names if n in RETIRED_NAMES]
+    assert not found, "retired synonyms (see CONTRIBUTING.md, glossary):\n" + "\n".join(found)
+    sample = ast.parse("def f(d_caps): return x.capsule_dim + g(d_cap=1)")
+    assert {getattr(n, k, None) for n in ast.walk(sample) for k in ("arg", "attr", "id")} >= {"d_caps", "capsule_dim"}
 
 
 def _environment_reads(tree: ast.AST) -> list[tuple[int, str]]:

@@ -71,7 +71,7 @@ def test_mask_capsules_variants():
 
 
 def test_primary_capsule_ordering_is_type_major():
-    pc = PrimaryCapsules(in_channels=3, n_types=4, d_caps=2, kernel_size=3, stride=1)
+    pc = PrimaryCapsules(in_channels=3, n_types=4, caps_dim=2, kernel_size=3, stride=1)
     x = torch.randn(1, 3, 6, 6)
     caps = pc(x)  # [1, 4*4*4, 2]
     raw = pc.conv(x)  # [1, 8, 4, 4]

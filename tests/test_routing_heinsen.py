@@ -845,7 +845,7 @@ def test_sequence_head_parameter_counts(n_classes, count):
 
 def test_sequence_head_padding_gradients_and_variants():
     torch.manual_seed(0)
-    cfg = SequenceClassifierConfig(d_depth=3, d_emb=16, d_inp=8, d_cap=2, n_parts=6, n_classes=3)
+    cfg = SequenceClassifierConfig(d_depth=3, d_emb=16, d_inp=8, d_out=2, n_parts=6, n_classes=3)
     h = SequenceClassifierHead(cfg)
     randomize_(h.routings[1], 0.5)  # nonzero betas so that the logits depend on the tokens
     embs = torch.randn(2, 5, 3, 16)

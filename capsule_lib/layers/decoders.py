@@ -20,7 +20,7 @@ class FCDecoder(nn.Module):
     ----------
     n_caps : int, optional
         Number of capsules ``J`` (default 10).
-    d_caps : int, optional
+    caps_dim : int, optional
         Capsule dimension ``D`` (default 16).
     out_shape : tuple of int, optional
         Shape of one reconstructed image, ``(C, H, W)`` (default ``(1, 28, 28)``).
@@ -31,13 +31,13 @@ class FCDecoder(nn.Module):
     def __init__(
         self,
         n_caps: int = 10,
-        d_caps: int = 16,
+        caps_dim: int = 16,
         out_shape: tuple[int, ...] = (1, 28, 28),
         hidden: tuple[int, ...] = (512, 1024),
     ) -> None:
         super().__init__()
-        self.n_caps, self.d_caps, self.out_shape = n_caps, d_caps, tuple(out_shape)
-        dims = [n_caps * d_caps, *hidden]
+        self.n_caps, self.caps_dim, self.out_shape = n_caps, caps_dim, tuple(out_shape)
+        dims = [n_caps * caps_dim, *hidden]
         layers: list[nn.Module] = []
         for a, b in zip(dims[:-1], dims[1:]):
             layers += [nn.Linear(a, b), nn.ReLU(inplace=True)]
@@ -53,7 +53,7 @@ class FCDecoder(nn.Module):
         Parameters
         ----------
         masked : torch.Tensor
-            ``[B, n_caps, d_caps]`` capsules, all but the selected ones zeroed
+            ``[B, n_caps, caps_dim]`` capsules, all but the selected ones zeroed
             (:func:`~capsule_lib.layers.masking.mask_capsules`).
 
         Returns
@@ -61,7 +61,7 @@ class FCDecoder(nn.Module):
         torch.Tensor
             ``[B, *out_shape]`` images in (0, 1).
         """
-        check_tensor(masked, "masked", f"[B, {self.n_caps}, {self.d_caps}]", [None, self.n_caps, self.d_caps])
+        check_tensor(masked, "masked", f"[B, {self.n_caps}, {self.caps_dim}]", [None, self.n_caps, self.caps_dim])
         return self.net(masked.flatten(1)).view(-1, *self.out_shape)
 
 
@@ -75,7 +75,7 @@ class UpsampleConvDecoder(nn.Module):
 
     Parameters
     ----------
-    n_caps, d_caps : int, optional
+    n_caps, caps_dim : int, optional
         Number ``J`` and dimension ``D`` of the capsules (defaults 5 and 16).
     out_channels : int, optional
         Channels ``C`` of the reconstructed image (default 2: the stereo pair).
@@ -89,14 +89,14 @@ class UpsampleConvDecoder(nn.Module):
     def __init__(
         self,
         n_caps: int = 5,
-        d_caps: int = 16,
+        caps_dim: int = 16,
         out_channels: int = 2,
         channels: tuple[int, ...] = (64, 128, 128),
         slope: float = 0.2,
     ) -> None:
         super().__init__()
-        self.n_caps, self.d_caps, self.out_channels, self.slope = n_caps, d_caps, out_channels, slope
-        self.fc = nn.Linear(n_caps * d_caps, 64)
+        self.n_caps, self.caps_dim, self.out_channels, self.slope = n_caps, caps_dim, out_channels, slope
+        self.fc = nn.Linear(n_caps * caps_dim, 64)
         convs, c_in = [], 1
         for c in channels:
             convs.append(nn.Conv2d(c_in, c, 3))
@@ -125,7 +125,7 @@ class UpsampleConvDecoder(nn.Module):
         torch.Tensor
             ``[B, out_channels, out_size, out_size]`` images in (0, 1) (``[B, 2, 48, 48]`` by default).
         """
-        check_tensor(masked, "masked", f"[B, {self.n_caps}, {self.d_caps}]", [None, self.n_caps, self.d_caps])
+        check_tensor(masked, "masked", f"[B, {self.n_caps}, {self.caps_dim}]", [None, self.n_caps, self.caps_dim])
         h = self.fc(masked.flatten(1)).view(-1, 1, 8, 8)  # [B, 1, 8, 8]
         for conv in self.convs:
             h = F.interpolate(h, scale_factor=2, mode="bilinear", align_corners=False)  # Keras UpSampling2D

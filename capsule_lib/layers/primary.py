@@ -15,12 +15,12 @@ __all__ = ["PrimaryCapsules", "DepthwisePrimaryCapsules", "MatrixPrimaryCapsules
 
 
 class PrimaryCapsules(nn.Module):
-    """Convolutional primary capsules (Sabour et al. 2017): ``[B, C, H, W] -> [B, n_types*h*w, d_caps]``.
+    """Convolutional primary capsules (Sabour et al. 2017): ``[B, C, H, W] -> [B, n_types*h*w, caps_dim]``.
 
-    One convolution with ``n_types * d_caps`` output channels; output channel ``c*d_caps + a`` is
+    One convolution with ``n_types * caps_dim`` output channels; output channel ``c*caps_dim + a`` is
     dimension ``a`` of capsule type ``c`` (the official layout). Capsules are ordered **type-major**,
     ``i = c*h*w + y*w + x`` (the official transpose to ``[B, n_types, h, w, d]``), then squashed over ``d``.
-    ``grid(x)`` returns the unflattened ``[B, n_types, h, w, d_caps]`` view for figures.
+    ``grid(x)`` returns the unflattened ``[B, n_types, h, w, caps_dim]`` view for figures.
 
     Parameters
     ----------
@@ -28,7 +28,7 @@ class PrimaryCapsules(nn.Module):
         Input channels ``C`` (default 256).
     n_types : int, optional
         Capsule types (default 32).
-    d_caps : int, optional
+    caps_dim : int, optional
         Capsule dimension (default 8).
     kernel_size : int, optional
         Convolution kernel side, valid padding (default 9).
@@ -45,7 +45,7 @@ class PrimaryCapsules(nn.Module):
         self,
         in_channels: int = 256,
         n_types: int = 32,
-        d_caps: int = 8,
+        caps_dim: int = 8,
         kernel_size: int = 9,
         stride: int = 2,
         squash_kind: str = "hinton",
@@ -54,9 +54,9 @@ class PrimaryCapsules(nn.Module):
         super().__init__()
         if conv not in ("standard", "bf16_gemm"):
             raise ValueError(f"conv must be 'standard' or 'bf16_gemm', got {conv!r}")
-        self.in_channels, self.n_types, self.d_caps, self.squash_kind = in_channels, n_types, d_caps, squash_kind
+        self.in_channels, self.n_types, self.caps_dim, self.squash_kind = in_channels, n_types, caps_dim, squash_kind
         conv_cls = GemmConv2d if conv == "bf16_gemm" else nn.Conv2d
-        self.conv = conv_cls(in_channels, n_types * d_caps, kernel_size, stride)
+        self.conv = conv_cls(in_channels, n_types * caps_dim, kernel_size, stride)
 
     def grid(self, x: torch.Tensor) -> torch.Tensor:
         """The squashed capsules on their grid (for figures).
@@ -69,13 +69,13 @@ class PrimaryCapsules(nn.Module):
         Returns
         -------
         torch.Tensor
-            ``[B, n_types, h, w, d_caps]``, squashed over ``d_caps``; ``h = (H - kernel_size) // stride + 1``.
+            ``[B, n_types, h, w, caps_dim]``, squashed over ``caps_dim``; ``h = (H - kernel_size) // stride + 1``.
         """
         check_tensor(x, "x", f"[B, C={self.in_channels}, H, W]", [None, self.in_channels, None, None])
         B = x.shape[0]
         h = self.conv(x)  # [B, N*D, h, w]
         _, _, H, W = h.shape
-        h = h.view(B, self.n_types, self.d_caps, H, W).permute(0, 1, 3, 4, 2)  # [B, N, h, w, D]
+        h = h.view(B, self.n_types, self.caps_dim, H, W).permute(0, 1, 3, 4, 2)  # [B, N, h, w, D]
         return squash(h, self.squash_kind)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -89,27 +89,27 @@ class PrimaryCapsules(nn.Module):
         Returns
         -------
         torch.Tensor
-            ``[B, n_types*h*w, d_caps]`` squashed capsules, type-major (``i = c*h*w + y*w + x``).
+            ``[B, n_types*h*w, caps_dim]`` squashed capsules, type-major (``i = c*h*w + y*w + x``).
         """
         g = self.grid(x)  # [B, N, h, w, D]
-        return g.reshape(g.shape[0], -1, self.d_caps)  # [B, N*h*w, D], type-major
+        return g.reshape(g.shape[0], -1, self.caps_dim)  # [B, N*h*w, D], type-major
 
 
 class DepthwisePrimaryCapsules(nn.Module):
     """Efficient-CapsNet primary capsules: depthwise conv ``F x K x K`` (groups=F), valid padding, then
-    reshape the ``F`` channels into ``n_caps`` capsules of ``d_caps`` (capsule n = channels
-    ``n*d_caps .. n*d_caps+d_caps-1``) and squash_E. ``[B, F, H, W] -> [B, n_caps * h*w, d_caps]``
+    reshape the ``F`` channels into ``n_caps`` capsules of ``caps_dim`` (capsule n = channels
+    ``n*caps_dim .. n*caps_dim+caps_dim-1``) and squash_E. ``[B, F, H, W] -> [B, n_caps * h*w, caps_dim]``
     (``h = w = 1`` in the papers' configurations).
 
     Parameters
     ----------
     channels : int, optional
-        Input and depthwise channels ``F`` (default 128); must equal ``n_caps * d_caps``.
+        Input and depthwise channels ``F`` (default 128); must equal ``n_caps * caps_dim``.
     kernel_size : int, optional
         Depthwise kernel side ``K``, valid padding (default 9).
     n_caps : int, optional
         Capsules per position (default 16).
-    d_caps : int, optional
+    caps_dim : int, optional
         Capsule dimension (default 8).
     stride : int, optional
         Convolution stride (default 1).
@@ -122,14 +122,14 @@ class DepthwisePrimaryCapsules(nn.Module):
         channels: int = 128,
         kernel_size: int = 9,
         n_caps: int = 16,
-        d_caps: int = 8,
+        caps_dim: int = 8,
         stride: int = 1,
         squash_kind: str = "efficient",
     ) -> None:
         super().__init__()
-        if n_caps * d_caps != channels:
-            raise ValueError(f"n_caps*d_caps must equal channels ({n_caps}*{d_caps} != {channels})")
-        self.channels, self.n_caps, self.d_caps, self.squash_kind = channels, n_caps, d_caps, squash_kind
+        if n_caps * caps_dim != channels:
+            raise ValueError(f"n_caps*caps_dim must equal channels ({n_caps}*{caps_dim} != {channels})")
+        self.channels, self.n_caps, self.caps_dim, self.squash_kind = channels, n_caps, caps_dim, squash_kind
         self.conv = nn.Conv2d(channels, channels, kernel_size, stride, groups=channels)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -143,12 +143,12 @@ class DepthwisePrimaryCapsules(nn.Module):
         Returns
         -------
         torch.Tensor
-            ``[B, h*w*n_caps, d_caps]`` squashed capsules, position-major (``i = (y*w + x)*n_caps + n``).
+            ``[B, h*w*n_caps, caps_dim]`` squashed capsules, position-major (``i = (y*w + x)*n_caps + n``).
         """
         check_tensor(x, "x", f"[B, F={self.channels}, H, W]", [None, self.channels, None, None])
         B = x.shape[0]
         h = self.conv(x)  # [B, F, h, w]
-        h = h.permute(0, 2, 3, 1).reshape(B, -1, self.d_caps)  # [B, h*w*n_caps, D]
+        h = h.permute(0, 2, 3, 1).reshape(B, -1, self.caps_dim)  # [B, h*w*n_caps, D]
         return squash(h, self.squash_kind)
 
 

@@ -300,8 +300,8 @@ class SequenceClassifierConfig:
         Size of each embedding (default 1280).
     d_inp : int
         Features computed per embedding, the input capsules' size (default 64).
-    d_cap : int
-        Output capsules are ``1 x d_cap`` (default 2).
+    d_out : int
+        Output capsules are ``1 x d_out`` (default 2).
     n_parts : int
         Capsules after the first routing (default 64).
     n_classes : int
@@ -313,7 +313,7 @@ class SequenceClassifierConfig:
     d_depth: int | None = 37
     d_emb: int = 1280
     d_inp: int = 64
-    d_cap: int = 2
+    d_out: int = 2
     n_parts: int = 64
     n_classes: int = 5
     iterations: int = 3
@@ -329,7 +329,7 @@ class SequenceClassifierHead(nn.Module):
 
     Pipeline: ``embs + depth_emb`` -> Linear(d_emb -> d_inp, Kaiming) -> Swish -> LayerNorm(d_inp) gives
     ``n * d_depth`` input capsules ``[B, n * d_depth, 1, d_inp]`` with scores ``a`` repeated over depth ->
-    Routing(1, d_inp, d_cap, n_out=n_parts, variable n_inp) -> Routing(1, d_cap, d_cap, n_inp=n_parts,
+    Routing(1, d_inp, d_out, n_out=n_parts, variable n_inp) -> Routing(1, d_out, d_out, n_inp=n_parts,
     n_out=n_classes). Module names (``depth_emb``, ``detect_parts``, ``routings``) follow the original
     ``SSTClassifier``.
 
@@ -351,12 +351,12 @@ class SequenceClassifierHead(nn.Module):
         self.routings = nn.ModuleList(
             [
                 GenerativeMatrixRouting(
-                    d_cov=1, d_inp=cfg.d_inp, d_out=cfg.d_cap, n_out=cfg.n_parts, iterations=cfg.iterations
+                    d_cov=1, d_inp=cfg.d_inp, d_out=cfg.d_out, n_out=cfg.n_parts, iterations=cfg.iterations
                 ),
                 GenerativeMatrixRouting(
                     d_cov=1,
-                    d_inp=cfg.d_cap,
-                    d_out=cfg.d_cap,
+                    d_inp=cfg.d_out,
+                    d_out=cfg.d_out,
                     n_inp=cfg.n_parts,
                     n_out=cfg.n_classes,
                     iterations=cfg.iterations,
@@ -429,7 +429,7 @@ class SequenceClassifierHead(nn.Module):
         Returns
         -------
         CapsuleOutput
-            ``scores`` = class **logits** ``[B, n_classes]`` (``kind="logits"``), ``poses [B, n_classes, d_cap]``,
+            ``scores`` = class **logits** ``[B, n_classes]`` (``kind="logits"``), ``poses [B, n_classes, d_out]``,
             ``extra["sigma2"]``; with ``return_routing``, the class routing's trace (``extra["traces"]``: both).
         """
         c = self.config
@@ -456,7 +456,7 @@ class SequenceClassifierHead(nn.Module):
                 (a, mu, sigma2), tr = routing(a, mu, return_routing=True)
                 traces.append(tr)
             else:
-                a, mu, sigma2 = routing(a, mu)  # [B, J], [B, J, 1, d_cap], [B, J, 1, d_cap]
+                a, mu, sigma2 = routing(a, mu)  # [B, J], [B, J, 1, d_out], [B, J, 1, d_out]
         extra = {"sigma2": sigma2.flatten(-2)}
         if return_routing:
             extra["traces"] = traces
@@ -477,8 +477,8 @@ class TokenSequenceConfig:
         Size of the token embeddings (default 32).
     d_inp : int
         Features computed per token embedding, the input capsules' size (default 16).
-    d_cap : int
-        Output capsules are ``1 x d_cap`` (default 2).
+    d_out : int
+        Output capsules are ``1 x d_out`` (default 2).
     n_parts : int
         Capsules after the first routing (default 16).
     n_classes : int
@@ -490,7 +490,7 @@ class TokenSequenceConfig:
     vocab: int = 32
     d_emb: int = 32
     d_inp: int = 16
-    d_cap: int = 2
+    d_out: int = 2
     n_parts: int = 16
     n_classes: int = 4
     iterations: int = 3
@@ -520,7 +520,7 @@ class TokenSequenceClassifier(nn.Module):
                 d_depth=None,
                 d_emb=cfg.d_emb,
                 d_inp=cfg.d_inp,
-                d_cap=cfg.d_cap,
+                d_out=cfg.d_out,
                 n_parts=cfg.n_parts,
                 n_classes=cfg.n_classes,
                 iterations=cfg.iterations,
@@ -540,7 +540,7 @@ class TokenSequenceClassifier(nn.Module):
         Returns
         -------
         CapsuleOutput
-            As :meth:`SequenceClassifierHead.forward`: class logits ``[B, n_classes]``, ``poses [B, n_classes, d_cap]``.
+            As :meth:`SequenceClassifierHead.forward`: class logits ``[B, n_classes]``, ``poses [B, n_classes, d_out]``.
         """
         if not isinstance(tokens, torch.Tensor) or tokens.dtype != torch.long or tokens.dim() != 2:
             got = f"{tokens.dtype} {tuple(tokens.shape)}" if isinstance(tokens, torch.Tensor) else type(tokens).__name__
