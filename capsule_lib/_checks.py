@@ -11,6 +11,7 @@ import torch
 from .types import ImageContract
 
 __all__ = [
+    "float_images",
     "check_tensor",
     "check_nonempty",
     "check_module_input",
@@ -141,6 +142,11 @@ def check_model_input(x: torch.Tensor, model: torch.nn.Module, arg: str = "x") -
     name = type(model).__name__
     check_module_input(x, model, name)
     check_images(x, model.input_contract, f"{name}: {arg}")
+
+
+def float_images(images: torch.Tensor) -> torch.Tensor:
+    """Images as float32 in [0, 1] (``uint8`` ones divided by 255)."""
+    return images.float() / 255 if images.dtype == torch.uint8 else images.float()
 
 
 def module_device(model: torch.nn.Module) -> torch.device:

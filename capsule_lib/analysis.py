@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ._checks import module_device
+from ._checks import float_images, module_device
 from .functional import capsule_lengths
 from .routing.dynamic import dynamic_routing
 from .routing.inverted import conv_windows
@@ -54,12 +54,6 @@ PARENT_NAMES = "ABCDEFGH"
 
 def _np(x: torch.Tensor) -> np.ndarray:
     return x.detach().float().cpu().numpy()
-
-
-def _float_images(images: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """``images`` on ``device`` as float32 in [0, 1] (uint8 images are divided by 255)."""
-    x = images.to(device)
-    return x.float() / 255 if x.dtype == torch.uint8 else x.float()
 
 
 # ------------------------------------------------------------------------------------- toy routing problems
@@ -282,8 +276,7 @@ def em_class_inputs(model: torch.nn.Module, images: torch.Tensor) -> tuple[torch
     activations : torch.Tensor
         ``[B, D, h, w]`` its activations.
     """
-    x = images.float() / 255.0 if images.dtype == torch.uint8 else images.float()
-    return model.class_inputs(x.to(module_device(model)))
+    return model.class_inputs(float_images(images).to(module_device(model)))
 
 
 @torch.no_grad()
@@ -338,10 +331,10 @@ def class_poses(model: torch.nn.Module, images: torch.Tensor, batch: int = 256) 
     poses : torch.Tensor
         ``[N, K, 16]`` class-capsule poses (float32, on the CPU).
     """
-    device = next(model.parameters()).device
+    device = module_device(model)
     probs, poses = [], []
     for lo in range(0, images.shape[0], batch):
-        out = model(_float_images(images[lo : lo + batch], device))
+        out = model(float_images(images[lo : lo + batch]).to(device))
         probs.append(out.scores.float().softmax(-1).cpu())
         poses.append(out.poses.float().cpu())
     return torch.cat(probs), torch.cat(poses)
@@ -427,7 +420,7 @@ def class_credit_maps(model: torch.nn.Module, images: torch.Tensor) -> tuple[tor
     probabilities : torch.Tensor
         ``[N, K]`` class probabilities, the softmax of the logits (on the CPU).
     """
-    x = _float_images(images, next(model.parameters()).device)
+    x = float_images(images).to(module_device(model))
     maps = []
     for t in range(model.config.iterations):
         out, credits = model.class_credits(x, t)
@@ -492,7 +485,7 @@ def class_attention_maps(
     probabilities : torch.Tensor
         ``[N, T, K]`` (float32, on the CPU).
     """
-    x = _float_images(images, next(model.parameters()).device)
+    x = float_images(images).to(module_device(model))
     out = model(x, return_routing=True, iterations=iterations, sequential=sequential)
     last = [layer for layer in model.capsule_layers if hasattr(layer, "kernel_size")]
     if not last:

@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ._checks import float_images
+
 __all__ = [
     "attack_loss",
     "reconstruction_distance",
@@ -65,11 +67,6 @@ def reconstruction_aware_objective(weight: float, loss_fn: LossFn = attack_loss)
         return loss_fn(out.scores, y) - weight * reconstruction_distance(x, recon)
 
     return objective
-
-
-def _float_images(images: torch.Tensor) -> torch.Tensor:
-    """Images as float in [0, 1] (``uint8`` ones divided by 255)."""
-    return images.float() / 255 if images.dtype == torch.uint8 else images.float()
 
 
 def _scores(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -272,7 +269,7 @@ def robust_accuracy(
         raise ValueError(f"attack must be 'fgsm' or 'bim', got {attack!r}")
     fn = fgsm if attack == "fgsm" else bim
     device = next(model.parameters()).device
-    x_all = _float_images(images)
+    x_all = float_images(images)
     correct = dict.fromkeys(map(float, eps), 0)
     for i in range(0, len(x_all), batch_size):
         x, y = x_all[i : i + batch_size].to(device), labels[i : i + batch_size].to(device)

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ._checks import float_images
 from .attacks import (
     Objective,
-    _float_images,
     _scores,
     attack_loss,
     bim,
@@ -130,7 +130,7 @@ def attack_curve(
     if attack not in ("fgsm", "bim"):
         raise ValueError(f"attack must be 'fgsm' or 'bim', got {attack!r}")
     budgets, device = _budgets(eps), next(model.parameters()).device
-    x_all, y_all = _float_images(images), labels.long()
+    x_all, y_all = float_images(images), labels.long()
     correct = torch.zeros(len(budgets), len(x_all), dtype=torch.bool)
     starts = range(0, len(x_all), batch_size)
     for s in progress(starts) if progress is not None else starts:
@@ -187,7 +187,7 @@ def masking_check(
         raise ValueError(f"the curves cover {fgsm.correct.shape[1]} and {bim_curve.correct.shape[1]} images, need {n}")
     g = torch.Generator().manual_seed(seed)
     device = next(model.parameters()).device
-    x, y = _float_images(images[:n]).to(device), labels[:n].long().to(device)
+    x, y = float_images(images[:n]).to(device), labels[:n].long().to(device)
     x_p = bim(model, x, y, eps, steps=steps, random_start=True, restarts=restarts, early_stop=True, generator=g)
     x_l = bim(model, x, y, large_eps, steps=10, early_stop=True)
     with torch.no_grad():
@@ -201,7 +201,7 @@ def masking_check(
 def reconstruction_distances(model: nn.Module, images: torch.Tensor, batch_size: int = 200) -> torch.Tensor:
     """DARCCC's statistic for every image ``[N, C, H, W]``: the L2 distance ``[N]`` between the image and the
     model's reconstruction from its winning class capsule (the model's output with no label given)."""
-    x_all, device, out = _float_images(images), next(model.parameters()).device, []
+    x_all, device, out = float_images(images), next(model.parameters()).device, []
     with torch.no_grad():
         for s in range(0, len(x_all), batch_size):
             x = x_all[s : s + batch_size].to(device)
@@ -281,7 +281,7 @@ def detection(
     """
     attacks = {"BIM": 0.0} if attacks is None else attacks
     threshold = float(torch.quantile(reconstruction_distances(model, val_images), 1 - fpr))
-    x_all, y_all, device = _float_images(images), labels.long(), next(model.parameters()).device
+    x_all, y_all, device = float_images(images), labels.long(), next(model.parameters()).device
     clean: list[torch.Tensor] = []
     attacked: dict[str, list] = {a: [] for a in attacks}
     fooled: dict[str, list] = {a: [] for a in attacks}
@@ -332,7 +332,7 @@ def adversarial_examples(
     """Each model's adversarial copy of one ``image [C, H, W]`` (true class ``label``) at every budget of
     ``eps``: ``[E]`` dicts, model name -> :class:`AdversarialExample` (what the epsilon explorer shows).
     ``attack``: ``"fgsm"`` (one gradient for all budgets) or ``"bim"`` (``steps`` steps, no early stop)."""
-    x = _float_images(image[None])
+    x = float_images(image[None])
     out: list[dict[str, AdversarialExample]] = [{} for _ in eps]
     for name, model in models.items():
         device = next(model.parameters()).device
@@ -380,7 +380,7 @@ def targeted_success(
     (2018) do: for each class ``t``, the images of the other classes are stepped down ``t``'s loss, and a success
     is a prediction of ``t``. Returns ``[E]`` rates (over all image-target pairs)."""
     device = next(model.parameters()).device
-    x, y = _float_images(images).to(device), labels.long().to(device)
+    x, y = float_images(images).to(device), labels.long().to(device)
     hits, pairs = torch.zeros(len(eps)), 0
     for t in range(n_classes):
         keep = y != t

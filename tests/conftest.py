@@ -26,7 +26,7 @@ def _seed():
 
 
 @pytest.fixture(autouse=True)
-def _no_network(monkeypatch):
+def _local_network_only(monkeypatch):
     """Tests never touch the network: a connection to anything but this machine fails at once (a test that
     forgets ``offline=True`` fails instead of downloading). Subprocesses (kernels, torchrun) are not covered."""
     import socket
