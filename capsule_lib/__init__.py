@@ -12,6 +12,7 @@ checkpoints), :mod:`capsule_lib.analysis` (what the figures show: sweeps, traces
 settings; the one reader of the ``CAPSULE_*`` environment variables).
 """
 
+from . import models
 from .functional import Length, SafeNorm, Squash, capsule_lengths, safe_norm, squash, squash_efficient, squash_hinton
 from .layers import (
     ClassCapsules,
@@ -36,20 +37,7 @@ from .losses import (
     spread_loss,
     spread_margin,
 )
-from .models import (
-    BaselineCNN,
-    BaselineCNNConfig,
-    CapsModel,
-    CapsModelConfig,
-    CapsNet,
-    CapsNetConfig,
-    EfficientCapsNet,
-    EfficientCapsNetConfig,
-    EMCapsNet,
-    EMCapsNetConfig,
-    SequenceClassifierHead,
-    SmallNORBClassifier,
-)
+from .models import *  # noqa: F403  (every model and its config)
 from .routing import (
     DynamicRouting,
     EfficientVectorRouting,
@@ -100,18 +88,7 @@ __all__ = [
     "soft_target_cross_entropy",
     "spread_loss",
     "spread_margin",
-    "CapsNet",
-    "CapsNetConfig",
-    "EfficientCapsNet",
-    "EfficientCapsNetConfig",
-    "EMCapsNet",
-    "EMCapsNetConfig",
-    "SmallNORBClassifier",
-    "SequenceClassifierHead",
-    "CapsModel",
-    "CapsModelConfig",
-    "BaselineCNN",
-    "BaselineCNNConfig",
+    *models.__all__,
     "dynamic_routing",
     "DynamicRouting",
     "em_routing",

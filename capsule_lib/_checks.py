@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import operator
 from collections.abc import Sequence
+from typing import Any, TypeVar
 
 import torch
 
@@ -23,7 +25,10 @@ __all__ = [
     "check_poses",
     "check_activations",
     "check_iterations",
+    "resolve_config",
 ]
+
+_Config = TypeVar("_Config")
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -208,3 +213,10 @@ def check_iterations(iterations: int, name: str = "iterations") -> int:
     if n < 1:
         raise ValueError(f"{name} must be >= 1, got {iterations}")
     return n
+
+
+def resolve_config(config: _Config | None, default: type[_Config], overrides: dict[str, Any]) -> _Config:
+    """A model's config: ``config`` (``default()`` when ``None``) with the keyword ``overrides`` applied through
+    ``dataclasses.replace``, so the config's own checks (``__post_init__``) run on the result."""
+    cfg = config if config is not None else default()
+    return dataclasses.replace(cfg, **overrides) if overrides else cfg

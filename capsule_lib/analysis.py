@@ -408,10 +408,8 @@ def class_credit_maps(model: torch.nn.Module, images: torch.Tensor) -> tuple[tor
 
     Parameters
     ----------
-    model : torch.nn.Module
-        A :class:`~capsule_lib.models.SmallNORBClassifier`.
-    images : torch.Tensor
-        ``[N, 2, H, W]`` uint8 or [0, 1] float images.
+    model, images : torch.nn.Module, torch.Tensor
+        As for :func:`class_poses`: the classifier and its ``[N, 2, H, W]`` images.
 
     Returns
     -------

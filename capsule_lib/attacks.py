@@ -27,8 +27,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._checks import float_images
-
 __all__ = [
     "attack_loss",
     "reconstruction_distance",
@@ -36,7 +34,6 @@ __all__ = [
     "fgsm",
     "fgsm_sweep",
     "bim",
-    "robust_accuracy",
 ]
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -245,39 +242,3 @@ def bim(
         best[run[take]], best_loss[run[take]] = x_adv[run[take]], loss[take].float()
         best_fooled[run] |= fooled
     return best.detach()
-
-
-def robust_accuracy(
-    model: nn.Module,
-    images: torch.Tensor,
-    labels: torch.Tensor,
-    eps: Sequence[float],
-    attack: str = "fgsm",
-    *,
-    batch_size: int = 100,
-    **kwargs,
-) -> dict[float, float]:
-    """Accuracy on adversarial copies of ``images`` (``uint8`` or float in [0, 1], ``[N, C, H, W]``), one attack
-    per ``eps`` (``attack``: ``"fgsm"`` or ``"bim"``, with ``kwargs`` for it), on the model's device, in batches.
-
-    Returns
-    -------
-    dict
-        ``{eps: accuracy}``; ``eps = 0`` is the clean accuracy.
-    """
-    if attack not in ("fgsm", "bim"):
-        raise ValueError(f"attack must be 'fgsm' or 'bim', got {attack!r}")
-    fn = fgsm if attack == "fgsm" else bim
-    device = next(model.parameters()).device
-    x_all = float_images(images)
-    correct = dict.fromkeys(map(float, eps), 0)
-    for i in range(0, len(x_all), batch_size):
-        x, y = x_all[i : i + batch_size].to(device), labels[i : i + batch_size].to(device)
-        if attack == "fgsm":  # one gradient for every budget
-            advs = dict(zip(correct, fgsm_sweep(model, x, y, list(correct), **kwargs)))
-        else:
-            advs = {e: x if e == 0 else fn(model, x, y, e, **kwargs) for e in correct}
-        for e, x_adv in advs.items():
-            with torch.no_grad():
-                correct[e] += int((_scores(model, x_adv).argmax(1) == y).sum())
-    return {e: c / len(x_all) for e, c in correct.items()}

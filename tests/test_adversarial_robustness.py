@@ -60,6 +60,17 @@ def test_fgsm_curve_counts_what_the_attack_does():
         curve.at(0.2)
 
 
+def test_attack_curve_reads_uint8_images_reports_the_clean_accuracy_at_eps_0_and_refuses_other_attacks():
+    model, (x, y) = _model(), _data(20)
+    u8 = (x * 255).round().to(torch.uint8)
+    curve = rb.attack_curve(model, u8, y, [0.3], batch_size=7)
+    with torch.no_grad():
+        clean = float((model(u8.float() / 255).argmax(1) == y).float().mean())
+    assert curve.at(0.0) == pytest.approx(clean) and curve.at(0.3) <= curve.at(0.0)
+    with pytest.raises(ValueError, match="'fgsm' or 'bim'"):
+        rb.attack_curve(model, x, y, [0.1], attack="pgd")
+
+
 def test_a_bim_curve_is_nested_and_never_above_one_bim_run():
     model, (x, y) = _model(), _data()
     curve = rb.attack_curve(model, x, y, [0.05, 0.1, 0.2], "bim", steps=5)

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from capsule_lib.attacks import attack_loss, bim, fgsm, robust_accuracy
+from capsule_lib.attacks import attack_loss, bim, fgsm
 from capsule_lib.models import CapsNet, CapsNetConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -81,15 +81,6 @@ def test_attacking_a_capsule_network_gives_finite_gradients_through_the_routing(
     assert torch.isfinite(x_adv).all() and not torch.equal(x_adv, x)
 
 
-def test_robust_accuracy_reads_uint8_images_and_reports_the_clean_accuracy_at_eps_0():
-    model, (x, y) = Linear().eval(), _data(20)
-    u8 = (x * 255).round().to(torch.uint8)
-    acc = robust_accuracy(model, u8, y, [0, 0.3], batch_size=7)
-    with torch.no_grad():
-        clean = float((model(u8.float() / 255).argmax(1) == y).float().mean())
-    assert acc[0.0] == pytest.approx(clean) and acc[0.3] <= acc[0.0]
-
-
 def test_bad_input_is_refused_in_one_line():
     model, (x, y) = Linear(), _data()
     with pytest.raises(ValueError, match="eval mode"):
@@ -101,8 +92,6 @@ def test_bad_input_is_refused_in_one_line():
         fgsm(model, x * 255, y, 0.1)
     with pytest.raises(ValueError, match="steps and restarts"):
         bim(model, x, y, 0.1, steps=0)
-    with pytest.raises(ValueError, match="'fgsm' or 'bim'"):
-        robust_accuracy(model, x, y, [0.1], attack="pgd")
 
 
 def test_restarts_stop_once_every_image_is_fooled():

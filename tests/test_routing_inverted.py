@@ -13,6 +13,7 @@ from capsule_lib.models.inverted import CapsLayerSpec, CapsModel, CapsModelConfi
 from capsule_lib.routing.inverted import (
     InvertedConvCapsules,
     InvertedFCCapsules,
+    PoseNorm,
     conv_matrix_votes,
     conv_windows,
     fc_matrix_votes,
@@ -206,7 +207,7 @@ def test_fused_uniform_pass_and_votes_path_agree():
     fc = InvertedFCCapsules(6, 3, 9)
     randomise_norms(fc)
     P = torch.randn(2, 6, 9)
-    kw = dict(norm_weight=fc.norm.weight, norm_bias=fc.norm.bias)
+    kw = dict(norm=PoseNorm(fc.norm.weight, fc.norm.bias))
     v = fc_matrix_votes(P, fc.weight)
     assert v.shape == (2, 6, 3, 9)
     p1 = fc(P)
@@ -217,7 +218,7 @@ def test_fused_uniform_pass_and_votes_path_agree():
     cv = InvertedConvCapsules(3, 2, 4, 3, 2)
     randomise_norms(cv)
     x = torch.randn(2, 3, 7, 7, 4)
-    kw = dict(norm_weight=cv.norm.weight, norm_bias=cv.norm.bias)
+    kw = dict(norm=PoseNorm(cv.norm.weight, cv.norm.bias))
     v = conv_matrix_votes(conv_windows(x, 3, 2), cv.weight)  # [B, h, w, N*k*k, M, d]
     assert v.shape == (2, 3, 3, 27, 2, 4)
     q1 = cv(x)
@@ -593,7 +594,7 @@ def test_fused_conv_update_matches_votes_path_float64(monkeypatch, block_bytes, 
     x = torch.randn(3, N, 7, 7, d, dtype=torch.float64, requires_grad=True)
     prev = torch.randn(3, M, 3, 3, d, dtype=torch.float64, requires_grad=True)
     params = [x, prev, layer.weight, layer.norm.weight, layer.norm.bias]
-    kw = dict(norm_weight=layer.norm.weight, norm_bias=layer.norm.bias)
+    kw = dict(norm=PoseNorm(layer.norm.weight, layer.norm.bias))
 
     def fused():
         out, tr = layer(x, prev, return_routing=True)
@@ -624,7 +625,7 @@ def test_fused_fc_update_matches_votes_path_float64(monkeypatch, block_bytes):
     P = torch.randn(3, 10, 16, dtype=torch.float64, requires_grad=True)
     prev = torch.randn(3, 4, 16, dtype=torch.float64, requires_grad=True)
     params = [P, prev, layer.weight, layer.norm.weight, layer.norm.bias]
-    kw = dict(norm_weight=layer.norm.weight, norm_bias=layer.norm.bias)
+    kw = dict(norm=PoseNorm(layer.norm.weight, layer.norm.bias))
 
     def fused():
         out, tr = layer(P, prev, return_routing=True)

@@ -109,23 +109,31 @@ def _glyph_digits(n: int, seed: int, size: int, chunk: int) -> tuple[torch.Tenso
     return images, labels
 
 
-_GLYPH_SIZES = {"train": 10000, "val": 2000, "train_full": 12000, "test": 2000}
-_GLYPH_SEEDS = {"train": 0, "val": 1, "test": 2}
+#: images per split of a generated dataset, and the seed offset of each split (``train_full`` = train + val)
+_SPLIT_SIZES = {"train": 10000, "val": 2000, "test": 2000}
+_SPLIT_SEEDS = {"train": 0, "val": 1, "test": 2}
+
+
+def _generated_split(name: str, split: str, n: int | None, seed: int, make: Any, classes: list[str],
+                     description: str) -> ImageDataset:
+    """Split ``split`` of the generated dataset ``name`` drawn by ``make(count, seed=...)``: ``n`` images (the
+    split's default size when ``None``) from the split's own seed; ``train_full`` is ``train`` + ``val``."""
+    _check_split(split)
+    if split == "train_full":
+        half = None if n is None else n // 2
+        a, b = (_generated_split(name, s, half, seed, make, classes, description) for s in ("train", "val"))
+        return ImageDataset(name, split, torch.cat([a.images, b.images]), torch.cat([a.labels, b.labels]),
+                            a.classes, True, a.description)
+    x, y = make(n if n is not None else _SPLIT_SIZES[split], seed=1000 * seed + _SPLIT_SEEDS[split])
+    return ImageDataset(name, split, x, y, list(classes), generated=True, description=description)
 
 
 @register_dataset("glyph_digits")
 def _load_glyph_digits(root: Path, split: str, download: bool, n: int | None = None, seed: int = 0,
                        **_: Any) -> ImageDataset:
-    _check_split(split)
-    if split == "train_full":
-        a, b = (_load_glyph_digits(root, s, download, None if n is None else n // 2, seed) for s in ("train", "val"))
-        return ImageDataset("glyph_digits", split, torch.cat([a.images, b.images]), torch.cat([a.labels, b.labels]),
-                            a.classes, True, a.description)
-    count = n if n is not None else _GLYPH_SIZES[split]
-    x, y = glyph_digits(count, seed=1000 * seed + _GLYPH_SEEDS[split])
-    return ImageDataset("glyph_digits", split, x, y, [str(i) for i in range(10)], generated=True,
-                        description="synthetic digits rendered from stroke skeletons with random affine "
-                                    "transforms (an offline stand-in for MNIST, not MNIST).")
+    return _generated_split("glyph_digits", split, n, seed, glyph_digits, [str(i) for i in range(10)],
+                            "synthetic digits rendered from stroke skeletons with random affine transforms (an "
+                            "offline stand-in for MNIST, not MNIST).")
 
 
 # ------------------------------------------------------------------------------ colour shapes (CIFAR stand-in)
@@ -180,20 +188,9 @@ def colour_shapes(n: int = 10000, seed: int = 0, size: int = 32, chunk: int = 20
     return images, labels
 
 
-_SHAPE_SIZES = {"train": 10000, "val": 2000, "test": 2000}
-_SHAPE_SEEDS = {"train": 0, "val": 1, "test": 2}
-
-
 @register_dataset("colour_shapes")
 def _load_colour_shapes(root: Path, split: str, download: bool, n: int | None = None, seed: int = 0,
                         **_: Any) -> ImageDataset:
-    _check_split(split)
-    if split == "train_full":
-        a, b = (_load_colour_shapes(root, s, download, None if n is None else n // 2, seed) for s in ("train", "val"))
-        return ImageDataset("colour_shapes", split, torch.cat([a.images, b.images]), torch.cat([a.labels, b.labels]),
-                            a.classes, True, a.description)
-    count = n if n is not None else _SHAPE_SIZES[split]
-    x, y = colour_shapes(count, seed=1000 * seed + _SHAPE_SEEDS[split])
-    return ImageDataset("colour_shapes", split, x, y, list(COLOUR_SHAPE_CLASSES), generated=True,
-                        description="synthetic RGB shapes (10 classes) with random colours, sizes, rotations and "
-                                    "backgrounds (an offline stand-in for CIFAR-10, not natural images).")
+    return _generated_split("colour_shapes", split, n, seed, colour_shapes, COLOUR_SHAPE_CLASSES,
+                            "synthetic RGB shapes (10 classes) with random colours, sizes, rotations and "
+                            "backgrounds (an offline stand-in for CIFAR-10, not natural images).")

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -59,21 +59,12 @@ class ConvCapsules(EMRoutingBase):
         Pose matrices are ``P x P`` (default 4).
     iterations : int, optional
         EM iterations, >= 1 (default 3, the paper's); a call may override it.
-    inverse_temperature : float, Sequence[float], callable or None, optional
-        ``lambda`` per iteration: ``None`` (default) for
-        :func:`~capsule_lib.routing.em.inverse_temperature_schedule` (Hinton's shape, ``final_lambda = 1``), a
-        float (fixed), a schedule ``iterations -> values`` (e.g. a ``functools.partial`` of it), or one value per
-        iteration (only for the layer's own ``iterations``).
-    normalize_over_outputs : bool, optional
-        yl-1993 quirk: renormalise ``R'`` over outputs (cancels ``a_in``); ``False`` (default) = paper.
-    normalize_costs : bool, optional
-        Multiply ``sum_i R'_ij`` by ``n_out / n_inp`` in the costs (default ``True``; see
-        :func:`~capsule_lib.routing.em.em_routing`).
-    eps : float, optional
-        Variance floor and guard of the ``sum_i R'_ij`` denominators (default 1e-8).
     init_std : float or None, optional
         Standard deviation of the ``N(0, std^2)`` transformation weights; ``None`` (default) uses ``1/sqrt(P)``
         (vote variance = pose variance).
+    \\*\\*routing
+        The routing options of :class:`~capsule_lib.routing.em.EMRoutingBase` (``inverse_temperature``,
+        ``normalize_over_outputs``, ``normalize_costs``, ``eps``).
     """
 
     def __init__(
@@ -86,13 +77,10 @@ class ConvCapsules(EMRoutingBase):
         pose_size: int = 4,
         iterations: int = 3,
         *,
-        inverse_temperature: float | Sequence[float] | None = None,
-        normalize_over_outputs: bool = False,
-        normalize_costs: bool = True,
-        eps: float = 1e-8,
         init_std: float | None = None,
+        **routing: Any,
     ) -> None:
-        super().__init__(out_types, iterations, inverse_temperature, normalize_over_outputs, normalize_costs, eps)
+        super().__init__(out_types, iterations, **routing)
         self.in_types, self.out_types, self.kernel_size = in_types, out_types, kernel_size
         self.stride, self.padding, self.pose_size = stride, padding, pose_size
         self.weight = self.pose_weight((kernel_size, kernel_size, in_types, out_types, pose_size, pose_size), init_std)
@@ -246,8 +234,10 @@ class ClassCapsules(EMRoutingBase):
     coord_entries : tuple of int or None, optional
         The two distinct flat pose entries in ``[0, P*P)`` that receive the row and the column coordinate;
         ``None`` (default) for ``(P-1, 2P-1)``.
-    inverse_temperature, normalize_over_outputs, normalize_costs, eps, init_std : optional
-        As in :class:`ConvCapsules` (defaults ``None``, ``False``, ``True``, 1e-8 and ``None``).
+    init_std : float or None, optional
+        As in :class:`ConvCapsules`.
+    \\*\\*routing
+        The routing options of :class:`~capsule_lib.routing.em.EMRoutingBase`.
     """
 
     def __init__(
@@ -259,13 +249,10 @@ class ClassCapsules(EMRoutingBase):
         *,
         coord_add: bool = True,
         coord_entries: tuple[int, int] | None = None,
-        inverse_temperature: float | Sequence[float] | None = None,
-        normalize_over_outputs: bool = False,
-        normalize_costs: bool = True,
-        eps: float = 1e-8,
         init_std: float | None = None,
+        **routing: Any,
     ) -> None:
-        super().__init__(n_classes, iterations, inverse_temperature, normalize_over_outputs, normalize_costs, eps)
+        super().__init__(n_classes, iterations, **routing)
         self.in_types, self.n_classes, self.pose_size, self.coord_add = in_types, n_classes, pose_size, coord_add
         D = pose_size**2
         entries = coord_entries if coord_entries is not None else (pose_size - 1, 2 * pose_size - 1)

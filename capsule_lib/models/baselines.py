@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._checks import check_model_input
+from .._checks import check_model_input, resolve_config
 from ..types import ImageContract
 
 __all__ = ["BaselineCNNConfig", "BaselineCNN"]
@@ -60,9 +60,7 @@ class BaselineCNN(nn.Module):
 
     def __init__(self, config: BaselineCNNConfig | None = None, **overrides) -> None:
         super().__init__()
-        cfg = config or BaselineCNNConfig()
-        if overrides:
-            cfg = BaselineCNNConfig(**{**cfg.__dict__, **overrides})
+        cfg = resolve_config(config, BaselineCNNConfig, overrides)
         self.config = cfg
         c1, c2, c3 = cfg.channels
         self.conv1 = nn.Conv2d(cfg.in_channels, c1, 5, padding=2)

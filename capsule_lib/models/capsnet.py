@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._checks import check_images, check_model_input
+from .._checks import check_images, check_model_input, resolve_config
 from ..functional import capsule_lengths
 from ..layers import FCDecoder, PrimaryCapsules, mask_capsules
 from ..routing.dynamic import DynamicRouting
@@ -127,9 +127,7 @@ class CapsNet(nn.Module):
 
     def __init__(self, config: CapsNetConfig | None = None, **overrides) -> None:
         super().__init__()
-        cfg = config or CapsNetConfig()
-        if overrides:
-            cfg = CapsNetConfig(**{**cfg.__dict__, **overrides})
+        cfg = resolve_config(config, CapsNetConfig, overrides)
         if cfg.primary_grid < 1:
             raise ValueError(f"image_size {cfg.image_size} is too small for the conv stack")
         self.config = cfg

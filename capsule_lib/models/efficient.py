@@ -53,7 +53,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._checks import check_images, check_model_input, check_tensor
+from .._checks import check_images, check_model_input, check_tensor, resolve_config
 from ..functional import capsule_lengths
 from ..layers import DepthwisePrimaryCapsules, FCDecoder, UpsampleConvDecoder, mask_capsules
 from ..routing.self_attention import SQUASH_EPS, SelfAttentionRouting, keras_fans, keras_he_normal_
@@ -280,9 +280,7 @@ class EfficientCapsNet(nn.Module):
 
     def __init__(self, config: EfficientCapsNetConfig | None = None, **overrides) -> None:
         super().__init__()
-        cfg = config or EfficientCapsNetConfig()
-        if overrides:
-            cfg = replace(cfg, **overrides)
+        cfg = resolve_config(config, EfficientCapsNetConfig, overrides)
         cfg = replace(
             cfg,
             conv_channels=tuple(cfg.conv_channels),

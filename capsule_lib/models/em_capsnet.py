@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._checks import check_model_input
+from .._checks import check_model_input, resolve_config
 from ..layers import ClassCapsules, ConvCapsules, MatrixPrimaryCapsules
 from ..layers.matrix import grid_centers
 from ..routing.em import em_routing, inverse_temperature_schedule
@@ -240,9 +240,7 @@ class EMCapsNet(nn.Module):
 
     def __init__(self, config: EMCapsNetConfig | None = None, **overrides) -> None:
         super().__init__()
-        cfg = config or EMCapsNetConfig()
-        if overrides:
-            cfg = replace(cfg, **overrides)
+        cfg = resolve_config(config, EMCapsNetConfig, overrides)
         if cfg.caps2_grid < 1:
             raise ValueError(f"image_size {cfg.image_size} is too small for the conv/capsule stack")
         self.config = cfg

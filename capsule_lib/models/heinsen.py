@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .._checks import check_images, check_model_input, check_tensor
+from .._checks import check_images, check_model_input, check_tensor, resolve_config
 from ..functional import add_coordinate_channels
 from ..routing.heinsen_2019 import GenerativeMatrixRouting
 from ..types import CapsuleOutput, ImageContract
@@ -152,9 +152,7 @@ class SmallNORBClassifier(nn.Module):
 
     def __init__(self, config: SmallNORBConfig | None = None, **overrides) -> None:
         super().__init__()
-        cfg = config or SmallNORBConfig()
-        if overrides:
-            cfg = SmallNORBConfig(**{**cfg.__dict__, **overrides})
+        cfg = resolve_config(config, SmallNORBConfig, overrides)
         self.config = cfg
         chans_in = [cfg.in_channels + (2 if cfg.coord_channels else 0)] + [cfg.d_chns] * (len(cfg.strides) - 1)
         layers: list[nn.Module] = []
@@ -342,9 +340,7 @@ class SequenceClassifierHead(nn.Module):
 
     def __init__(self, config: SequenceClassifierConfig | None = None, **overrides) -> None:
         super().__init__()
-        cfg = config or SequenceClassifierConfig()
-        if overrides:
-            cfg = SequenceClassifierConfig(**{**cfg.__dict__, **overrides})
+        cfg = resolve_config(config, SequenceClassifierConfig, overrides)
         self.config = cfg
         self.depth_emb = nn.Parameter(torch.zeros(cfg.d_depth, cfg.d_emb)) if cfg.d_depth else None
         self.detect_parts = nn.Sequential(nn.Linear(cfg.d_emb, cfg.d_inp), nn.SiLU(), nn.LayerNorm(cfg.d_inp))
@@ -510,9 +506,7 @@ class TokenSequenceClassifier(nn.Module):
 
     def __init__(self, config: TokenSequenceConfig | None = None, **overrides) -> None:
         super().__init__()
-        cfg = config or TokenSequenceConfig()
-        if overrides:
-            cfg = TokenSequenceConfig(**{**cfg.__dict__, **overrides})
+        cfg = resolve_config(config, TokenSequenceConfig, overrides)
         self.config = cfg
         self.embed = nn.Embedding(cfg.vocab, cfg.d_emb, padding_idx=0)
         self.head = SequenceClassifierHead(

@@ -21,6 +21,7 @@ from .heinsen_2022 import EfficientVectorRouting, efficient_vector_routing
 from .inverted import (
     InvertedConvCapsules,
     InvertedFCCapsules,
+    PoseNorm,
     inverted_attention_update,
     inverted_conv_update,
     inverted_fc_update,
@@ -44,6 +45,7 @@ __all__ = [
     "inverted_attention_update",
     "inverted_fc_update",
     "inverted_conv_update",
+    "PoseNorm",
     "InvertedFCCapsules",
     "InvertedConvCapsules",
     "self_attention_routing",

@@ -10,6 +10,11 @@ from .._checks import check_tensor
 from ..types import RoutingTrace
 
 
+def fields_repr(module: torch.nn.Module, *names: str) -> str:
+    """``"name=value, ..."`` (values by ``repr``) of the named attributes: a routing module's ``extra_repr``."""
+    return ", ".join(f"{name}={getattr(module, name)!r}" for name in names)
+
+
 def autocast_outputs(result: Any, device_type: str) -> Any:
     """Under ``torch.autocast`` every routing layer returns its outputs in the autocast dtype (as the matmul
     that makes its votes would), whatever precision its internals use; a trace, if present, is left as is

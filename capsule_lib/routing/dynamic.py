@@ -44,7 +44,7 @@ from torch import nn
 from .._checks import check_iterations, check_module_input, check_nonempty, check_tensor
 from ..functional import squash
 from ..types import RoutingTrace
-from ._common import use_kernel
+from ._common import fields_repr, use_kernel
 from ._kernels.dynamic import _VOTES_BLOCK_BYTES, _CapsuleVotes, _FusedRouting, _Replay  # noqa: F401
 
 __all__ = ["dynamic_routing_reference", "dynamic_routing", "DynamicRouting", "capsule_votes", "DYNAMIC_PRESETS"]
@@ -385,8 +385,6 @@ class DynamicRouting(nn.Module):
         )
 
     def extra_repr(self) -> str:
-        return (
-            f"n_inp={self.n_inp}, n_out={self.n_out}, d_inp={self.d_inp}, d_out={self.d_out}, "
-            f"iterations={self.iterations}, coupling={self.coupling!r}, leaky={self.leaky}, "
-            f"squash_kind={self.squash_kind!r}, detach={self.detach!r}"
+        return fields_repr(
+            self, "n_inp", "n_out", "d_inp", "d_out", "iterations", "coupling", "leaky", "squash_kind", "detach"
         )

@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -413,12 +414,25 @@ class EMRoutingBase(nn.Module):
     (init 0, as yl-1993) and :meth:`route`. Subclasses add their transformation weights (:meth:`pose_weight`) and how
     votes are formed.
 
+    Every EM layer passes its ``**routing`` keywords on to here: the routing options are declared, defaulted and
+    documented once.
+
     Parameters
     ----------
     n_out : int
         Number of output capsule types (the size of ``beta_u`` and ``beta_a``).
-    iterations, inverse_temperature, normalize_over_outputs, normalize_costs, eps
-        As in :class:`EMRouting` (no defaults here)."""
+    iterations : int, optional
+        EM iterations, >= 1 (default 3, the paper's); a call may override it.
+    inverse_temperature : float, Sequence[float], callable or None, optional
+        ``lambda`` per iteration: ``None`` (default) for :func:`inverse_temperature_schedule` (Hinton's shape,
+        ``final_lambda = 1``), a float (fixed), a schedule ``iterations -> values`` (e.g. a ``functools.partial``
+        of it), or one value per iteration (only for the layer's own ``iterations``).
+    normalize_over_outputs : bool, optional
+        yl-1993 quirk: renormalise ``R'`` over outputs (cancels ``a_in``); ``False`` (default) = paper.
+    normalize_costs : bool, optional
+        Multiply ``sum_i R'_ij`` by ``n_out / n_inp`` in the costs (default ``True``; see :func:`em_routing`).
+    eps : float, optional
+        Variance floor and guard of the ``sum_i R'_ij`` denominators (default 1e-8)."""
 
     @staticmethod
     def pose_weight(shape: tuple[int, ...], init_std: float | None) -> nn.Parameter:
@@ -430,11 +444,12 @@ class EMRoutingBase(nn.Module):
     def __init__(
         self,
         n_out: int,
-        iterations: int,
-        inverse_temperature,
-        normalize_over_outputs: bool,
-        normalize_costs: bool,
-        eps: float,
+        iterations: int = 3,
+        *,
+        inverse_temperature: float | Sequence[float] | Callable[[int], Sequence[float]] | None = None,
+        normalize_over_outputs: bool = False,
+        normalize_costs: bool = True,
+        eps: float = 1e-8,
     ) -> None:
         super().__init__()
         self.iterations = check_iterations(iterations)
@@ -495,11 +510,11 @@ class EMRouting(EMRoutingBase):
         Side ``P`` of the pose matrices (default 4).
     iterations : int, optional
         EM iterations, >= 1 (default 3); a call may override it.
-    inverse_temperature, normalize_over_outputs, normalize_costs, eps : optional
-        As in :func:`em_routing` (defaults ``None``, False, True, 1e-8); ``inverse_temperature`` may also be a schedule
-        ``iterations -> values``, and a per-iteration list serves only the layer's own ``iterations``.
     init_std : float or None, optional
-        Std of the ``N(0, init_std^2)`` weights; ``None`` (default): ``1/sqrt(P)`` (vote variance = pose variance)."""
+        Std of the ``N(0, init_std^2)`` weights; ``None`` (default): ``1/sqrt(P)`` (vote variance = pose variance).
+    \\*\\*routing
+        The routing options of :class:`EMRoutingBase` (``inverse_temperature``, ``normalize_over_outputs``,
+        ``normalize_costs``, ``eps``)."""
 
     def __init__(
         self,
@@ -508,13 +523,10 @@ class EMRouting(EMRoutingBase):
         pose_size: int = 4,
         iterations: int = 3,
         *,
-        inverse_temperature: float | Sequence[float] | None = None,
-        normalize_over_outputs: bool = False,
-        normalize_costs: bool = True,
-        eps: float = 1e-8,
         init_std: float | None = None,
+        **routing: Any,
     ) -> None:
-        super().__init__(n_out, iterations, inverse_temperature, normalize_over_outputs, normalize_costs, eps)
+        super().__init__(n_out, iterations, **routing)
         self.n_inp, self.n_out, self.pose_size = n_inp, n_out, pose_size
         self.weight = self.pose_weight((n_inp, n_out, pose_size, pose_size), init_std)
 

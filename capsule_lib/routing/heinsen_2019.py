@@ -38,7 +38,7 @@ from torch import nn
 
 from .._checks import check_iterations, check_module_input, check_tensor
 from ..types import RoutingTrace
-from ._common import autocast_outputs, check_one_or, compute_dtype, kernel_device, no_autocast
+from ._common import autocast_outputs, check_one_or, compute_dtype, fields_repr, kernel_device, no_autocast
 
 __all__ = [
     "generative_matrix_routing_reference",
@@ -476,8 +476,6 @@ class GenerativeMatrixRouting(nn.Module):
         )
 
     def extra_repr(self) -> str:
-        return (
-            f"d_cov={self.d_cov}, d_inp={self.d_inp}, d_out={self.d_out}, n_inp={self.n_inp}, "
-            f"n_out={self.n_out}, iterations={self.iterations}, single_beta={self.single_beta}, "
-            f"p_model={self.p_model!r}, eps={self.eps}, method={self.method!r}"
+        return fields_repr(
+            self, "d_cov", "d_inp", "d_out", "n_inp", "n_out", "iterations", "single_beta", "p_model", "eps", "method"
         )

@@ -37,7 +37,7 @@ from torch import nn
 
 from .._checks import check_iterations, check_module_input, check_tensor
 from ..types import RoutingTrace
-from ._common import autocast_outputs, check_one_or, compute_dtype, no_autocast
+from ._common import autocast_outputs, check_one_or, compute_dtype, fields_repr, no_autocast
 
 __all__ = ["efficient_vector_routing_reference", "efficient_vector_routing", "EfficientVectorRouting"]
 
@@ -459,7 +459,4 @@ class EfficientVectorRouting(nn.Module):
         )
 
     def extra_repr(self) -> str:
-        return (
-            f"n_inp={self.n_inp}, n_out={self.n_out}, d_inp={self.d_inp}, d_out={self.d_out}, "
-            f"iterations={self.iterations}, normalize={self.normalize}, memory_efficient={self.memory_efficient}"
-        )
+        return fields_repr(self, "n_inp", "n_out", "d_inp", "d_out", "iterations", "normalize", "memory_efficient")

@@ -35,6 +35,7 @@ official code's window gathering, which mixes pose entries and output positions 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -46,6 +47,7 @@ from ._common import autocast_outputs
 from ._kernels.inverted import _RENORM_EPS, _acc_dtype, _attend_matrix
 
 __all__ = [
+    "PoseNorm",
     "inverted_routing_reference",
     "fc_matrix_votes",
     "conv_windows",
@@ -209,15 +211,47 @@ def _attend(votes: torch.Tensor, prev_pose: torch.Tensor):
     return s.flatten(-2), r, a  # [B, ..., J, d]
 
 
-def _pose_norm(
-    s: torch.Tensor, norm_weight, norm_bias, eps: float, dropout: float, training: bool, dtype: torch.dtype
-) -> torch.Tensor:
-    """``LayerNorm_d(Dropout(s))`` computed in fp32 (fp64 for fp64), cast to ``dtype``: ``[..., d] -> [..., d]``."""
-    s = F.dropout(s, dropout, training)
-    acc = _acc_dtype(s)
-    w = None if norm_weight is None else norm_weight.to(acc)
-    b = None if norm_bias is None else norm_bias.to(acc)
-    return F.layer_norm(s.to(acc), (s.shape[-1],), w, b, eps).to(dtype)
+class PoseNorm(NamedTuple):
+    """The ``LayerNorm_d(Dropout(s))`` that ends every inverted-attention update, as the functional forms take it
+    (a layer passes its own: :meth:`of`). Calling it on ``s [..., d]`` computes in fp32 (fp64 for fp64) and casts
+    the result to ``dtype``.
+
+    Parameters
+    ----------
+    weight, bias : torch.Tensor or None, optional
+        LayerNorm's affine parameters ``[d]`` (default ``None``: none).
+    eps : float, optional
+        LayerNorm's epsilon (default 1e-5).
+    dropout : float, optional
+        Dropout probability before the LayerNorm (default 0.0), active only if ``training`` (default False)."""
+
+    weight: torch.Tensor | None = None
+    bias: torch.Tensor | None = None
+    eps: float = 1e-5
+    dropout: float = 0.0
+    training: bool = False
+
+    @classmethod
+    def of(cls, layer: nn.Module) -> PoseNorm:
+        """The norm of an :class:`InvertedFCCapsules` or :class:`InvertedConvCapsules` layer, in its mode.
+
+        Parameters
+        ----------
+        layer : torch.nn.Module
+            A layer with ``norm`` (an ``nn.LayerNorm``), ``dropout`` and ``training``.
+
+        Returns
+        -------
+        PoseNorm
+            Its LayerNorm's parameters and epsilon, its dropout probability and its training mode."""
+        return cls(layer.norm.weight, layer.norm.bias, layer.norm.eps, layer.dropout, layer.training)
+
+    def __call__(self, s: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:  # [..., d] -> [..., d]
+        s = F.dropout(s, self.dropout, self.training)
+        acc = _acc_dtype(s)
+        w = None if self.weight is None else self.weight.to(acc)
+        b = None if self.bias is None else self.bias.to(acc)
+        return F.layer_norm(s.to(acc), (s.shape[-1],), w, b, self.eps).to(dtype)
 
 
 def _one_step_trace(r: torch.Tensor, a: torch.Tensor, out: torch.Tensor, **extra) -> RoutingTrace:
@@ -229,15 +263,20 @@ def _one_step_trace(r: torch.Tensor, a: torch.Tensor, out: torch.Tensor, **extra
     return trace
 
 
+def _normed_update(
+    s: torch.Tensor, r: torch.Tensor, a: torch.Tensor, norm: PoseNorm | None, dtype: torch.dtype, trace: bool
+) -> torch.Tensor | tuple[torch.Tensor, RoutingTrace]:
+    """An update's poses ``norm(s)`` in ``dtype`` (``PoseNorm()`` when ``norm`` is None), with a one-step trace
+    of the coefficients ``r`` and agreements ``a`` when ``trace``."""
+    out = (norm or PoseNorm())(s, dtype)
+    return (out, _one_step_trace(r, a, out)) if trace else out
+
+
 def inverted_attention_update(
     votes: torch.Tensor,
     prev_pose: torch.Tensor | None = None,
     *,
-    norm_weight: torch.Tensor | None = None,
-    norm_bias: torch.Tensor | None = None,
-    eps: float = 1e-5,
-    dropout: float = 0.0,
-    training: bool = False,
+    norm: PoseNorm | None = None,
     return_routing: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, RoutingTrace]:
     """One inverted-attention routing update from precomputed votes.
@@ -248,13 +287,11 @@ def inverted_attention_update(
         ``[B, ..., n_inp, n_out, d]`` (any number of position axes ``...``).
     prev_pose : torch.Tensor or None, optional
         ``[B, ..., n_out, d]``, the previous update's post-LayerNorm output; ``None`` (default): a uniform pass.
-    norm_weight, norm_bias : torch.Tensor or None, optional
-        LayerNorm's affine parameters ``[d]`` (default ``None``: none).
-    eps, dropout : float, optional
-        LayerNorm's epsilon (``eps``, default 1e-5); the dropout probability before it (``dropout``, default 0.0).
-    training, return_routing : bool, optional
-        Dropout is active only if ``training``; ``return_routing`` also returns a one-iteration :class:`RoutingTrace`.
-        Default False each.
+    norm : PoseNorm or None, optional
+        The LayerNorm and dropout that end the update (default ``None``: ``PoseNorm()``, no affine, eps 1e-5, no
+        dropout).
+    return_routing : bool, optional
+        Also return a one-iteration :class:`RoutingTrace` (default False).
 
     Returns
     -------
@@ -273,10 +310,7 @@ def inverted_attention_update(
         want = tuple(votes.shape[:-3]) + (J, D)
         check_tensor(prev_pose, "prev_pose", f"[B, ..., n_out={J}, d={D}] = {want}", list(want))
         s, r, a = _attend(votes.unsqueeze(-2), prev_pose)  # votes as [B, ..., I, J, 1, d]
-    out = _pose_norm(s, norm_weight, norm_bias, eps, dropout, training, votes.dtype)
-    if return_routing:
-        return out, _one_step_trace(r, a, out)
-    return out
+    return _normed_update(s, r, a, norm, votes.dtype, return_routing)
 
 
 def inverted_fc_update(
@@ -284,11 +318,7 @@ def inverted_fc_update(
     weight: torch.Tensor,
     prev_pose: torch.Tensor | None = None,
     *,
-    norm_weight: torch.Tensor | None = None,
-    norm_bias: torch.Tensor | None = None,
-    eps: float = 1e-5,
-    dropout: float = 0.0,
-    training: bool = False,
+    norm: PoseNorm | None = None,
     return_routing: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, RoutingTrace]:
     """Functional form of :class:`InvertedFCCapsules` (one update). The uniform first pass is computed as
@@ -299,7 +329,7 @@ def inverted_fc_update(
     poses, weight : torch.Tensor
         ``poses [B, n_inp, d]`` (or a grid ``[B, N, h, w, d]``, flattened type-major ``i = n*h*w + y*w + x``) and
         ``weight [n_inp, s, s, n_out]``, ``d = s*s``.
-    prev_pose, norm_weight, norm_bias, eps, dropout, training, return_routing
+    prev_pose, norm, return_routing
         As in :func:`inverted_attention_update`, with ``prev_pose [B, n_out, d]`` or ``None``.
 
     Returns
@@ -324,10 +354,7 @@ def inverted_fc_update(
         s_sum, r, a = _attend_matrix(P, weight, prev_pose)  # [B, d, J], [I, B, J] x2
         s_sum = s_sum.transpose(1, 2)  # [B, J, d]
         r, a = r.transpose(0, 1), a.transpose(0, 1)  # [B, I, J] views
-    out = _pose_norm(s_sum, norm_weight, norm_bias, eps, dropout, training, poses.dtype)  # [B, J, d]
-    if return_routing:
-        return out, _one_step_trace(r, a, out)
-    return out
+    return _normed_update(s_sum, r, a, norm, poses.dtype, return_routing)  # [B, J, d]
 
 
 def inverted_conv_update(
@@ -337,11 +364,7 @@ def inverted_conv_update(
     *,
     stride: int = 1,
     expansion: str = "unfold",
-    norm_weight: torch.Tensor | None = None,
-    norm_bias: torch.Tensor | None = None,
-    eps: float = 1e-5,
-    dropout: float = 0.0,
-    training: bool = False,
+    norm: PoseNorm | None = None,
     return_routing: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, RoutingTrace]:
     """Functional form of :class:`InvertedConvCapsules` (one update).
@@ -350,7 +373,7 @@ def inverted_conv_update(
     ----------
     poses, weight : torch.Tensor
         ``poses [B, N, H, W, d]`` and ``weight [k, k, N, s, s, M]``, ``d = s*s``.
-    prev_pose, norm_weight, norm_bias, eps, dropout, training, return_routing
+    prev_pose, norm, return_routing
         As in :func:`inverted_attention_update`, with ``prev_pose [B, M, h_out, w_out, d]`` or ``None``.
     stride, expansion
         As in :func:`conv_windows` (defaults 1 and ``"unfold"``).
@@ -381,7 +404,7 @@ def inverted_conv_update(
         s_sum = s_sum.transpose(1, 2).view(B, h, w, M, D)  # [B, h, w, M, d]
         r = r.transpose(0, 1).view(B, h, w, N * K * K, M)  # [B, h, w, I, M] (view)
         a = a.transpose(0, 1).view(B, h, w, N * K * K, M)
-    out = _pose_norm(s_sum, norm_weight, norm_bias, eps, dropout, training, poses.dtype)  # [B, h, w, M, d]
+    out = (norm or PoseNorm())(s_sum, poses.dtype)  # [B, h, w, M, d]
     out = out.permute(0, 3, 1, 2, 4).contiguous()  # [B, M, h, w, d]
     if return_routing:
         return out, _one_step_trace(r, a, out)
@@ -389,19 +412,6 @@ def inverted_conv_update(
 
 
 # -------------------------------------------------------------------------------------------- modules
-def _update_options(layer: nn.Module, return_routing: bool) -> dict:
-    """A layer's keyword arguments of one update: its LayerNorm, dropout and mode, and ``return_routing``."""
-    norm = layer.norm
-    return dict(
-        norm_weight=norm.weight,
-        norm_bias=norm.bias,
-        eps=norm.eps,
-        dropout=layer.dropout,
-        training=layer.training,
-        return_routing=return_routing,
-    )
-
-
 class InvertedFCCapsules(nn.Module):
     """Fully-connected capsule layer with one inverted-attention update per call (``CapsuleFC``,
     ``matrix_pose=True``): ``[B, n_inp, d] -> [B, n_out, d]``.
@@ -468,7 +478,7 @@ class InvertedFCCapsules(nn.Module):
         torch.Tensor or tuple[torch.Tensor, RoutingTrace]
             ``[B, n_out, d]`` (in the autocast dtype under autocast), or ``(poses, trace)``."""
         check_module_input(P_in, self, type(self).__name__)
-        out = inverted_fc_update(P_in, self.weight, P_out_prev, **_update_options(self, return_routing))
+        out = inverted_fc_update(P_in, self.weight, P_out_prev, norm=PoseNorm.of(self), return_routing=return_routing)
         return autocast_outputs(out, P_in.device.type)
 
     def extra_repr(self) -> str:
@@ -546,9 +556,9 @@ class InvertedConvCapsules(nn.Module):
         torch.Tensor or tuple[torch.Tensor, RoutingTrace]
             ``[B, n_out, h_out, w_out, d]`` (in the autocast dtype under autocast), or ``(poses, trace)``."""
         check_module_input(P_in, self, type(self).__name__)
-        options = _update_options(self, return_routing)
+        norm, stride, expansion = PoseNorm.of(self), self.stride, self.expansion
         out = inverted_conv_update(
-            P_in, self.weight, P_out_prev, stride=self.stride, expansion=self.expansion, **options
+            P_in, self.weight, P_out_prev, stride=stride, expansion=expansion, norm=norm, return_routing=return_routing
         )
         return autocast_outputs(out, P_in.device.type)
 

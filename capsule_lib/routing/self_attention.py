@@ -44,7 +44,7 @@ from torch import nn
 from .._checks import check_module_input, check_tensor
 from ..functional import squash_efficient
 from ..types import TRUNC_NORMAL_STD, RoutingTrace
-from ._common import use_kernel
+from ._common import fields_repr, use_kernel
 from ._kernels.self_attention import _FusedSelfAttention
 
 __all__ = [
@@ -319,10 +319,7 @@ class SelfAttentionRouting(nn.Module):
         return self_attention_routing(self.votes(u), self.prior(), eps=self.eps, return_routing=return_routing)
 
     def extra_repr(self) -> str:
-        return (
-            f"n_inp={self.n_inp}, n_out={self.n_out}, d_inp={self.d_inp}, d_out={self.d_out}, "
-            f"eps={self.eps}, init={self.init!r}"
-        )
+        return fields_repr(self, "n_inp", "n_out", "d_inp", "d_out", "eps", "init")
 
 
 class FCCapsules(SelfAttentionRouting):

@@ -220,18 +220,30 @@ def plot_reconstructions(
 ) -> Figure:
     """Inputs (top row) vs reconstructions (bottom row)."""
     n = min(n, images.shape[0])
-    fig, axes = plt.subplots(2, n, figsize=(max(0.9 * n, 3.0), 2.5), squeeze=False)  # 10 images: 9 in
+    parts = [
+        (f"y={int(labels[k])}" if labels is not None else "", f"p={int(preds[k])}" if preds is not None else "")
+        for k in range(n)
+    ]
+    titles = [" ".join(p for p in pair if p) for pair in parts]
+    bottoms = [to_display(recons[k]) for k in range(n)]
+    return _inputs_above(images, bottoms, titles, "recon.", (max(0.9 * n, 3.0), 2.5))  # 10 images: 9 in
+
+
+def _inputs_above(
+    images: torch.Tensor, bottoms: Sequence[np.ndarray], titles: Sequence[str], bottom_label: str, figsize: tuple
+) -> Figure:
+    """Two rows: the titled input images above ``bottoms`` (display-ready grey or RGB arrays, one per input)."""
+    n = len(bottoms)
+    fig, axes = plt.subplots(2, n, figsize=figsize, squeeze=False)
     for k in range(n):
         axes[0, k].imshow(to_display(images[k]), cmap="gray")
-        axes[1, k].imshow(to_display(recons[k]), cmap="gray")
-        parts = [f"y={int(labels[k])}" if labels is not None else "", f"p={int(preds[k])}" if preds is not None else ""]
-        title = " ".join(p for p in parts if p)
-        axes[0, k].set_title(title, fontsize=8)
+        axes[1, k].imshow(bottoms[k], cmap="gray" if bottoms[k].ndim == 2 else None)
+        axes[0, k].set_title(titles[k], fontsize=8)
         for a in axes[:, k]:
             a.set_xticks([])
             a.set_yticks([])
     axes[0, 0].set_ylabel("input")
-    axes[1, 0].set_ylabel("recon.")
+    axes[1, 0].set_ylabel(bottom_label)
     fig.tight_layout()
     return fig
 
@@ -346,27 +358,19 @@ def plot_segmentation(
 ) -> Figure:
     """MultiMNIST: input (top) and the two reconstructions overlaid in red and green (bottom)."""
     n = min(n, images.shape[0])
-    fig, axes = plt.subplots(2, n, figsize=(max(1.1 * n, 3.3), 2.9), squeeze=False)  # 8 images: 8.8 in
+    bottoms, titles = [], []
     for k in range(n):
-        axes[0, k].imshow(to_display(images[k]), cmap="gray")
         rgb = np.zeros((*to_display(recon_a[k]).shape, 3))
         rgb[..., 0] = to_display(recon_a[k])
         rgb[..., 1] = to_display(recon_b[k])
-        axes[1, k].imshow(rgb.clip(0, 1))
+        bottoms.append(rgb.clip(0, 1))
         lines = []
         if labels is not None:
             lines.append("y=" + ",".join(str(int(v)) for v in labels[k]))
         if preds is not None:
             lines.append("p=" + ",".join(str(int(v)) for v in preds[k]))
-        t = "\n".join(lines)
-        axes[0, k].set_title(t, fontsize=8)
-        for a in axes[:, k]:
-            a.set_xticks([])
-            a.set_yticks([])
-    axes[0, 0].set_ylabel("input")
-    axes[1, 0].set_ylabel("red/green")
-    fig.tight_layout()
-    return fig
+        titles.append("\n".join(lines))
+    return _inputs_above(images, bottoms, titles, "red/green", (max(1.1 * n, 3.3), 2.9))  # 8 images: 8.8 in
 
 
 def plot_image_grid(

@@ -14,6 +14,8 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
+from .plots import finish_figure
+
 __all__ = [
     "pareto_front",
     "plot_pareto",
@@ -73,10 +75,7 @@ def plot_pareto(
         ax.set_ylabel(f"{y} (%)", fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    return fig
+    return finish_figure(fig, title)
 
 
 def plot_robustness(
@@ -156,10 +155,7 @@ def plot_iteration_sweeps(
         ax.grid(alpha=0.3)
     handles, names = a0.get_legend_handles_labels()
     fig.legend(handles, names, loc="lower center", ncol=min(len(names), 3), fontsize=8, frameon=False)
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout(rect=(0, 0.08 * (1 + (len(names) - 1) // 3), 1, 1))
-    return fig
+    return finish_figure(fig, title, rect=(0, 0.08 * (1 + (len(names) - 1) // 3), 1, 1))
 
 
 def plot_routing_costs(rows: Sequence[dict[str, Any]], title: str = "") -> Figure:
@@ -215,6 +211,4 @@ def plot_routing_costs(rows: Sequence[dict[str, Any]], title: str = "") -> Figur
             ax.grid(alpha=0.3, which="both")
     if axes[0, 0].get_lines():  # one legend for every panel, under them (it would hide a 3-in panel's lines)
         fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="outside lower center", ncol=4, fontsize=8)
-    if title:
-        fig.suptitle(title, fontsize=10)
-    return fig
+    return finish_figure(fig, title, layout=False)

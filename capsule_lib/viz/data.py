@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from .plots import finish_figure
+
 __all__ = [
     "to_display",
     "image_grid",
@@ -87,10 +89,7 @@ def image_grid(
         ax.grid(False)
         if titles is not None:
             ax.set_title(titles[i], fontsize=8)
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    return fig
+    return finish_figure(fig, title)
 
 
 def _label_text(ds: Any, i: int) -> str:

@@ -20,6 +20,7 @@ from matplotlib.figure import Figure
 
 from ..types import RoutingTrace
 from .data import to_display
+from .plots import finish_figure
 
 __all__ = [
     "assignments_after",
@@ -154,10 +155,7 @@ def plot_em_state(
     axes[2].set_ylim(0, 1)
     axes[2].tick_params(labelsize=10)
     axes[2].set_title(f"activations: predicts {names[pred]}", fontsize=10)
-    if title:
-        fig.suptitle(title, fontsize=11)
-    fig.tight_layout()
-    return fig
+    return finish_figure(fig, title, fontsize=11)
 
 
 def em_readout(trace: RoutingTrace, sample: int, classes: Sequence[str] | None = None) -> str:

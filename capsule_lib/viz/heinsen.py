@@ -19,6 +19,7 @@ from matplotlib.figure import Figure
 
 from ..analysis import pose_projection
 from .data import to_display
+from .plots import finish_figure
 
 __all__ = [
     "plot_pose_trajectories",
@@ -84,9 +85,7 @@ def plot_pose_trajectories(
     cbar = fig.colorbar(sm, ax=list(axes), fraction=0.02, pad=0.01)
     cbar.set_label(step_label, fontsize=8)
     cbar.ax.tick_params(labelsize=8)
-    if title:
-        fig.suptitle(title, fontsize=10)
-    return fig
+    return finish_figure(fig, title, layout=False)
 
 
 def plot_viewpoint_state(
@@ -174,9 +173,7 @@ def plot_class_credits(
         ax.set_xticks([])
         ax.set_yticks([])
     fig.colorbar(im, ax=axes.ravel().tolist(), fraction=0.02, pad=0.01).set_label("credit", fontsize=8)
-    if title:
-        fig.suptitle(title, fontsize=10)
-    return fig
+    return finish_figure(fig, title, layout=False)
 
 
 def credit_readout(maps: torch.Tensor, probs: torch.Tensor, classes: Sequence[str]) -> str:
@@ -266,7 +263,4 @@ def plot_routing_scaling(rows: Sequence[dict[str, Any]], title: str = "") -> Fig
             ax.tick_params(labelsize=8)
             if ax.get_lines():
                 ax.legend(fontsize=8)
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    return fig
+    return finish_figure(fig, title)

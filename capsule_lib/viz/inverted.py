@@ -20,6 +20,7 @@ from matplotlib.patches import FancyArrowPatch, Rectangle
 
 from ..analysis import expansion_sources
 from .data import to_display
+from .plots import finish_figure
 
 __all__ = [
     "plot_schedules",
@@ -166,9 +167,7 @@ def plot_attention_maps(
     fig.colorbar(im, ax=axes.ravel().tolist(), fraction=0.04, pad=0.02, shrink=0.8).set_label(
         f"r (mean over types; uniform {1 / K:.2f})", fontsize=7
     )
-    if title:
-        fig.suptitle(title, fontsize=9)
-    return fig
+    return finish_figure(fig, title, fontsize=9, layout=False)
 
 
 def attention_readout(maps: torch.Tensor, probs: torch.Tensor, classes: Sequence[str], target: int) -> str:
@@ -228,10 +227,7 @@ def plot_conv_window(
     a1.set_xlabel("output capsule type at this position", fontsize=8)
     a1.set_title(f"routing probabilities r: {r.shape[0]} children x {r.shape[1]} parents", fontsize=8)
     fig.colorbar(im, ax=a1, fraction=0.05, pad=0.02).set_label("r (rows sum to 1)", fontsize=7)
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    return fig
+    return finish_figure(fig, title)
 
 
 # ---------------------------------------------------------------------------------- the official bug
@@ -300,7 +296,4 @@ def plot_iteration_sweep(rows: Sequence[dict[str, Any]], title: str = "") -> Fig
         ax.set_xticks(sorted({r["iterations"] for r in rows}))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    return fig
+    return finish_figure(fig, title)

@@ -21,6 +21,7 @@ from ..types import RoutingTrace
 
 __all__ = [
     "set_style",
+    "finish_figure",
     "plot_squash",
     "plot_capsules",
     "plot_coefficients",
@@ -60,6 +61,18 @@ def _np(x: torch.Tensor | np.ndarray | Sequence[float]) -> np.ndarray:
     if isinstance(x, torch.Tensor):
         return x.detach().float().cpu().numpy()
     return np.asarray(x, dtype=float)
+
+
+def finish_figure(
+    fig: Figure, title: str | None = None, *, fontsize: float = 10, layout: bool = True, **layout_kw: Any
+) -> Figure:
+    """How the book's figures end: the suptitle ``title`` (when given, at ``fontsize``), then, with ``layout``,
+    ``fig.tight_layout(**layout_kw)``; returns ``fig``."""
+    if title:
+        fig.suptitle(title, fontsize=fontsize)
+    if layout:
+        fig.tight_layout(**layout_kw)
+    return fig
 
 
 def plot_squash(max_norm: float = 5.0, n: int = 400, ax: Axes | None = None) -> Figure:

@@ -15,6 +15,7 @@ from matplotlib.figure import Figure
 
 from ..robustness import AdversarialExample, AttackCurve, Detection
 from .data import to_display
+from .plots import finish_figure
 
 __all__ = ["plot_attack_curves", "plot_detection", "plot_adversarial_frame", "plot_adversarial_grid"]
 
@@ -53,10 +54,7 @@ def plot_attack_curves(
     handles, labels = axs[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8, frameon=False)
     rows = (len(labels) + 3) // 4
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout(rect=(0, 0.07 * rows, 1, 1))
-    return fig
+    return finish_figure(fig, title, rect=(0, 0.07 * rows, 1, 1))
 
 
 def plot_detection(detections: Mapping[str, Mapping[str, Detection]], title: str = "") -> Figure:
@@ -88,10 +86,7 @@ def plot_detection(detections: Mapping[str, Mapping[str, Detection]], title: str
         ax.set_yticks([])
         ax.tick_params(labelsize=8)
         ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False)
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    return fig
+    return finish_figure(fig, title)
 
 
 def _wrapped(name: str) -> str:
@@ -150,7 +145,4 @@ def plot_adversarial_grid(
             head = _wrapped((names or {}).get(k, k)) + "\n" if i == 0 else ""
             _picture(axs[i][j], ex.image, f"{head}-> {ex.prediction}", "black" if ex.prediction == label else "red")
         axs[i][0].set_ylabel(f"eps {e:g}", fontsize=8)
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout(pad=0.3)
-    return fig
+    return finish_figure(fig, title, pad=0.3)

@@ -188,22 +188,10 @@ def plot_outlier_sweep(sweep: dict[str, np.ndarray]) -> Figure:
     for b, (ax, name) in enumerate(zip(axes, ("plain routing", "leaky routing"))):
         for k, T in enumerate(sweep["iterations"]):
             st = styles[k % len(styles)]
-            ax.plot(
-                sweep["n_outliers"],
-                sweep["lengths"][:, b, k, 0],
-                st,
-                color=_GROUP_COLORS[0],
-                ms=4,
-                label=f"$|v_A|$, {T} it.",
-            )
-            ax.plot(
-                sweep["n_outliers"],
-                sweep["lengths"][:, b, k, 1],
-                st,
-                color=_GROUP_COLORS[1],
-                ms=4,
-                label=f"$|v_B|$, {T} it.",
-            )
+            for j, parent in enumerate("AB"):
+                lengths = sweep["lengths"][:, b, k, j]
+                label = f"$|v_{parent}|$, {T} it."
+                ax.plot(sweep["n_outliers"], lengths, st, color=_GROUP_COLORS[j], ms=4, label=label)
         ax.set(title=name, xlabel="number of outliers", ylim=(0, 1))
     axes[0].set_ylabel("mean parent length")
     handles, labels = axes[0].get_legend_handles_labels()

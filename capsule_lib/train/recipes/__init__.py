@@ -27,52 +27,22 @@ name                               recipe
 =================================  ==========================================================================
 """
 
-from .base import Loaders, Recipe, ShiftDecayRecipe, check_device_available
-from .cifar import BackboneCifarCPURecipe, TsaiCifarCPURecipe, TsaiCifarRecipe
-from .comparison import RoutingCompareNorbRecipe, RoutingCompareRecipe
-from .mnist import (
-    BaselineCNNRecipe,
-    CapsNetMultiMNISTRecipe,
-    CapsNetRecipe,
-    EfficientCapsNetRecipe,
-    EfficientMultiMNISTRecipe,
-    MultiMNISTRecipe,
-)
-from .registry import RECIPES, make_recipe, recipe_config
-from .sequences import HeinsenSequenceRecipe
-from .viewpoints import (
-    EMNorbRecipe,
-    HeinsenNorbRecipe,
-    NorbCNN48Recipe,
-    NorbCNNRecipe,
-    ShiftViewpointRecipe,
-    ViewpointRecipe,
-)
+from . import base, cifar, comparison, mnist, registry, sequences, viewpoints
+from .base import *  # noqa: F403
+from .cifar import *  # noqa: F403
+from .comparison import *  # noqa: F403
+from .mnist import *  # noqa: F403
+from .registry import *  # noqa: F403
+from .sequences import *  # noqa: F403
+from .viewpoints import *  # noqa: F403
 
+# the package exports what its modules export, in the family order of the table above
 __all__ = [
-    "Recipe",
-    "Loaders",
-    "ShiftDecayRecipe",
-    "CapsNetRecipe",
-    "BaselineCNNRecipe",
-    "EfficientCapsNetRecipe",
-    "MultiMNISTRecipe",
-    "EfficientMultiMNISTRecipe",
-    "CapsNetMultiMNISTRecipe",
-    "ViewpointRecipe",
-    "EMNorbRecipe",
-    "NorbCNNRecipe",
-    "ShiftViewpointRecipe",
-    "HeinsenNorbRecipe",
-    "NorbCNN48Recipe",
-    "HeinsenSequenceRecipe",
-    "TsaiCifarRecipe",
-    "TsaiCifarCPURecipe",
-    "BackboneCifarCPURecipe",
-    "RoutingCompareRecipe",
-    "RoutingCompareNorbRecipe",
-    "RECIPES",
-    "make_recipe",
-    "recipe_config",
-    "check_device_available",
+    *base.__all__,
+    *mnist.__all__,
+    *viewpoints.__all__,
+    *sequences.__all__,
+    *cifar.__all__,
+    *comparison.__all__,
+    *registry.__all__,
 ]

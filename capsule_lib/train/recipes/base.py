@@ -48,6 +48,8 @@ class Recipe:
     scheduler_step: ClassVar[str] = "epoch"
     #: keep the weights of every epoch (``epoch_NNN.pt``) in the run folder
     keep_epochs: ClassVar[bool] = False
+    #: what :meth:`describe` records next to the parameter count (e.g. what the scores are)
+    notes: ClassVar[dict[str, str]] = {}
 
     epochs: int = 10
     batch_size: int = 128
@@ -162,8 +164,8 @@ class Recipe:
         _check_device(name, self.device)
 
     def describe(self, model: nn.Module) -> dict[str, Any]:
-        """Model facts recorded in the run's history (parameter counts...)."""
-        return {"parameters": sum(p.numel() for p in model.parameters())}
+        """Model facts recorded in the run's history: the parameter count, then the recipe's :attr:`notes`."""
+        return {"parameters": sum(p.numel() for p in model.parameters()), **self.notes}
 
     def config(self) -> dict[str, Any]:
         """The recipe's fields as plain JSON values (what the history records as ``config``)."""

@@ -230,5 +230,4 @@ class CapsNetMultiMNISTRecipe(MultiMNISTRecipe):
     def lr_factor(self, step: int) -> float:
         return self.lr_decay ** (step / self.lr_decay_steps)
 
-    def describe(self, model: nn.Module) -> dict[str, Any]:
-        return {"parameters": sum(p.numel() for p in model.parameters()), "accuracy": "both digits right"}
+    notes: ClassVar[dict[str, str]] = {"accuracy": "both digits right"}

@@ -156,8 +156,7 @@ class EMNorbRecipe(ViewpointRecipe):
     def build_objective(self) -> Any:
         return SpreadObjective(self.m_min, self.m_max)
 
-    def describe(self, model: nn.Module) -> dict[str, Any]:
-        return {"parameters": sum(p.numel() for p in model.parameters()), "scores": "class activations"}
+    notes: ClassVar[dict[str, str]] = {"scores": "class activations"}
 
 
 def _norb_cnn_config() -> BaselineCNNConfig:
@@ -230,8 +229,7 @@ class HeinsenNorbRecipe(ShiftViewpointRecipe):
     def build_objective(self) -> Any:
         return ClassifierObjective()
 
-    def describe(self, model: nn.Module) -> dict[str, Any]:
-        return {"parameters": sum(p.numel() for p in model.parameters()), "scores": "class logits (a_out)"}
+    notes: ClassVar[dict[str, str]] = {"scores": "class logits (a_out)"}
 
 
 def _norb_cnn48_config() -> BaselineCNNConfig:
