@@ -114,6 +114,8 @@ def test_capsnet_multimnist_recipe_trains_on_pairs_and_decodes_each_digit(tmp_pa
     )
     out = CapsNet(tiny)(torch.rand(3, 1, 36, 36), torch.tensor([[1, 2], [3, 4], [5, 6]]))
     assert out.extra["reconstructions"].shape == (3, 2, 1, 36, 36) and out.reconstruction.shape == (3, 1, 36, 36)
+    with pytest.raises(ValueError, match=r"labels \[B\] or \[B, k\] \(k < 10\), not a mask \[B, 10\]"):
+        CapsNet(tiny).reconstruct_each(out.poses, torch.zeros(3, 10))  # a multi-hot mask is not labels
     run = dict(epochs=1, pairs_per_epoch=64, val_pairs=32, batch_size=32, train_subset=200, device="cpu")
     _, trainer = train(
         "capsnet_multimnist", model=tiny, data_root=str(tmp_path), offline=True, progress=False, test=False, **run

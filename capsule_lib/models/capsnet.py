@@ -211,7 +211,8 @@ class CapsNet(nn.Module):
         poses : torch.Tensor
             ``[B, K, D]`` class capsules.
         y : torch.Tensor, optional
-            Labels ``[B, k]`` (``[B]``: k = 1); ``None`` (default): the ``mask_k`` longest capsules, longest first.
+            Labels ``[B, k]`` (``[B]``: k = 1; not a ``[B, K]`` mask, refused); ``None`` (default): the ``mask_k``
+            longest capsules, longest first.
 
         Returns
         -------
@@ -220,6 +221,9 @@ class CapsNet(nn.Module):
         """
         if y is None:
             y = capsule_lengths(poses).topk(self.config.mask_k, dim=1).indices  # [B, k]
+        elif y.dim() == 2 and y.shape[1] == poses.shape[1]:
+            K = poses.shape[1]
+            raise ValueError(f"y: reconstruct_each takes labels [B] or [B, k] (k < {K}), not a mask [B, {K}]")
         y = y.view(-1, 1) if y.dim() == 1 else y  # [B, k]
         return torch.stack([self.reconstruct(poses, y[:, j]) for j in range(y.shape[1])], dim=1)
 

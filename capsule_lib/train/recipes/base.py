@@ -48,7 +48,7 @@ class Recipe:
     scheduler_step: ClassVar[str] = "epoch"
     #: keep the weights of every epoch (``epoch_NNN.pt``) in the run folder
     keep_epochs: ClassVar[bool] = False
-    #: what :meth:`describe` records next to the parameter count (e.g. what the scores are)
+    #: what :meth:`~capsule_lib.train.recipes.base.Recipe.describe` records next to the parameter count
     notes: ClassVar[dict[str, str]] = {}
 
     epochs: int = 10
