@@ -86,6 +86,33 @@ def test_a_book_execution_is_what_the_book_build_reads_from_its_cache(tmp_path, 
         cache.match_cache_notebook(standard_nb_read(bad.read_text()))
 
 
+def test_a_job_whose_kernel_failed_to_start_runs_again_and_a_failing_notebook_does_not(tmp_path, monkeypatch):
+    """Two kernels started at once can race for one TCP port; such a job is started once more (CI saw it: ZMQError
+    'Address already in use' then "Kernel didn't respond"), while a notebook's own error is reported at once."""
+    calls = []
+
+    def fake_run_book(job, threads, log):
+        calls.append(job.notebook.stem)
+        if job.notebook.stem == "raced" and calls.count("raced") == 1:
+            log.write_text("zmq.error.ZMQError: Address already in use (addr='tcp://127.0.0.1:40021')\n")
+            job.error = f"the executor exited with 1 (log: {log})"
+        elif job.notebook.stem == "broken":
+            log.write_text("ValueError: on purpose\n")
+            job.error = "cell 2: ValueError: on purpose"
+        else:
+            log.write_text("")
+            job.ok = True
+
+    monkeypatch.setattr(execute, "_run_book", fake_run_book)
+    monkeypatch.setattr(execute, "REPO", tmp_path)
+    jobs = {n: execute.Job("book", tmp_path / "book" / f"{n}.ipynb") for n in ("raced", "broken")}
+    for name, job in jobs.items():
+        execute.run_job(job, 1, tmp_path / f"{name}.log", tmp_path)
+    assert jobs["raced"].ok and not jobs["raced"].error and calls.count("raced") == 2
+    assert not jobs["broken"].ok and jobs["broken"].error == "cell 2: ValueError: on purpose"
+    assert calls.count("broken") == 1
+
+
 def test_jobs_run_longest_first_by_the_last_recorded_run(tmp_path):
     record = tmp_path / "ci_times.json"
     record.write_text(

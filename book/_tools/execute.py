@@ -152,6 +152,35 @@ def execute_one(notebook: Path, to: Path) -> int:
     return 0
 
 
+#: a kernel that died while it started, before the notebook ran: jupyter_client picks free TCP ports and the kernel
+#: binds them a moment later, so two kernels started at once can race for one port ("Address already in use")
+KERNEL_START_FAILURE = re.compile(
+    r"zmq\.error\.ZMQError: Address already in use|Kernel didn't respond in \d+ seconds|Kernel died before replying"
+)
+
+
+def kernel_start_failed(log: Path) -> bool:
+    """Whether ``log`` shows the kernel failing to start (nothing of the notebook ran)."""
+    return log.exists() and KERNEL_START_FAILURE.search(log.read_text(errors="replace")) is not None
+
+
+def run_job(job: Job, threads: int, log: Path, empty_root: Path, attempts: int = 2) -> None:
+    """Execute one job; a job whose kernel failed to start is started again (up to ``attempts`` times in all), any
+    other failure is reported as it is."""
+    for attempt in range(1, attempts + 1):
+        job.ok, job.error = False, ""
+        try:
+            if job.path == "book":
+                _run_book(job, threads, log)
+            else:
+                _run_offline(job, threads, log, empty_root)
+        except Exception as e:  # the step reports it like a failed notebook
+            job.error = f"{type(e).__name__}: {e}"
+        if job.ok or attempt == attempts or not kernel_start_failed(log):
+            return
+        print(f"execute: {job.name}: the kernel failed to start (log: {log}); starting it again", flush=True)
+
+
 def previous_times(path: Path = TIMES) -> dict[str, float]:
     """``{job name: seconds}`` of the latest run recorded in ``benchmarks/results/ci_times.json`` (empty if none)."""
     try:
@@ -195,13 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         def run(job: Job) -> Job:
             t0 = time.perf_counter()
             log = logs / (job.name.replace("/", "_").replace(":", "__") + ".log")
-            try:
-                if job.path == "book":
-                    _run_book(job, threads, log)
-                else:
-                    _run_offline(job, threads, log, Path(empty_root))
-            except Exception as e:  # the step reports it like a failed notebook
-                job.error = f"{type(e).__name__}: {e}"
+            run_job(job, threads, log, Path(empty_root))
             job.seconds = time.perf_counter() - t0
             status = "ok" if job.ok else "FAILED"
             print(f"execute: {job.name:38s} {job.seconds:7.1f} s  {status}", flush=True)
