@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import operator
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
 
 import torch
@@ -25,6 +25,7 @@ __all__ = [
     "check_poses",
     "check_activations",
     "check_iterations",
+    "check_choice",
     "resolve_config",
 ]
 
@@ -213,6 +214,14 @@ def check_iterations(iterations: int, name: str = "iterations") -> int:
     if n < 1:
         raise ValueError(f"{name} must be >= 1, got {iterations}")
     return n
+
+
+def check_choice(value: Any, options: Iterable[Any], name: str) -> Any:
+    """The one check of an option chosen by name: ``value`` when it is one of ``options``, else one line naming
+    them (``options`` as given, e.g. ``sorted(KINDS)``)."""
+    if value not in options:
+        raise ValueError(f"{name} must be one of {options}, got {value!r}")
+    return value
 
 
 def resolve_config(config: _Config | None, default: type[_Config], overrides: dict[str, Any]) -> _Config:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from .cost import count_parameters
+
 __all__ = [
     "pct_cell",
     "epochs_text",
@@ -168,7 +170,7 @@ def history_rows(histories: dict[str, Any], models: dict[str, Any] | None = None
             str(h.meta.get("hardware", "—")),
         ]
         if models is not None:
-            row.insert(1, f"{sum(p.numel() for p in models[name].parameters()):,}")
+            row.insert(1, f"{count_parameters(models[name]):,}")
         rows.append(row)
     return rows
 

@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from capsule_lib._checks import check_choice
 from capsule_lib.models import CapsNetConfig
 from capsule_lib.pretrained import load_pretrained_history, registry
+from capsule_lib.routing import DynamicRouting
 from capsule_lib.train import main, shipped_recipe, train
 from capsule_lib.train.recipes import RECIPES, CapsNetRecipe, make_recipe, recipe_config
 
@@ -375,6 +377,27 @@ def test_retired_synonyms_are_not_used():
     assert not found, "retired synonyms (see CONTRIBUTING.md, glossary):\n" + "\n".join(found)
     sample = ast.parse("def f(d_caps): return x.capsule_dim + g(d_cap=1)")
     assert {getattr(n, k, None) for n in ast.walk(sample) for k in ("arg", "attr", "id")} >= {"d_caps", "capsule_dim"}
+
+
+#: the one check of an option chosen by name (``types`` sits below ``_checks`` and keeps its own)
+CHOICE_MESSAGE = re.compile(r"must be one of \{")
+
+
+def test_options_chosen_by_name_are_checked_in_one_place():
+    """``_checks.check_choice`` writes the "must be one of" line for every module (``types`` excepted)."""
+    found = [
+        f"{module}:{n}"
+        for path, module, _ in _modules()
+        if module not in ("capsule_lib._checks", "capsule_lib.types")
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if CHOICE_MESSAGE.search(line)
+    ]
+    assert not found, "write these with capsule_lib._checks.check_choice:\n" + "\n".join(found)
+    assert check_choice("b", ("a", "b"), "kind") == "b"
+    with pytest.raises(ValueError, match=r"^kind must be one of \('a', 'b'\), got 'c'$"):
+        check_choice("c", ("a", "b"), "kind")
+    with pytest.raises(ValueError, match=r"^coupling must be one of \('parents', 'children'\), got 'rows'$"):
+        DynamicRouting(4, 2, 3, 3, coupling="rows")
 
 
 def _environment_reads(tree: ast.AST) -> list[tuple[int, str]]:

@@ -20,6 +20,8 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from .._checks import check_choice
+
 __all__ = [
     "ImageDataset", "DatasetUnavailableError", "get_dataset", "register_dataset", "available_datasets",
     "data_root", "DataSource", "read_idx", "train_val_indices", "STANDINS", "data_fingerprint", "check_labels",
@@ -303,8 +305,7 @@ def _select_split(x: torch.Tensor, y: torch.Tensor, split: str, val_size: int) -
 
 
 def _check_split(split: str, allowed: tuple[str, ...] = SPLITS) -> None:
-    if split not in allowed:
-        raise ValueError(f"split must be one of {allowed}, got {split!r}")
+    check_choice(split, allowed, "split")
 
 
 # ----------------------------------------------------------------------------------------- IDX (MNIST)

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from .._checks import check_choice
 from .datasets import _REGISTRY, DatasetUnavailableError, ImageDataset, _check_split, register_dataset, unavailable
 from .loaders import TensorLoader
 from .transforms import shift_images
@@ -97,8 +98,7 @@ def make_multimnist(
     ``label_a``/``label_b``, ``index_a``/``index_b`` (source positions) and ``shift_a``/``shift_b``
     ``[n, 2]`` as (dx, dy).
     """
-    if variant not in VARIANTS:
-        raise ValueError(f"variant must be one of {sorted(VARIANTS)}, got {variant!r}")
+    check_choice(variant, sorted(VARIANTS), "variant")
     p0, s0 = VARIANTS[variant]
     pad = p0 if pad is None else pad
     max_shift = s0 if max_shift is None else max_shift

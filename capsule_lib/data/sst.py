@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from .._checks import check_choice
 from .datasets import data_root, unavailable
 
 __all__ = ["parse_tree", "load_sst", "SST_SPLITS"]
@@ -52,8 +53,7 @@ def load_sst(root: str | Path | None = None, split: str = "train", classes: int 
              ) -> tuple[list[str], list[int]]:
     """Texts and labels of an SST split (``"train"``, ``"val"`` = dev, ``"test"``); ``classes`` 5 or 2;
     ``subtrees=True`` adds every phrase (deduplicated by text, first label kept)."""
-    if split not in SST_SPLITS:
-        raise ValueError(f"split must be one of {tuple(SST_SPLITS)}, got {split!r}")
+    check_choice(split, tuple(SST_SPLITS), "split")
     if classes not in (2, 5):
         raise ValueError(f"classes must be 5 (SST-5) or 2 (SST-2), got {classes}")
     folder = data_root(root) / "sst"

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .._checks import check_choice
 from .datasets import DataSource, ImageDataset, get_dataset
 from .render import HINTON_AZIMUTHS_FAMILIAR, HINTON_ELEVATIONS_FAMILIAR
 
@@ -73,8 +74,7 @@ class ViewpointSets:
 
 def familiar_values(axis: str, familiar: Sequence[int] | None = None) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """``(familiar, novel)`` indices on ``axis`` (``"azimuth"`` 0-17 or ``"elevation"`` 0-8)."""
-    if axis not in _AXES:
-        raise ValueError(f"axis must be one of {sorted(_AXES)}, got {axis!r}")
+    check_choice(axis, sorted(_AXES), "axis")
     n, default, _ = _AXES[axis]
     fam = tuple(sorted(familiar if familiar is not None else default))
     if not fam or not all(0 <= v < n for v in fam):

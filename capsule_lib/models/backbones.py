@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .._checks import check_choice
 from ..types import ImageContract
 
 __all__ = ["BasicBlock", "ResNetBackbone", "SimpleBackbone", "build_backbone"]
@@ -175,15 +176,14 @@ def build_backbone(cfg) -> nn.Module:
     nn.Module
         A :class:`ResNetBackbone` or :class:`SimpleBackbone`.
     """
+    check_choice(cfg.backbone, _BACKBONES, "backbone")
     if cfg.backbone == "resnet":
         return ResNetBackbone(
             cfg.in_channels, cfg.backbone_channels, cfg.backbone_stride, cfg.resnet_stem, cfg.resnet_blocks
         )
-    if cfg.backbone == "simple":
-        return SimpleBackbone(
-            cfg.in_channels, cfg.backbone_channels, cfg.backbone_kernel, cfg.backbone_stride, cfg.backbone_padding
-        )
-    raise ValueError(f"backbone must be one of {_BACKBONES}, got {cfg.backbone!r}")
+    return SimpleBackbone(
+        cfg.in_channels, cfg.backbone_channels, cfg.backbone_kernel, cfg.backbone_stride, cfg.backbone_padding
+    )
 
 
 def _register_input_norm(module: nn.Module, cfg) -> None:

@@ -38,7 +38,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from .._checks import check_images, check_iterations, check_model_input
+from .._checks import check_choice, check_images, check_iterations, check_model_input
 from ..layers import InvertedPrimaryCapsules
 from ..routing.inverted import EXPANSIONS, InvertedConvCapsules, InvertedFCCapsules
 from ..types import CapsuleOutput, ImageContract, RoutingTrace
@@ -251,8 +251,7 @@ class CapsModel(nn.Module):
         super().__init__()
         cfg = replace(config or CapsModelConfig(), **overrides)  # re-validated (configs set field by field too)
         check_iterations(cfg.iterations)
-        if cfg.expansion not in EXPANSIONS:
-            raise ValueError(f"expansion must be one of {EXPANSIONS}, got {cfg.expansion!r}")
+        check_choice(cfg.expansion, EXPANSIONS, "expansion")
         s = math.isqrt(cfg.pose_dim)
         if s * s != cfg.pose_dim:
             raise ValueError(f"pose_dim must be a square (matrix poses), got {cfg.pose_dim}")
@@ -476,8 +475,7 @@ class CapsModel(nn.Module):
         CapsModel
             ``self`` (its config's ``expansion`` updated).
         """
-        if expansion not in EXPANSIONS:
-            raise ValueError(f"expansion must be one of {EXPANSIONS}, got {expansion!r}")
+        check_choice(expansion, EXPANSIONS, "expansion")
         for layer in self.capsule_layers:
             if isinstance(layer, InvertedConvCapsules):
                 layer.expansion = expansion

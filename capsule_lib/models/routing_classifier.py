@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from .._checks import check_iterations, check_model_input
+from .._checks import check_choice, check_iterations, check_model_input
 from ..functional import capsule_lengths, squash_efficient, squash_hinton
 from ..routing.kinds import DEFAULT_ITERATIONS, ROUTING_KINDS, build_routing
 from ..types import CapsuleOutput, ImageContract
@@ -76,8 +76,7 @@ class RoutingClassifierConfig:
 
     def __post_init__(self) -> None:
         self.stem_channels = tuple(self.stem_channels)  # a config read back from JSON holds lists
-        if self.routing not in ROUTING_KINDS:
-            raise ValueError(f"routing must be one of {sorted(ROUTING_KINDS)}, got {self.routing!r}")
+        check_choice(self.routing, sorted(ROUTING_KINDS), "routing")
         if self.iterations is not None:
             check_iterations(self.iterations, "iterations (None: the routing's default)")
         if self.routing == "self_attention" and self.iterations is not None:

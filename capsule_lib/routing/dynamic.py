@@ -41,7 +41,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .._checks import check_iterations, check_module_input, check_nonempty, check_tensor
+from .._checks import check_choice, check_iterations, check_module_input, check_nonempty, check_tensor
 from ..functional import squash
 from ..types import RoutingTrace
 from ._common import fields_repr, use_kernel
@@ -228,10 +228,8 @@ def dynamic_routing(
     check_tensor(votes, "votes", "[B, n_inp, n_out, d_out]", [None, None, None, None])
     check_nonempty(votes, "votes", "[B, n_inp, n_out, d_out]")
     iterations = check_iterations(iterations)
-    if coupling not in _COUPLING:
-        raise ValueError(f"coupling must be one of {_COUPLING}, got {coupling!r}")
-    if detach not in _DETACH:
-        raise ValueError(f"detach must be one of {_DETACH}, got {detach!r}")
+    check_choice(coupling, _COUPLING, "coupling")
+    check_choice(detach, _DETACH, "detach")
     B, I, J, E = votes.shape
     if bias is not None:
         check_tensor(bias, "bias", f"[n_out={J}, d_out={E}]", [J, E])
@@ -297,10 +295,8 @@ class DynamicRouting(nn.Module):
         bias_init: float = 0.1,
     ) -> None:
         super().__init__()
-        if coupling not in _COUPLING:
-            raise ValueError(f"coupling must be one of {_COUPLING}, got {coupling!r}")
-        if detach not in _DETACH:
-            raise ValueError(f"detach must be one of {_DETACH}, got {detach!r}")
+        check_choice(coupling, _COUPLING, "coupling")
+        check_choice(detach, _DETACH, "detach")
         self.n_inp, self.n_out, self.d_inp, self.d_out = n_inp, n_out, d_inp, d_out
         self.iterations, self.leaky, self.coupling, self.squash_kind = iterations, leaky, coupling, squash_kind
         self.detach = detach

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._checks import check_iterations, check_module_input, check_tensor
+from .._checks import check_choice, check_iterations, check_module_input, check_tensor
 from ..types import RoutingTrace
 from ._common import autocast_outputs, check_one_or, compute_dtype, fields_repr, kernel_device, no_autocast
 
@@ -244,10 +244,8 @@ def _choose_method(method: str, mu_inp: torch.Tensor, params: tuple[torch.Tensor
 
 def _check_inputs(a_inp, mu_inp, W, B, beta_use, beta_ign, iterations, p_model, method) -> None:
     """One-line errors for :func:`generative_matrix_routing`'s arguments."""
-    if p_model not in _P_MODELS:
-        raise ValueError(f"p_model must be one of {_P_MODELS}, got {p_model!r}")
-    if method not in _METHODS:
-        raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
+    check_choice(p_model, _P_MODELS, "p_model")
+    check_choice(method, _METHODS, "method")
     check_iterations(iterations)
     check_tensor(mu_inp, "mu_inp", "[..., n_inp, d_cov, d_inp]", [None, None, None], min_leading=0)
     I, C, D = mu_inp.shape[-3:]
@@ -369,10 +367,8 @@ class GenerativeMatrixRouting(nn.Module):
         method: str = "auto",
     ) -> None:
         super().__init__()
-        if method not in _METHODS:
-            raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
-        if p_model not in _P_MODELS:
-            raise ValueError(f"p_model must be one of {_P_MODELS}, got {p_model!r}")
+        check_choice(method, _METHODS, "method")
+        check_choice(p_model, _P_MODELS, "p_model")
         if not (n_inp > 0 or n_inp == -1) or not (n_out > 0 or n_out == -1):
             raise ValueError(f"n_inp and n_out must be > 0 or -1 (variable), got {n_inp}, {n_out}")
         check_iterations(iterations)

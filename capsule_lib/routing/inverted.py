@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._checks import check_iterations, check_module_input, check_tensor
+from .._checks import check_choice, check_iterations, check_module_input, check_tensor
 from ..types import RoutingTrace
 from ._common import autocast_outputs
 from ._kernels.inverted import _RENORM_EPS, _acc_dtype, _attend_matrix
@@ -151,8 +151,7 @@ def conv_windows(poses: torch.Tensor, kernel_size: int, stride: int = 1, expansi
     torch.Tensor
         ``[B, N, k, k, h_out, w_out, d]`` with ``h_out = (H - k) // stride + 1``.
     """
-    if expansion not in EXPANSIONS:
-        raise ValueError(f"expansion must be one of {EXPANSIONS}, got {expansion!r}")
+    check_choice(expansion, EXPANSIONS, "expansion")
     check_tensor(poses, "poses", "[B, N, H, W, d]", [None, None, None, None, None])
     B, N, H, W, D = poses.shape
     if H < kernel_size or W < kernel_size:
@@ -519,8 +518,7 @@ class InvertedConvCapsules(nn.Module):
         eps: float = 1e-5,
     ) -> None:
         super().__init__()
-        if expansion not in EXPANSIONS:
-            raise ValueError(f"expansion must be one of {EXPANSIONS}, got {expansion!r}")
+        check_choice(expansion, EXPANSIONS, "expansion")
         s = _side(pose_dim)
         self.n_inp, self.n_out, self.pose_dim, self.side = n_inp, n_out, pose_dim, s
         self.kernel_size, self.stride, self.dropout, self.expansion = kernel_size, stride, dropout, expansion

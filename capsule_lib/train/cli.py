@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._checks import check_choice
 from ..data.datasets import DataSource, check_labels, data_fingerprint
 from ..distributed import setup as setup_distributed
 from .recipes import RECIPES, make_recipe, recipe_config
@@ -166,8 +167,7 @@ def train(
         :class:`~capsule_lib.train.trainer.Trainer`, whose ``history`` holds the per-epoch records and, with
         ``test``, the test accuracy of the selected epoch.
     """
-    if compile not in COMPILE_MODES:
-        raise ValueError(f"compile must be one of {COMPILE_MODES}, got {compile!r}")
+    check_choice(compile, COMPILE_MODES, "compile")
     r = make_recipe(recipe, **overrides)
     check_device_available(r)
     dist = setup_distributed(select_device(r.device))  # a torchrun job, or this process alone

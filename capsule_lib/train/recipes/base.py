@@ -12,6 +12,7 @@ from typing import Any, ClassVar, NamedTuple
 import torch
 from torch import nn
 
+from ...cost import count_parameters
 from ...data import DataSource, get_dataset
 from ...data.loaders import TensorLoader
 from ...data.transforms import random_shift
@@ -165,7 +166,7 @@ class Recipe:
 
     def describe(self, model: nn.Module) -> dict[str, Any]:
         """Model facts recorded in the run's history: the parameter count, then the recipe's :attr:`notes`."""
-        return {"parameters": sum(p.numel() for p in model.parameters()), **self.notes}
+        return {"parameters": count_parameters(model), **self.notes}
 
     def config(self) -> dict[str, Any]:
         """The recipe's fields as plain JSON values (what the history records as ``config``)."""

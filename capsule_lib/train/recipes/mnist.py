@@ -213,6 +213,7 @@ class CapsNetMultiMNISTRecipe(MultiMNISTRecipe):
 
     name: ClassVar[str] = "capsnet_multimnist"
     scheduler_step: ClassVar[str] = "batch"
+    notes: ClassVar[dict[str, str]] = {"accuracy": "both digits right"}
 
     epochs: int = 50
     batch_size: int = 128
@@ -229,5 +230,3 @@ class CapsNetMultiMNISTRecipe(MultiMNISTRecipe):
 
     def lr_factor(self, step: int) -> float:
         return self.lr_decay ** (step / self.lr_decay_steps)
-
-    notes: ClassVar[dict[str, str]] = {"accuracy": "both digits right"}

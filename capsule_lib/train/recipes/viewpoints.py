@@ -144,6 +144,7 @@ class EMNorbRecipe(ViewpointRecipe):
     activations saturate at 1 from the first step and nothing is learned."""
 
     name: ClassVar[str] = "em_norb"
+    notes: ClassVar[dict[str, str]] = {"scores": "class activations"}
 
     lr: float = 1e-2
 
@@ -155,8 +156,6 @@ class EMNorbRecipe(ViewpointRecipe):
 
     def build_objective(self) -> Any:
         return SpreadObjective(self.m_min, self.m_max)
-
-    notes: ClassVar[dict[str, str]] = {"scores": "class activations"}
 
 
 def _norb_cnn_config() -> BaselineCNNConfig:
@@ -220,6 +219,7 @@ class HeinsenNorbRecipe(ShiftViewpointRecipe):
     instances (the paper's "validation" is the test set with random crops)."""
 
     name: ClassVar[str] = "heinsen_norb"
+    notes: ClassVar[dict[str, str]] = {"scores": "class logits (a_out)"}
 
     lr: float = 3e-3
     model: SmallNORBConfig = field(default_factory=_norb_heinsen_config)
@@ -228,8 +228,6 @@ class HeinsenNorbRecipe(ShiftViewpointRecipe):
 
     def build_objective(self) -> Any:
         return ClassifierObjective()
-
-    notes: ClassVar[dict[str, str]] = {"scores": "class logits (a_out)"}
 
 
 def _norb_cnn48_config() -> BaselineCNNConfig:
