@@ -52,6 +52,26 @@ def one_thread():
     torch.set_num_threads(n)
 
 
+@pytest.fixture(scope="module")
+def tiny_capsnet():
+    """The viz tests' CapsNet (eval mode, seed 0): 2 primary capsule types on a 6x6 grid (28 -> 20 -> 6),
+    3 classes of 4-D capsules, routing without bias, weights wide enough (``init_std=2``) that couplings differ."""
+    from capsule_lib.models import CapsNet, CapsNetConfig
+
+    torch.manual_seed(0)
+    config = CapsNetConfig(
+        conv_channels=8,
+        primary_types=2,
+        primary_dim=4,
+        n_classes=3,
+        class_dim=4,
+        decoder_hidden=(16, 32),
+        init_std=2.0,
+        routing_bias=False,
+    )
+    return CapsNet(config).eval()
+
+
 @pytest.fixture
 def real_data() -> Path:
     """The data root ($CAPSULE_DATA, else data/) when it holds real MNIST; skip otherwise."""

@@ -10,6 +10,7 @@ import torch
 
 import capsule_lib.routing as R
 from capsule_lib.data import TensorLoader, get_dataset, read_idx
+from capsule_lib.data.transforms import random_shift
 from capsule_lib.losses import CapsuleObjective
 from capsule_lib.models.capsnet import CapsNet, CapsNetConfig
 from capsule_lib.pretrained import export_checkpoint, registry
@@ -84,6 +85,14 @@ def _trainer(out_dir):
 @pytest.fixture(scope="module")
 def glyphs():
     return get_dataset("glyph_digits", split="train", n=256), get_dataset("glyph_digits", split="val", n=256)
+
+
+def _shifted_loaders(glyphs):
+    """``(train, val)`` loaders over ``glyphs``: training shuffled (seed 0) with random shifts of up to 2 px, so a
+    run built from them twice sees the same batches and augmentations."""
+    tr, va = glyphs
+    aug = lambda b, g: (random_shift(b[0], 2, g), *b[1:])  # noqa: E731
+    return TensorLoader.from_dataset(tr, 64, shuffle=True, seed=0, transform=aug), TensorLoader.from_dataset(va, 128)
 
 
 def test_truncated_last_checkpoint_gives_one_actionable_line(tmp_path, glyphs):
@@ -208,16 +217,6 @@ def test_routing_layers_name_a_device_mismatch():
 def test_mid_epoch_checkpoint_resumes_exactly(tmp_path, glyphs):
     """Interrupted inside epoch 2 (after a mid-epoch checkpoint), the resumed run ends with the same weights
     and the same epoch records as the uninterrupted one: same batches, augmentations and random states."""
-    from capsule_lib.data.transforms import random_shift
-
-    tr, va = glyphs
-
-    def loaders():
-        aug = lambda b, g: (random_shift(b[0], 2, g), *b[1:])  # noqa: E731
-        return (
-            TensorLoader.from_dataset(tr, 64, shuffle=True, seed=0, transform=aug),
-            TensorLoader.from_dataset(va, 128),
-        )
 
     def trainer(out_dir, objective=None):
         t = _trainer(out_dir)
@@ -227,7 +226,7 @@ def test_mid_epoch_checkpoint_resumes_exactly(tmp_path, glyphs):
         return t
 
     straight = trainer(tmp_path / "a")
-    straight.fit(*loaders(), epochs=2)
+    straight.fit(*_shifted_loaders(glyphs), epochs=2)
 
     calls = {"n": 0}
     base = CapsuleObjective()
@@ -240,14 +239,14 @@ def test_mid_epoch_checkpoint_resumes_exactly(tmp_path, glyphs):
         return base(model, batch, train)
 
     with pytest.raises(KeyboardInterrupt):
-        trainer(tmp_path / "b", dies_in_epoch_2).fit(*loaders(), epochs=2)
+        trainer(tmp_path / "b", dies_in_epoch_2).fit(*_shifted_loaders(glyphs), epochs=2)
     saved = torch.load(tmp_path / "b" / "last.pt", weights_only=False)
     assert saved["epoch"] == 1 and saved["in_epoch"]["loader"]["batch"] == 2
     resumed = trainer(tmp_path / "b")
     torch.manual_seed(123)
     for p in resumed.model.parameters():  # everything must come from last.pt
         torch.nn.init.normal_(p)
-    resumed.fit(*loaders(), epochs=2)
+    resumed.fit(*_shifted_loaders(glyphs), epochs=2)
     for (k, p), q in zip(straight.model.state_dict().items(), resumed.model.state_dict().values()):
         torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-5, msg=k)
     for a, b in zip(straight.history.records, resumed.history.records):
@@ -330,26 +329,15 @@ def test_budget_stops_inside_an_epoch_and_a_larger_budget_goes_on_exactly(tmp_pa
     8 batches), records the weights reached as a validated partial epoch 1.5; the same budget again changes
     nothing; a later fit without budget trains on exactly as the uninterrupted run (same weights, same epoch
     records), its history keeping the partial record; best.pt always names a record of the history."""
-    from capsule_lib.data.transforms import random_shift
-
-    tr, va = glyphs
-
-    def loaders():
-        aug = lambda b, g: (random_shift(b[0], 2, g), *b[1:])  # noqa: E731
-        return (
-            TensorLoader.from_dataset(tr, 64, shuffle=True, seed=0, transform=aug),
-            TensorLoader.from_dataset(va, 128),
-        )
-
     straight = _trainer(tmp_path / "a")
-    straight.fit(*loaders(), epochs=2)
+    straight.fit(*_shifted_loaders(glyphs), epochs=2)
 
     ten_seconds_a_batch = _fake_clock_objective(monkeypatch)
 
     def budgeted(minutes):
         t = _trainer(tmp_path / "b")
         t.objective = ten_seconds_a_batch
-        return t, t.fit(*loaders(), epochs=2, budget_minutes=minutes)
+        return t, t.fit(*_shifted_loaders(glyphs), epochs=2, budget_minutes=minutes)
 
     t, hist = budgeted(1.0)
     assert [r["epoch"] for r in hist.records] == [1, 1.5]
@@ -368,10 +356,10 @@ def test_budget_stops_inside_an_epoch_and_a_larger_budget_goes_on_exactly(tmp_pa
     assert torch.load(tmp_path / "b" / "last.pt", weights_only=False)["in_epoch"]["loader"]["batch"] == 2
 
     with pytest.raises(ValueError, match=r"^budget_minutes must be > 0"):
-        _trainer(tmp_path / "c").fit(*loaders(), epochs=1, budget_minutes=0)
+        _trainer(tmp_path / "c").fit(*_shifted_loaders(glyphs), epochs=1, budget_minutes=0)
 
     resumed = _trainer(tmp_path / "b")
-    resumed.fit(*loaders(), epochs=2)
+    resumed.fit(*_shifted_loaders(glyphs), epochs=2)
     assert [r["epoch"] for r in resumed.history.records] == [1, 1.5, 2]
     assert resumed.history.meta["budget_minutes"] is None  # the latest call had no budget
     for (k, p), q in zip(straight.model.state_dict().items(), resumed.model.state_dict().values()):

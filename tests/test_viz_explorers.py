@@ -15,48 +15,27 @@ import torch  # noqa: E402
 from capsule_lib import RoutingTrace, capsule_lengths  # noqa: E402
 from capsule_lib.analysis import toy_votes  # noqa: E402
 from capsule_lib.data.generated import glyph_digits  # noqa: E402
-from capsule_lib.models import CapsNet, CapsNetConfig  # noqa: E402
 from capsule_lib.routing import dynamic_routing  # noqa: E402
 from capsule_lib.viz import capsules as vc  # noqa: E402
 from capsule_lib.viz import toy  # noqa: E402
 from capsule_lib.viz.explorers import capsule_routing_explorer, lengths_readout, perturbation_explorer  # noqa: E402
 from capsule_lib.viz.widgets import Explorer, explorer, figure_output, routing_explorer  # noqa: E402
 
-pytestmark = pytest.mark.usefixtures("readable_figures")  # figures readable at the book's size (conftest.py)
-
-torch.set_num_threads(1)
+#: figures readable at the book's size (conftest.py: readable_figures also closes them), one thread
+pytestmark = pytest.mark.usefixtures("readable_figures", "one_thread")
 
 GRID = (2, 6, 6)
 CLASSES = ["zero", "one", "two"]
 
 
-@pytest.fixture(autouse=True)
-def _close():
-    yield
-    plt.close("all")
-
-
 @pytest.fixture(scope="module")
-def run():
-    """A tiny CapsNet (2 primary types on a 6x6 grid, 3 classes of 4-D capsules) on 3 generated digits."""
+def run(tiny_capsnet):
+    """The tiny CapsNet (conftest.py) on 3 generated digits."""
     x, _ = glyph_digits(n=3, seed=1)
     images = x.float() / 255.0
-    torch.manual_seed(0)
-    model = CapsNet(
-        CapsNetConfig(
-            conv_channels=8,
-            primary_types=GRID[0],
-            primary_dim=4,
-            n_classes=3,
-            class_dim=4,
-            decoder_hidden=(16, 32),
-            init_std=2.0,
-            routing_bias=False,
-        )
-    ).eval()
     with torch.no_grad():
-        out = model(images, return_routing=True)
-    return model, images, out.poses, out.trace.detach()
+        out = tiny_capsnet(images, return_routing=True)
+    return tiny_capsnet, images, out.poses, out.trace.detach()
 
 
 def png(ex: Explorer) -> str:

@@ -22,7 +22,7 @@ from capsule_lib import RoutingTrace, capsule_lengths, squash_efficient  # noqa:
 from capsule_lib.analysis import toy_votes  # noqa: E402
 from capsule_lib.data.datasets import ImageDataset  # noqa: E402
 from capsule_lib.data.generated import glyph_digits  # noqa: E402
-from capsule_lib.models import CapsNet, CapsNetConfig, EfficientCapsNet, EfficientCapsNetConfig  # noqa: E402
+from capsule_lib.models import EfficientCapsNet, EfficientCapsNetConfig  # noqa: E402
 from capsule_lib.routing import dynamic_routing  # noqa: E402
 from capsule_lib.train import History  # noqa: E402
 from capsule_lib.viz import capsules as vc  # noqa: E402
@@ -30,19 +30,12 @@ from capsule_lib.viz import data as vd  # noqa: E402
 from capsule_lib.viz import plots, toy  # noqa: E402
 from capsule_lib.viz.data import to_display  # noqa: E402
 
-pytestmark = pytest.mark.usefixtures("readable_figures")  # figures readable at the book's size (conftest.py)
-
-torch.set_num_threads(1)
+#: figures readable at the book's size (conftest.py: readable_figures also closes them), one thread
+pytestmark = pytest.mark.usefixtures("readable_figures", "one_thread")
 
 GRID = (2, 6, 6)  # primary capsule grid of the tiny CapsNet: 2 types x 6x6 (28 -9+1 = 20 -> (20-9)//2+1 = 6)
 CLASSES = ["zero", "one", "two"]
 ORANGE, BLUE = to_rgba("tab:orange"), to_rgba("tab:blue")
-
-
-@pytest.fixture(autouse=True)
-def _close():
-    yield
-    plt.close("all")
 
 
 # ------------------------------------------------------------------------------------------- fixtures
@@ -53,20 +46,8 @@ def images():
 
 
 @pytest.fixture(scope="module")
-def capsnet(images):
-    torch.manual_seed(0)
-    model = CapsNet(
-        CapsNetConfig(
-            conv_channels=8,
-            primary_types=GRID[0],
-            primary_dim=4,
-            n_classes=3,
-            class_dim=4,
-            decoder_hidden=(16, 32),
-            init_std=2.0,
-            routing_bias=False,
-        )
-    ).eval()
+def capsnet(images, tiny_capsnet):
+    model = tiny_capsnet
     assert model.config.n_primary == GRID[0] * GRID[1] * GRID[2]
     with torch.no_grad():
         out = model(images, return_routing=True)
