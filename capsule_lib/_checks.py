@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import operator
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Sequence
 from typing import Any, TypeVar
 
 import torch
@@ -216,7 +216,7 @@ def check_iterations(iterations: int, name: str = "iterations") -> int:
     return n
 
 
-def check_choice(value: Any, options: Iterable[Any], name: str) -> Any:
+def check_choice(value: Any, options: Collection[Any], name: str) -> Any:
     """The one check of an option chosen by name: ``value`` when it is one of ``options``, else one line naming
     them (``options`` as given, e.g. ``sorted(KINDS)``)."""
     if value not in options:

@@ -47,12 +47,11 @@ def images():
 
 @pytest.fixture(scope="module")
 def capsnet(images, tiny_capsnet):
-    model = tiny_capsnet
-    assert model.config.n_primary == GRID[0] * GRID[1] * GRID[2]
+    assert tiny_capsnet.config.n_primary == GRID[0] * GRID[1] * GRID[2]
     with torch.no_grad():
-        out = model(images, return_routing=True)
-        primary_lengths = capsule_lengths(model.primary_capsules(images))  # [4, 72]
-    return model, out, out.trace.detach(), primary_lengths
+        out = tiny_capsnet(images, return_routing=True)
+        primary_lengths = capsule_lengths(tiny_capsnet.primary_capsules(images))  # [4, 72]
+    return tiny_capsnet, out, out.trace.detach(), primary_lengths
 
 
 @pytest.fixture(scope="module")
