@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make test`: the project's whole check, in four steps (see book/appendix/building.md).
+# `make test`: the project's whole check, in five steps (see book/appendix/building.md).
 #
 #   0. lint          ruff check . && ruff format --check .   (configured in pyproject.toml)
 #   1. unit tests    pytest -n JOBS --dist loadfile tests   (pytest-xdist: one worker per core, each test file on one
@@ -13,13 +13,18 @@
 #                    book/_ext/offline_book.py if a page would fetch from the network), then book/_tools/screenshots.py
 #                    opens every page in Chromium (no request may leave the machine, math typeset, images/widgets
 #                    rendered, tables and figures within the content column; screenshots in _build/screenshots)
+#   4. no-data path  the reader's first run: a fresh machine without data, after a build that tried to download
+#                    MNIST and failed (torchvision leaves an empty mnist/MNIST/raw/). The real-data tests
+#                    (pytest -m realdata: every test that takes the real_data fixture) run on a temporary data root
+#                    holding that debris and must all skip, saying why (seconds)
 #
 # Every step runs even if an earlier one failed, so one run shows every problem; the exit status is non-zero
 # if any step failed. Logs go to _build/test-logs/; the step and notebook times to _build/test-logs/ci_times.json
 # (benchmarks/ci_times.py adds a clean-clone run's to benchmarks/results/ci_times.json). The last line printed is
 # the unit tests' pytest summary line (step 1), so CI parsers read the unit-test counts last.
 #
-# Environment (exported by the Makefile): CAPSULE_DATA (data root). If it holds no MNIST, CAPSULE_OFFLINE=1
+# Environment (exported by the Makefile): CAPSULE_DATA (data root). If it holds no real MNIST (as its files say:
+# capsule_lib.data.find_real_data, the one answer the library and the tests' real_data fixture use), CAPSULE_OFFLINE=1
 # is set here so every chapter runs on generated stand-ins (and says so). JOBS: parallel jobs (default: the CPUs).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -33,7 +38,8 @@ T_START=$SECONDS
 
 : "${CAPSULE_DATA:=$ROOT/data}"
 export CAPSULE_DATA
-if ! compgen -G "$CAPSULE_DATA/mnist/MNIST/raw/train-images-idx3-ubyte*" >/dev/null; then
+if ! python -c 'import sys; from capsule_lib.data import find_real_data; sys.exit(not find_real_data("mnist", sys.argv[1]))' \
+    "$CAPSULE_DATA" 2>/dev/null; then
     export CAPSULE_OFFLINE=1
     echo "make test: no MNIST under $CAPSULE_DATA -> CAPSULE_OFFLINE=1 (generated stand-in data)"
 else
@@ -81,11 +87,28 @@ build_book() {
 
 lint() { ruff check . && ruff format --check .; }
 
+no_data_path() {
+    local root rc=0 log
+    root=$(mktemp -d) && mkdir -p "$root/mnist/MNIST/raw" || return 1
+    # shellcheck disable=SC2046  # the test files that use the real_data fixture, one word each
+    log=$(CAPSULE_DATA="$root" python -m pytest -q -rs -p no:cacheprovider -m realdata \
+        $(grep -l "real_data" tests/test_*.py) 2>&1) || rc=1
+    rm -rf "$root"
+    echo "$log"
+    [ $rc = 0 ] || return 1
+    if ! tail -n 1 <<<"$log" | grep -Eq '^[0-9]+ skipped(, [0-9]+ deselected)? in '; then
+        echo "no-data path: the real-data tests must all skip on a data root without MNIST"
+        return 1
+    fi
+    grep -q "real MNIST not present under CAPSULE_DATA=" <<<"$log" || { echo "no-data path: no skip reason"; return 1; }
+}
+
 run_step "0 lint (ruff check, ruff format --check)" "$LOGS/0-lint.log" lint
 run_step "1 unit tests (pytest -n $JOBS)" "$LOGS/1-pytest.log" python -m pytest -n "$JOBS" --dist loadfile tests
 run_step "2 notebooks (book + offline paths)" "$LOGS/2-notebooks.log" \
     python book/_tools/execute.py --jobs "$JOBS" --times "$LOGS/notebook_times.json"
 run_step "3 book build (--all -W -n --keep-going)" "$LOGS/3-book.log" build_book
+run_step "4 no-data path (real-data tests skip)" "$LOGS/4-no-data.log" no_data_path
 TOTAL=$((SECONDS - T_START))
 
 echo

@@ -72,11 +72,24 @@ def tiny_capsnet():
     return CapsNet(config).eval()
 
 
+def pytest_collection_modifyitems(config, items):
+    """Every test that takes the ``real_data`` fixture is marked ``realdata`` (``make test`` runs them once more on
+    an empty data root, where they must skip: ``pytest -m realdata``)."""
+    for item in items:
+        if "real_data" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.realdata)
+
+
 @pytest.fixture
 def real_data() -> Path:
-    """The data root ($CAPSULE_DATA, else data/) when it holds real MNIST; skip otherwise."""
-    if not (REAL_DATA / "mnist" / "MNIST" / "raw").exists():
-        pytest.skip(f"real MNIST not present under CAPSULE_DATA={REAL_DATA}")
+    """The data root ($CAPSULE_DATA, else data/) when it holds the real MNIST, as its files say
+    (:func:`capsule_lib.data.find_real_data`: names and sizes, not a folder that a failed download left); skip
+    otherwise, saying why."""
+    from capsule_lib.data import find_real_data
+
+    found = find_real_data("mnist", REAL_DATA)
+    if not found:
+        pytest.skip(f"real MNIST not present under CAPSULE_DATA={REAL_DATA}: {found.problem}")
     return REAL_DATA
 
 

@@ -11,6 +11,7 @@ from .affine_mnist import make_affine_mnist
 from .affnist import center_pad, random_place, read_affnist_mat
 from .datasets import (DatasetUnavailableError, ImageDataset, available_datasets, data_root, get_dataset, repository_root,
                        STANDINS, DataSource, read_idx, register_dataset, train_val_indices)
+from .files import RealData, find_real_data
 from .generated import colour_shapes, glyph_digits
 from .loaders import TensorLoader
 from .multimnist import MultiMNISTLoader, make_multimnist, overlap_stats
@@ -20,7 +21,7 @@ from .smallnorb import (EfficientNorbTransform, NorbFormatError, channel_stats, 
 
 __all__ = [
     "DatasetUnavailableError", "ImageDataset", "available_datasets", "data_root", "repository_root", "get_dataset",
-    "DataSource",
+    "DataSource", "find_real_data", "RealData",
     "read_idx", "register_dataset", "train_val_indices", "STANDINS", "glyph_digits", "colour_shapes",
     "TensorLoader", "MultiMNISTLoader", "make_multimnist", "overlap_stats", "make_affine_mnist", "read_affnist_mat", "center_pad", "random_place",
     "render_norb_like", "viewpoint_split", "read_norb_matrix", "write_norb_matrix", "NorbFormatError",

@@ -1,8 +1,10 @@
 """``get_dataset(name, root, split, ...)``: one entry point for real and generated datasets.
 
 Real datasets live under one data root (``root`` argument, else the repository's ``data/``, else ``./data``),
-one sub-folder per dataset, e.g. ``<root>/mnist/MNIST/raw/*.gz`` (torchvision's layout). Missing files are
-downloaded with torchvision when the network allows (never with ``offline=True``); otherwise a
+one sub-folder per dataset, e.g. ``<root>/mnist/MNIST/raw/*.gz`` (torchvision's layout; which files are there is
+decided from the files themselves by :func:`~capsule_lib.data.files.find_real_data`). Missing files are
+downloaded with torchvision when the network allows (never with ``offline=True``), through a temporary folder, so
+a failed download leaves the data root as it was; otherwise a
 :class:`DatasetUnavailableError` says which dataset is missing, the command that fetches it, and the offline
 alternative (generated stand-in data). This module reads no environment variable: a chapter's
 :func:`capsule_lib.notebook.settings` (``CAPSULE_DATA``, ``CAPSULE_OFFLINE``) and the command line pass the data
@@ -21,6 +23,7 @@ import numpy as np
 import torch
 
 from .._checks import check_choice
+from .files import download_into, download_reason, find_real_data, permission_denied
 
 __all__ = [
     "ImageDataset", "DatasetUnavailableError", "get_dataset", "register_dataset", "available_datasets",
@@ -260,6 +263,10 @@ def get_dataset(
     folder = data_root(source.root)
     try:
         return _REGISTRY[key](folder, split, download and not offline, **kwargs)
+    except PermissionError as err:  # an unreadable folder or file: one line, whichever reader met it
+        if err.errno is None:  # already said in one line (read_idx)
+            raise
+        raise permission_denied(err, folder) from None
     except DatasetUnavailableError as err:
         if not allow:
             raise
@@ -283,10 +290,9 @@ def get_dataset(
 def unavailable(dataset: str, where: Path, script: str, reason: str = "") -> DatasetUnavailableError:
     why = f" ({reason})" if reason else ""
     return DatasetUnavailableError(
-        f"{dataset} is not in {where} and could not be downloaded{why}. "
-        f"Fetch it on a machine with internet with `python data_scripts/{script} --root {where.parent}` "
-        f"(or point CAPSULE_DATA / DATA_ROOT at a folder that has it), "
-        f"or run offline (CAPSULE_OFFLINE=1 for the chapters, offline=True here) on generated stand-in data."
+        f"{dataset} is not in {where} and could not be downloaded{why}. Fetch it where there is internet "
+        f"(`python data_scripts/{script} --root {where.parent}`), point CAPSULE_DATA / DATA_ROOT at it, "
+        f"or run offline on generated stand-ins (CAPSULE_OFFLINE=1, offline=True)."
     )
 
 
@@ -316,7 +322,9 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
     try:
         with opener(p, "rb") as f:
             data = f.read()
-    except (EOFError, OSError, gzip.BadGzipFile) as e:  # truncated download, not gzip, unreadable
+    except PermissionError as e:  # not damaged: this user may not read it
+        raise permission_denied(e, p) from None
+    except (EOFError, OSError, gzip.BadGzipFile) as e:  # truncated download, not gzip
         raise ValueError(f"{p}: corrupt or truncated file ({type(e).__name__}: {e}); delete it and fetch it again "
                          f"(python data_scripts/mnist.py --root <data root> verifies checksums)") from None
     if len(data) < 4:
@@ -338,25 +346,22 @@ _MNIST_FILES = {
 }
 
 
-def _find(raw: Path, stem: str) -> Path | None:
-    for cand in (raw / stem, raw / f"{stem}.gz"):
-        if cand.exists():
-            return cand
-    return None
-
-
-def _torchvision_mnist_like(cls_name: str, folder: Path, root: Path, dataset: str, script: str,
-                            download: bool) -> None:
-    """Download with torchvision into ``folder`` or raise a clear error."""
+def _torchvision_mnist_like(cls_name: str, folder: Path, dataset: str, script: str, download: bool) -> None:
+    """Download with torchvision into ``folder`` (through a temporary folder: a failed download leaves nothing
+    behind) or raise a clear error."""
     if not download:
         raise unavailable(dataset, folder, script, "offline, or download=False")
-    try:
+
+    def fetch(tmp: Path) -> None:
         import torchvision.datasets as tvd
 
-        getattr(tvd, cls_name)(str(folder), train=True, download=True)
-        getattr(tvd, cls_name)(str(folder), train=False, download=True)
+        getattr(tvd, cls_name)(str(tmp), train=True, download=True)
+        getattr(tvd, cls_name)(str(tmp), train=False, download=True)
+
+    try:
+        download_into(folder, fetch)
     except Exception as e:  # network errors come in many types
-        raise unavailable(dataset, folder, script, f"{type(e).__name__}: {e}".strip()[:200]) from e
+        raise unavailable(dataset, folder, script, download_reason(e)) from e
 
 
 def _load_mnist_like(dataset: str, sub: str, cls_name: str, classes: list[str], script: str):
@@ -366,12 +371,16 @@ def _load_mnist_like(dataset: str, sub: str, cls_name: str, classes: list[str], 
         raw = folder / cls_name / "raw"
         part = "test" if split == "test" else "train"
         img_stem, lab_stem = _MNIST_FILES[part]
-        if _find(raw, img_stem) is None or _find(raw, lab_stem) is None:
-            _torchvision_mnist_like(cls_name, folder, root, dataset, script, download)
-        x = torch.from_numpy(read_idx(_find(raw, img_stem)).copy()).unsqueeze(1)  # [N, 1, 28, 28] uint8
-        y = torch.from_numpy(read_idx(_find(raw, lab_stem)).astype(np.int64))  # [N]
+        files = find_real_data(dataset, root).files  # the one look at what the data root holds
+        if img_stem not in files or lab_stem not in files:
+            _torchvision_mnist_like(cls_name, folder, dataset, script, download)
+            files = find_real_data(dataset, root).files
+            if img_stem not in files or lab_stem not in files:
+                raise unavailable(dataset, folder, script, "the download left no files")
+        x = torch.from_numpy(read_idx(files[img_stem]).copy()).unsqueeze(1)  # [N, 1, 28, 28] uint8
+        y = torch.from_numpy(read_idx(files[lab_stem]).astype(np.int64))  # [N]
         if x.shape[0] != y.shape[0]:
-            raise ValueError(f"{_find(raw, img_stem)} has {x.shape[0]} images but {_find(raw, lab_stem)} has "
+            raise ValueError(f"{files[img_stem]} has {x.shape[0]} images but {files[lab_stem]} has "
                              f"{y.shape[0]} labels; the files do not belong together. Delete them and fetch them "
                              f"again (python data_scripts/{script} --root <data root> verifies checksums)")
         if part == "train":
@@ -451,10 +460,11 @@ def _load_cifar(dataset: str, sub: str, cls_name: str, script: str, n_classes: i
             except Exception:
                 if not download:
                     raise unavailable(dataset, folder, script, "offline, or download=False") from None
-                try:
-                    ds = getattr(tvd, cls_name)(str(folder), train=(part == "train"), download=True)
+                try:  # through a temporary folder: a failed download leaves nothing behind
+                    make = getattr(tvd, cls_name)
+                    ds = download_into(folder, lambda tmp: make(str(tmp), train=(part == "train"), download=True))
                 except Exception as e:
-                    raise unavailable(dataset, folder, script, f"{type(e).__name__}: {e}"[:200]) from e
+                    raise unavailable(dataset, folder, script, download_reason(e)) from e
             got = (torch.from_numpy(ds.data).permute(0, 3, 1, 2).contiguous(),
                    torch.tensor(ds.targets, dtype=torch.int64), {})
         x, y, extra = got
