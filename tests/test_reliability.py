@@ -5,15 +5,19 @@ at test time; ``predict``'s side effects; one-line errors that say what to do.""
 from __future__ import annotations
 
 import gzip
+import json
 import re
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 import capsule_lib.data as D
-from capsule_lib.data import DatasetUnavailableError, get_dataset, read_idx
-from capsule_lib.models import CapsNetConfig
+from capsule_lib.data import DatasetUnavailableError, TensorLoader, get_dataset, read_idx
+from capsule_lib.losses import CapsuleObjective
+from capsule_lib.models import CapsNet, CapsNetConfig
+from capsule_lib.train import RunMismatchError, Trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -217,3 +221,108 @@ def test_an_unreadable_data_folder_or_file_is_named_with_the_fix_not_called_corr
             get_dataset("mnist", tmp_path, "test", offline=True)
         msg = str(e.value)
         assert "permission denied" in msg and "chmod" in msg and "\n" not in msg and "[Errno" not in msg
+
+
+# ------------------------------------------------------------------------------------------------ resumes
+def test_a_loader_resumed_with_another_batch_size_sees_every_image_once():
+    """A mid-epoch checkpoint stored a batch index; the resumed loader applied it to its own batch size: after 5
+    batches of 64, batches of 32 repeated 160 images and batches of 128 skipped 320."""
+    data = torch.arange(1000)
+
+    def seen_after_resume(batch_size):
+        first = TensorLoader([data], 64, shuffle=True, seed=3)
+        first.set_epoch(1)
+        it = iter(first)
+        seen = [next(it)[0] for _ in range(5)]
+        state = first.state()
+        again = TensorLoader([data], batch_size, shuffle=True, seed=3)
+        again.set_epoch(1)
+        again.resume_at(state)
+        return torch.cat(seen + [b[0] for b in again])
+
+    assert sorted(seen_after_resume(32).tolist()) == list(range(1000))
+    assert sorted(seen_after_resume(64).tolist()) == list(range(1000))
+    with pytest.raises(ValueError, match=r"^the checkpoint stopped inside epoch 2 after 320 images \(5 batches of 64"):
+        seen_after_resume(128)
+
+
+@pytest.fixture(scope="module")
+def glyphs():
+    return get_dataset("glyph_digits", split="train", n=256), get_dataset("glyph_digits", split="val", n=64)
+
+
+def _trainer(out_dir, objective=None, **kw):
+    torch.manual_seed(0)
+    model = CapsNet(TINY)
+    opt = torch.optim.Adam(model.parameters(), 1e-3)
+    objective = objective or CapsuleObjective()
+    return Trainer(model, objective, opt, device="cpu", out_dir=out_dir, progress=False, **kw)
+
+
+class _Counting:
+    """The capsule objective, counting the training images it sees and raising KeyboardInterrupt at batch ``stop``."""
+
+    def __init__(self, stop=None):
+        self.inner, self.stop, self.batches, self.images = CapsuleObjective(), stop, 0, 0
+
+    def __call__(self, model, batch, train):
+        if train:
+            self.batches += 1
+            if self.batches == self.stop:
+                raise KeyboardInterrupt
+            self.images += batch[0].shape[0]
+        return self.inner(model, batch, train)
+
+
+def test_a_trainer_resumed_inside_an_epoch_with_another_batch_size_finishes_it_without_skipping(tmp_path, glyphs):
+    tr, va = glyphs
+    val = TensorLoader.from_dataset(va, 64)
+
+    def loader(batch_size):
+        return TensorLoader.from_dataset(tr, batch_size, shuffle=True, seed=0)
+
+    t = _trainer(tmp_path, _Counting(stop=8), checkpoint_minutes=0.0)  # 4 batches of 64 an epoch
+    with pytest.raises(KeyboardInterrupt):
+        t.fit(loader(64), val, epochs=2)  # epoch 2 stops after 3 batches (192 images)
+    with pytest.raises(ValueError, match=r"last\.pt: the checkpoint stopped inside epoch 2 after 192 images"):
+        _trainer(tmp_path).fit(loader(128), val, epochs=2)
+    count = _Counting()
+    resumed = _trainer(tmp_path, count)
+    resumed.fit(loader(32), val, epochs=2)
+    assert count.images == 64 and count.batches == 2 and resumed.epoch == 2
+
+
+def test_a_trainer_used_directly_records_its_data_and_never_resumes_onto_other_images(tmp_path, glyphs):
+    """Only train() recorded the data fingerprint: a Trainer used directly resumed onto other images of the same
+    count."""
+    tr, va = glyphs
+    other = get_dataset("glyph_digits", split="train", n=256, seed=1)
+    val = TensorLoader.from_dataset(va, 64)
+    t = _trainer(tmp_path)
+    t.fit(TensorLoader.from_dataset(tr, 64), val, epochs=1)
+    assert t.history.meta["data_fingerprint"] == tr.fingerprint()
+    with pytest.raises(RunMismatchError, match=r"belongs to a different run \(data_fingerprint: "):
+        _trainer(tmp_path).fit(TensorLoader.from_dataset(other, 64), val, epochs=2)
+    same = _trainer(tmp_path)
+    same.fit(TensorLoader.from_dataset(tr, 64), val, epochs=2)
+    assert same.epoch == 2
+
+
+def test_a_resume_with_another_thread_count_is_recorded_and_said(tmp_path, glyphs, capsys):
+    """CPU results depend on the thread count: a run resumed with another one is not the uninterrupted run. The
+    history said nothing ("1 threads"); now it records from which epoch on the count changed, and says so."""
+    tr, va = glyphs
+    tl, vl = TensorLoader.from_dataset(tr, 64), TensorLoader.from_dataset(va, 64)
+    _trainer(tmp_path).fit(tl, vl, epochs=1)
+    torch.set_num_threads(2)
+    try:
+        t = _trainer(tmp_path)
+        t.fit(tl, vl, epochs=2)
+    finally:
+        torch.set_num_threads(1)
+    assert t.history.meta["threads"] == 1
+    assert t.history.meta["thread_changes"] == [{"from_epoch": 2, "threads": 2}]
+    assert "with 2 threads (the run had 1)" in capsys.readouterr().out
+    assert json.loads((tmp_path / "history.json").read_text())["meta"]["thread_changes"] == [
+        {"from_epoch": 2, "threads": 2}
+    ]

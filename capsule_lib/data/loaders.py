@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from .datasets import data_fingerprint
 
 __all__ = ["TensorLoader"]
 
@@ -74,16 +75,36 @@ class TensorLoader:
         n = self._n_local()
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
-    def state(self) -> dict[str, Any]:
-        """Where the current epoch's iteration is: epoch, batches done, and the shuffling/augmentation
-        generator's state (saved in mid-epoch checkpoints)."""
-        gen = self._generator.get_state() if self._generator is not None else None
-        return {"epoch": self.epoch, "batch": self.position, "generator": gen}
+    def fingerprint(self) -> str:
+        """The content fingerprint of the data this loader serves (:func:`~capsule_lib.data.datasets.data_fingerprint`
+        of its first two tensors, images and labels): what a run records so that it never resumes onto other data."""
+        labels = self.tensors[1] if len(self.tensors) > 1 else self.tensors[0][:0]
+        return data_fingerprint(self.tensors[0], labels)
 
-    def resume_at(self, state: dict[str, Any]) -> None:
-        """Make the next iteration of epoch ``state["epoch"]`` start after ``state["batch"]`` batches, with the
-        generator as it was there: the remaining batches are exactly those of an uninterrupted epoch."""
-        self._start = state
+    def state(self) -> dict[str, Any]:
+        """Where the current epoch's iteration is: epoch, batches done and their size, and the
+        shuffling/augmentation generator's state (saved in mid-epoch checkpoints)."""
+        gen = self._generator.get_state() if self._generator is not None else None
+        return {"epoch": self.epoch, "batch": self.position, "batch_size": self.batch_size, "generator": gen}
+
+    def resume_at(self, state: dict[str, Any]) -> int:
+        """Make the next iteration of epoch ``state["epoch"]`` start where ``state`` stopped, with the generator as it
+        was there: the remaining batches are exactly those of an uninterrupted epoch. Stopped after ``b`` batches of
+        another size ``s`` (a recipe resumed with another ``batch_size``), it starts after the same ``b * s`` images
+        (batch ``b * s / batch_size``), so none is skipped or seen twice; where ``batch_size`` does not divide
+        ``b * s`` no batch starts there, and a one-line ``ValueError`` says what to do. Returns the batch it starts
+        at."""
+        done, size = int(state["batch"]), int(state.get("batch_size", self.batch_size))  # older states: this size
+        images = done * size
+        if images % self.batch_size:
+            raise ValueError(
+                f"the checkpoint stopped inside epoch {int(state['epoch']) + 1} after {images} images ({done} batches "
+                f"of {size}); batches of {self.batch_size} cannot go on from there without skipping or repeating "
+                f"images: finish this epoch with batch_size={size} (or one that divides {images}) and change it "
+                f"afterwards, or start afresh"
+            )
+        self._start = {**state, "batch": images // self.batch_size}
+        return images // self.batch_size
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
         n = self.tensors[0].shape[0]

@@ -30,7 +30,15 @@ import torch
 import torch.nn.functional as F
 
 from .._checks import check_choice
-from .datasets import _REGISTRY, DatasetUnavailableError, ImageDataset, _check_split, register_dataset, unavailable
+from .datasets import (
+    _REGISTRY,
+    DatasetUnavailableError,
+    ImageDataset,
+    _check_split,
+    data_fingerprint,
+    register_dataset,
+    unavailable,
+)
 from .loaders import TensorLoader
 from .transforms import shift_images
 
@@ -285,6 +293,10 @@ class MultiMNISTLoader:
                 ),
             )
         return self._cache[1]
+
+    def fingerprint(self) -> str:
+        """The content fingerprint of the source digits the pairs are made of (what a run records)."""
+        return data_fingerprint(self.source.images, self.source.labels)
 
     def __len__(self) -> int:
         rank, world = self.shard.get("rank", 0), self.shard.get("world_size", 1)

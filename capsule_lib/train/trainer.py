@@ -24,9 +24,7 @@ import torch
 from torch import nn
 
 from ..distributed import DistInfo, all_reduce_sums
-from ..losses import (
-    StepOutput,
-)
+from ..losses import StepOutput
 from .checkpoint import History, RunMismatchError, _atomic_save, _load_checkpoint
 
 __all__ = ["seed_everything", "select_device", "Trainer", "TrainingInterrupted"]
@@ -102,8 +100,12 @@ class Trainer:
     * Resuming with a different recipe (``meta["config"]``) is allowed and recorded in
       ``history.meta["changes"]`` as ``{"from_epoch": ..., "config": ...}``. Resuming a *different run* is
       not: ``last.pt`` stores the run's identity (:meth:`identity`: recipe, dataset, number of training
-      images, stand-in or real data, seed, model configuration) and :meth:`fit` refuses, in one line, to
-      continue a run whose identity differs (use another ``out_dir`` or ``resume=False``).
+      images, stand-in or real data, seed, model configuration, and the training data's content fingerprint, taken
+      from the training loader's ``fingerprint()`` when the caller's ``meta`` has none) and :meth:`fit` refuses, in
+      one line, to continue a run whose identity differs (use another ``out_dir`` or ``resume=False``).
+    * A mid-epoch checkpoint resumed with another batch size goes on from the same image (none skipped or seen
+      twice), or refuses in one line. A resume with another thread count goes on, says so and is recorded
+      (``meta["thread_changes"]``): CPU results depend on it, so the run is not the uninterrupted one exactly.
     * :meth:`finish` evaluates the test split **once**, after :meth:`load_best`, and records it in
       ``history.meta["test"]``; the recipes pass no test loader to :meth:`fit`, so no per-epoch test curve
       exists to be looked at while a run is steered.
@@ -271,11 +273,16 @@ class Trainer:
             self._writes and not self.dist.distributed and hasattr(loader, "state") and hasattr(loader, "resume_at")
         )
         done, self._in_epoch = self._in_epoch, None
+        first = 0
         if done is not None and resumable:  # finish an epoch interrupted after a mid-epoch checkpoint
-            loader.resume_at(done["loader"])
+            try:
+                started = loader.resume_at(done["loader"])  # the same images done, whatever the batch size now
+            except ValueError as e:
+                raise ValueError(f"{self.out_dir / 'last.pt'}: {e}") from None
+            first = done["loader"]["batch"] if started is None else started
             sums, loss_sum, correct, n = dict(done["sums"]), done["loss_sum"], done["correct"], done["n"]
         self._last_save = time.time()
-        total = len(loader) - (done["loader"]["batch"] if done is not None and resumable else 0)
+        total = len(loader) - first
         bar = self._bar(loader, total, f"epoch {self.epoch + 1}")
         for batch in bar:
             batch = tuple(b.to(self.device) for b in batch)
@@ -390,6 +397,8 @@ class Trainer:
             raise ValueError(f"budget_minutes must be > 0 (or None for no budget), got {budget_minutes}")
         if budget_minutes is not None and self.dist.distributed:  # each rank would stop at its own batch
             raise ValueError("budget_minutes applies to single-process runs; under torchrun, limit epochs instead")
+        self._record_data(train_loader)
+        resumed = False
         if self.out_dir is not None:
             if self._writes:
                 self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -423,6 +432,7 @@ class Trainer:
         self.history.meta.setdefault("device", str(self.device))
         self.history.meta.setdefault("seed", self.seed)
         self.history.meta.setdefault("amp", self.amp)
+        self._record_threads(resumed)
         self._trained_now = self.epoch < epochs
         if not self._trained_now:
             self._say(f"{self.out_dir or 'run'}: already finished ({self.epoch} of {epochs} epochs); nothing to train")
@@ -433,6 +443,27 @@ class Trainer:
         with stop:
             self._fit_epochs(train_loader, val_loader, test_loader, epochs)
         return self.history
+
+    def _record_data(self, loader: Any) -> None:
+        """The training data's fingerprint in the run's identity (a resume onto other images is refused), from the
+        loader's ``fingerprint()`` when ``meta`` has none; a loader without one (a stream) records none."""
+        if self._meta.get("data_fingerprint") is None and callable(getattr(loader, "fingerprint", None)):
+            self._meta["data_fingerprint"] = loader.fingerprint()
+            self.history.meta.setdefault("data_fingerprint", self._meta["data_fingerprint"])
+
+    def _record_threads(self, resumed: bool) -> None:
+        """torch's thread count in ``meta["threads"]``; a resume with another count (CPU sums in another order) goes
+        on, says so and records it in ``meta["thread_changes"]`` (``{"from_epoch": ..., "threads": ...}``)."""
+        threads, meta = torch.get_num_threads(), self.history.meta
+        recorded = (meta.get("thread_changes") or [{"threads": meta.get("threads")}])[-1]["threads"]
+        meta.setdefault("threads", threads)
+        if resumed and recorded is not None and recorded != threads:
+            meta.setdefault("thread_changes", []).append({"from_epoch": self.epoch + 1, "threads": threads})
+            self._say(
+                f"{self.out_dir / 'last.pt'}: resuming with {threads} threads (the run had {recorded}); CPU results "
+                f"depend on the thread count, so this run does not repeat the uninterrupted one exactly (recorded in "
+                f"history.meta['thread_changes'])"
+            )
 
     def _say(self, line: str) -> None:
         """A one-line status message (rank 0 only)."""
