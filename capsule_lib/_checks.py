@@ -22,6 +22,8 @@ __all__ = [
     "check_images",
     "check_image_values",
     "module_device",
+    "device_available",
+    "check_device",
     "check_poses",
     "check_activations",
     "check_iterations",
@@ -160,6 +162,35 @@ def module_device(model: torch.nn.Module) -> torch.device:
     for t in (*model.parameters(), *model.buffers()):
         return t.device
     return torch.device("cpu")
+
+
+def device_available(device: torch.device) -> bool:
+    """Whether this machine has ``device``: the CPU always; ``cuda`` / ``cuda:N`` and ``mps`` when torch sees them."""
+    if device.type == "cuda":
+        return torch.cuda.is_available() and (device.index is None or device.index < torch.cuda.device_count())
+    if device.type == "mps":
+        return getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
+    return device.type == "cpu"
+
+
+def check_device(device: str | torch.device, name: str, what: str = "device") -> torch.device:
+    """``device`` as a :class:`torch.device` this machine has, else one line (``name: what ...``) naming the problem
+    and what to use instead (torch's own errors name neither: ``"gpu"`` gets a list of 20 device types, a missing
+    CUDA surfaces later as a deep error or an advice to move the model there)."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(
+            f"{name}: {what} {device!r} is not a device name; use 'cpu', 'cuda', 'cuda:N' or 'mps'"
+        ) from None
+    if not device_available(dev):
+        if dev.type == "cuda":
+            n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            why = f"torch sees {n} CUDA device(s)" if n else "torch sees no CUDA GPU"
+        else:
+            why = f"torch has no {dev.type} backend here"
+        raise ValueError(f"{name}: {what} {str(device)!r} is not available on this machine ({why}); use 'cpu'")
+    return dev
 
 
 def check_poses(poses: torch.Tensor, pose_size: int, spec: str, dims: int) -> None:

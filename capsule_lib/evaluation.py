@@ -11,7 +11,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ._checks import check_image_range, check_image_values, module_device
+from ._checks import check_device, check_image_range, check_image_values, module_device
+from .data.datasets import check_labels
 from .routing.em import _check_em_inputs, _lambdas, em_routing
 
 __all__ = [
@@ -37,7 +38,8 @@ def predict(
     progress: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Run ``model`` over ``images`` (``uint8`` or float ``[N, C, H, W]``, a tensor or a NumPy array) in batches, in
-    eval mode.
+    eval mode; the model is given back in the mode it was in (a training loop that calls ``predict`` goes on with
+    dropout), each submodule's as it was.
 
     The batches are moved to ``device`` (default: the device of the model's parameters). The model itself is
     never moved: if ``device`` differs from the model's device, a one-line :class:`ValueError` says so.
@@ -61,20 +63,37 @@ def predict(
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise ValueError(f"{name}: batch_size must be a positive integer, got {batch_size!r}")
     here = module_device(model)
-    device = here if device is None else torch.device(device)
+    device = here if device is None else check_device(device, name)
     if device.type != here.type or (device.index is not None and here.index is not None and device != here):
         raise ValueError(
             f"predict: the model is on {here} but device={str(device)!r}; move the model first "
             f"(model.to({str(device)!r})) or leave device unset"
         )
-    contract = getattr(model, "input_contract", None)
+    modes = [(m, m.training) for m in model.modules()]
     model.eval()
+    try:
+        scores, poses = _predict_batches(model, images, batch_size, device, keep_poses, progress, name)
+    finally:  # the model's own train() first (it may do more than set flags), then each submodule's mode as it was
+        model.train(modes[0][1])
+        for m, training in modes:
+            m.training = training
+    res = {"scores": torch.cat(scores)}
+    if poses:
+        res["poses"] = torch.cat(poses)
+    return res
+
+
+def _predict_batches(
+    model: nn.Module, images: torch.Tensor, batch_size: int, device: torch.device, keep: bool, progress: bool, name: str
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """:func:`predict`'s loop: each batch on ``device``, its values checked, its scores (and poses) on the CPU."""
+    contract = getattr(model, "input_contract", None)
     scores, poses = [], []
     rng = range(0, images.shape[0], batch_size)
     if progress:
-        from ._progress import progress
+        from ._progress import progress as bar
 
-        rng = progress(rng, desc="predict")
+        rng = bar(rng, desc="predict")
     for lo in rng:
         x = images[lo : lo + batch_size].to(device)
         x = x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
@@ -85,16 +104,15 @@ def predict(
         out: Any = model(x)
         s = out if isinstance(out, torch.Tensor) else out.scores
         scores.append(s.float().cpu())
-        if keep_poses and not isinstance(out, torch.Tensor):
+        if keep and not isinstance(out, torch.Tensor):
             poses.append(out.poses.float().cpu())
-    res = {"scores": torch.cat(scores)}
-    if poses:
-        res["poses"] = torch.cat(poses)
-    return res
+    return scores, poses
 
 
 def accuracy(scores: torch.Tensor, labels: torch.Tensor) -> float:
-    """Top-1 accuracy of ``scores [N, K]`` against ``labels [N]``."""
+    """Top-1 accuracy of ``scores [N, K]`` against ``labels [N]``; a label outside ``0 .. K-1`` (a wrong or corrupt
+    label set: it would count as an error and lower the accuracy silently) is refused in one line."""
+    check_labels(labels, scores.shape[-1], "accuracy")
     return (scores.argmax(1) == labels.to(scores.device)).float().mean().item()
 
 

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ._checks import device_available
 from .data.datasets import DataSource, announce_standins, data_root, repository_root
 
 __all__ = [
@@ -235,11 +236,7 @@ def chapter_device(preference: str | torch.device | None = "auto") -> torch.devi
     from .train import select_device
 
     dev = select_device(preference or "auto")
-    ok = {
-        "cuda": torch.cuda.is_available,
-        "mps": lambda: getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available(),
-    }
-    if dev.type in ok and not ok[dev.type]():
+    if dev.type in ("cuda", "mps") and not device_available(torch.device(dev.type)):
         print(f"DEVICE={str(preference)!r} requested but {dev.type} is not available here: running on the CPU instead.")
         return torch.device("cpu")
     return dev

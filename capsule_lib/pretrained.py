@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ._checks import check_device
 from .data.datasets import DataSource
 from .models.registry import build_model
 from .train.checkpoint import History
@@ -109,6 +110,8 @@ def load_pretrained(
 
     Returns ``(model in eval mode, registry entry)``.
     """
+    if isinstance(map_location, (str, torch.device)):  # else torch's own error blames the file
+        check_device(map_location, f"load_pretrained({name!r})", "map_location")
     d = Path(directory or CHECKPOINT_DIR)
     entry = _entry(name, d)
     path = d / entry["file"]

@@ -326,3 +326,132 @@ def test_a_resume_with_another_thread_count_is_recorded_and_said(tmp_path, glyph
     assert json.loads((tmp_path / "history.json").read_text())["meta"]["thread_changes"] == [
         {"from_epoch": 2, "threads": 2}
     ]
+
+
+# ------------------------------------------------------------------------------------------------ labels, predict
+def _recipe(**kw):
+    from capsule_lib.train import recipes
+
+    return recipes.CapsNetRecipe(epochs=1, train_subset=64, eval_subset=32, model=TINY, device="cpu", **kw)
+
+
+@pytest.mark.parametrize("split", ["test", "val"])
+def test_labels_outside_the_classes_are_refused_in_every_split_before_training(tmp_path, monkeypatch, split):
+    """Training labels were checked, test labels were not: a test set with labels 12 loaded and its accuracy
+    dropped silently (through the command line: a traceback after training)."""
+    from capsule_lib.train import recipes, train
+
+    real = recipes.Recipe.loaders
+
+    def bad_labels(self, *a, **k):
+        out = real(self, *a, **k)
+        loader = getattr(out, split)
+        loader.tensors[1] = loader.tensors[1].clone()
+        loader.tensors[1][:10] = 12
+        return out
+
+    monkeypatch.setattr(recipes.Recipe, "loaders", bad_labels)
+    monkeypatch.setattr(Trainer, "fit", lambda *a, **k: pytest.fail("trained"))
+    with pytest.raises(ValueError, match=rf"^{split} set 'glyph_digits': labels must be class indices 0\.\.9"):
+        train(_recipe(), data_root=str(tmp_path), offline=True, progress=False)
+
+
+def test_the_command_line_refuses_test_labels_outside_the_classes_in_one_line(tmp_path, monkeypatch, capsys):
+    from capsule_lib.train import main, recipes
+
+    real = recipes.Recipe.loaders
+
+    def bad_labels(self, *a, **k):
+        out = real(self, *a, **k)
+        out.test.tensors[1] = out.test.tensors[1].clone()
+        out.test.tensors[1][:10] = 12
+        return out
+
+    monkeypatch.setattr(recipes.Recipe, "loaders", bad_labels)
+    small = ["model.conv_channels=8", "model.primary_types=4", "model.class_dim=8", "model.decoder_hidden=[32, 64]"]
+    argv = ["capsnet", "--out", str(tmp_path / "run"), "--offline", "--data-root", str(tmp_path), "--set", "epochs=1"]
+    with pytest.raises(SystemExit) as e:
+        main([*argv, "train_subset=32", "eval_subset=16", "device=cpu", *small])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1, err
+    assert err[0].startswith("python -m capsule_lib.train: error: test set 'glyph_digits': labels must be class")
+
+
+def test_accuracy_refuses_labels_outside_the_scores_classes():
+    from capsule_lib.evaluation import accuracy
+
+    scores = torch.eye(10)
+    assert accuracy(scores, torch.arange(10)) == 1.0
+    with pytest.raises(ValueError, match=r"^accuracy: labels must be class indices 0\.\.9 .* got values in \[0, 12\]"):
+        accuracy(scores, torch.tensor([0, 1, 2, 3, 4, 5, 6, 7, 8, 12]))
+
+
+def test_predict_gives_the_model_back_in_the_mode_it_was_in():
+    """predict left a training model in eval mode (a training loop calling it went on without dropout)."""
+    from capsule_lib.evaluation import predict
+
+    m = CapsNet(TINY).train()
+    m.decoder.eval()  # a mixed state (e.g. a frozen part) comes back as it was
+    modes = {name: mod.training for name, mod in m.named_modules()}
+    predict(m, torch.rand(3, 1, 28, 28))
+    assert {name: mod.training for name, mod in m.named_modules()} == modes
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        predict(m, torch.full((3, 1, 28, 28), float("nan")))
+    assert {name: mod.training for name, mod in m.named_modules()} == modes
+
+
+# ------------------------------------------------------------------------------------------------ command line
+def _cli(capsys, *argv):
+    from capsule_lib.train import main
+
+    with pytest.raises(SystemExit) as e:
+        main(list(argv))
+    return e.value.code, capsys.readouterr().err.strip().splitlines()
+
+
+def test_cli_refuses_a_key_given_twice_in_two_spellings(tmp_path, capsys, monkeypatch):
+    """``--set model.iterations=1 --set model__iterations=3`` trained with 3 (the spellings differed)."""
+    import capsule_lib.train.cli as cli
+
+    monkeypatch.setattr(cli, "train", lambda *a, **k: pytest.fail("trained"))
+    out = str(tmp_path / "run")
+    for first, second in [("model.iterations=1", "model__iterations=3"), ("model__iterations=3", "model.iterations=1")]:
+        code, err = _cli(capsys, "capsnet", "--out", out, "--set", first, "--set", second)
+        assert code == 2 and len(err) == 1 and "gives model.iterations twice" in err[0], err
+
+
+@pytest.mark.parametrize("threads", ["-1", "0"])
+def test_cli_refuses_a_thread_count_below_one_in_one_line(tmp_path, capsys, monkeypatch, threads):
+    import capsule_lib.train.cli as cli
+
+    monkeypatch.setattr(cli, "train", lambda *a, **k: pytest.fail("trained"))
+    code, err = _cli(capsys, "capsnet", "--out", str(tmp_path / "run"), "--threads", threads)
+    assert code == 2 and err == [f"python -m capsule_lib.train: error: --threads must be >= 1, got {threads}"]
+
+
+# ------------------------------------------------------------------------------------------------ one-line errors
+def test_predict_names_an_unknown_or_missing_device_and_the_fix():
+    from capsule_lib.evaluation import predict
+
+    m = CapsNet(TINY).eval()
+    x = torch.rand(2, 1, 28, 28)
+    with pytest.raises(ValueError, match=r"^predict\(CapsNet\): device 'gpu' is not a device name; use 'cpu', 'cuda'"):
+        predict(m, x, device="gpu")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(
+        ValueError, match=r"^predict\(CapsNet\): device 'cuda' is not available on this machine \(torch sees no CUDA"
+    ):
+        predict(m, x, device="cuda")
+
+
+def test_load_pretrained_on_a_machine_without_the_device_says_so():
+    from capsule_lib.pretrained import load_pretrained
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(
+        ValueError,
+        match=r"^load_pretrained\('capsnet_mnist'\): map_location 'cuda' is not available on this machine .*use 'cpu'",
+    ):
+        load_pretrained("capsnet_mnist", map_location="cuda")

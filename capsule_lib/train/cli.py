@@ -87,15 +87,22 @@ def _start_from(model: nn.Module, recipe: Recipe, name: str) -> dict[str, Any]:
 
 
 def _check_training_data(model: nn.Module, loaders: Any) -> str | None:
-    """Refuse labels outside the model's classes; return the training data's content fingerprint (``None`` for a
-    training set without ``images`` and ``labels``, e.g. a stream made on the fly)."""
+    """Refuse labels outside the model's classes, in the training, validation and test sets alike (before any
+    training: a test label outside the classes lowered the test accuracy silently, or failed after training); return
+    the training data's content fingerprint (``None`` for a training set without ``images`` and ``labels``, e.g. a
+    stream made on the fly)."""
     ds = loaders.train_set
-    if not (hasattr(ds, "images") and hasattr(ds, "labels")):
-        return None
     cfg = getattr(model, "config", None)
     n_classes = getattr(cfg, "n_classes", None) or getattr(cfg, "n_objs", None)
-    if n_classes is not None and ds.labels.dim() == 1:
-        check_labels(ds.labels, n_classes, f"training set {loaders.dataset!r}")
+    splits = {"training": getattr(ds, "labels", None)}
+    for split in ("val", "test"):  # the evaluation loaders' labels (a TensorLoader's second tensor)
+        tensors = getattr(getattr(loaders, split), "tensors", None)
+        splits[split] = tensors[1] if tensors is not None and len(tensors) > 1 else None
+    for split, labels in splits.items():
+        if n_classes is not None and isinstance(labels, torch.Tensor) and labels.dim() == 1:
+            check_labels(labels, n_classes, f"{split} set {loaders.dataset!r}")
+    if not (hasattr(ds, "images") and hasattr(ds, "labels")):
+        return None
     return data_fingerprint(ds.images, ds.labels)
 
 
@@ -272,18 +279,21 @@ def main(argv: list[str] | None = None, *, data_root: str | None = None, offline
     a.offline = offline if a.offline is None else a.offline
     if (a.recipe is None) == (a.shipped is None):
         p.error("give a recipe name or --shipped CHECKPOINT (one of them)")
-    if a.threads:
-        torch.set_num_threads(a.threads)
 
     def fail(message: str) -> None:  # one line (argparse's p.error would print the whole usage first)
         print(f"{p.prog}: error: {message}", file=sys.stderr)
         raise SystemExit(2)
 
+    if a.threads is not None and a.threads < 1:
+        fail(f"--threads must be >= 1, got {a.threads}")
+    if a.threads:
+        torch.set_num_threads(a.threads)
     overrides = {}
     for kv in a.set:
         if "=" not in kv:
             fail(f"--set wants KEY=VALUE, got {kv!r}")
         k, v = kv.split("=", 1)
+        k = k.strip().replace("__", ".")  # one key, however it is spelt (model.iterations = model__iterations)
         if k in overrides and overrides[k] != v:
             fail(f"--set gives {k} twice ({overrides[k]!r} and {v!r}); give it once")
         overrides[k] = v
@@ -309,6 +319,8 @@ def main(argv: list[str] | None = None, *, data_root: str | None = None, offline
     except KeyboardInterrupt as e:  # TrainingInterrupted says where the run stopped and how to resume it
         print(str(e) or "training interrupted (Ctrl-C)", file=sys.stderr)
         raise SystemExit(130) from None
+    except (ValueError, FileNotFoundError, PermissionError) as e:  # the library's one-line refusals (data, resume)
+        fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
     if trainer.dist.distributed:
         import torch.distributed as torch_dist
 

@@ -12,6 +12,7 @@ from typing import Any, ClassVar, NamedTuple
 import torch
 from torch import nn
 
+from ..._checks import device_available
 from ...cost import count_parameters
 from ...data import DataSource, get_dataset
 from ...data.loaders import TensorLoader
@@ -189,13 +190,7 @@ def check_device_available(recipe: Recipe) -> None:
     """One line when ``recipe.device`` names a device this machine does not have (before any data is loaded)."""
     if recipe.device == "auto":
         return
-    dev = torch.device(recipe.device)
-    have = {
-        "cpu": True,
-        "cuda": torch.cuda.is_available() and (dev.index is None or dev.index < torch.cuda.device_count()),
-        "mps": getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available(),
-    }
-    if not have.get(dev.type, False):
+    if not device_available(torch.device(recipe.device)):
         raise ValueError(
             f"{recipe.name}: device {recipe.device!r} is not available on this machine (use 'auto' or 'cpu')"
         )
