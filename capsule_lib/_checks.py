@@ -68,9 +68,10 @@ def check_tensor(
             raise ValueError(f"{name}: expected shape {spec} with sizes {_fmt(sizes)}, got {tuple(x.shape)}")
 
 
-def check_nonempty(x: torch.Tensor, name: str, spec: str) -> None:
-    """One line for an empty batch (``x.shape[0] == 0``), which the routings cannot route."""
-    if x.shape[0] == 0:
+def check_nonempty(x: torch.Tensor, name: str, spec: str, leading: int = 1) -> None:
+    """One line for an empty batch (a size 0 among the first ``leading`` dimensions, the batch-like ones; default:
+    ``x.shape[0] == 0``), which the routings cannot route: every routing function calls it on its input."""
+    if 0 in x.shape[:leading]:
         raise ValueError(f"{name}: empty batch {tuple(x.shape)}; pass at least one sample, shape {spec}")
 
 

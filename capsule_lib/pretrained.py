@@ -27,7 +27,7 @@ from torch import nn
 from ._checks import check_device
 from .data.datasets import DataSource
 from .models.registry import build_model
-from .train.checkpoint import History
+from .train.checkpoint import History, load_history, read_json
 
 __all__ = [
     "CHECKPOINT_DIR",
@@ -148,7 +148,8 @@ def load_pretrained_history(name: str, directory: str | os.PathLike | None = Non
     """The training history shipped with a checkpoint."""
     d = Path(directory or CHECKPOINT_DIR)
     entry = _entry(name, d)
-    return History.from_dict(json.loads((d / entry["history"]).read_text()))
+    fix = f"restore it from the repository (git checkout -- {entry['history']} in {d})"
+    return History.from_dict(read_json(d / entry["history"], fix))
 
 
 def export_checkpoint(
@@ -223,7 +224,7 @@ def export_run(
     from .train.recipes import RECIPES, recipe_config
 
     run = Path(run_dir)
-    hist = History.from_dict(json.loads((run / "history.json").read_text()))
+    hist = load_history(run / "history.json")
     meta = hist.meta
     kind = RECIPES[meta["recipe"]].model_kind
     config = dict(meta["config"]["model"])

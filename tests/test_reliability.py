@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import capsule_lib.data as D
+import capsule_lib.routing as R
 from capsule_lib.data import DatasetUnavailableError, TensorLoader, get_dataset, read_idx
 from capsule_lib.losses import CapsuleObjective
 from capsule_lib.models import CapsNet, CapsNetConfig
@@ -430,6 +431,43 @@ def test_cli_refuses_a_thread_count_below_one_in_one_line(tmp_path, capsys, monk
 
 
 # ------------------------------------------------------------------------------------------------ one-line errors
+def _empty_batch_cases():
+    gm = R.GenerativeMatrixRouting(4, 4, 4, n_inp=8, n_out=4)
+    ev = R.EfficientVectorRouting(8, 4, 8, 16)
+    fc, conv = R.InvertedFCCapsules(8, 4, 16), R.InvertedConvCapsules(2, 3, 16, 3)
+    sa = R.SelfAttentionRouting(8, 4, 8, 16)
+    from capsule_lib.models.heinsen import (
+        SequenceClassifierConfig,
+        SequenceClassifierHead,
+        TokenSequenceClassifier,
+        TokenSequenceConfig,
+    )
+
+    head = SequenceClassifierHead(SequenceClassifierConfig(d_depth=3, d_emb=16, d_inp=8, d_out=2, n_parts=6))
+    tokens = TokenSequenceClassifier(TokenSequenceConfig())
+    return {
+        "InvertedFCCapsules (second update)": lambda: fc(torch.rand(0, 8, 16), torch.rand(0, 4, 16)),
+        "InvertedConvCapsules (second update)": lambda: conv(torch.rand(0, 2, 5, 5, 16), torch.rand(0, 3, 3, 3, 16)),
+        "InvertedFCCapsules": lambda: fc(torch.rand(0, 8, 16)),
+        "GenerativeMatrixRouting": lambda: gm(torch.randn(0, 8), torch.randn(0, 8, 4, 4)),
+        "EfficientVectorRouting": lambda: ev(torch.randn(0, 8, 8)),
+        "SequenceClassifierHead": lambda: head(torch.randn(0, 5, 3, 16)),
+        "TokenSequenceClassifier": lambda: tokens(torch.zeros(0, 5, dtype=torch.long)),
+        "SelfAttentionRouting": lambda: sa(torch.rand(0, 8, 8)),
+    }
+
+
+EMPTY_BATCH_CASES = _empty_batch_cases()
+
+
+@pytest.mark.parametrize("name", sorted(EMPTY_BATCH_CASES))
+def test_every_routing_layer_refuses_an_empty_batch_in_one_line(name):
+    """Inverted attention's second update divided by zero; Heinsen's layers and self-attention returned empty
+    outputs. Every routing layer now refuses an empty batch as dynamic and EM routing do."""
+    with pytest.raises(ValueError, match=r"^\w+: empty batch \(0, [\d, ]+\); pass at least one sample, shape \["):
+        EMPTY_BATCH_CASES[name]()
+
+
 def test_predict_names_an_unknown_or_missing_device_and_the_fix():
     from capsule_lib.evaluation import predict
 
@@ -455,3 +493,17 @@ def test_load_pretrained_on_a_machine_without_the_device_says_so():
         match=r"^load_pretrained\('capsnet_mnist'\): map_location 'cuda' is not available on this machine .*use 'cpu'",
     ):
         load_pretrained("capsnet_mnist", map_location="cuda")
+
+
+def test_a_truncated_history_file_is_named(tmp_path, glyphs):
+    from capsule_lib.train import load_history
+
+    (tmp_path / "history.json").write_text('{"meta": {"recipe": "capsnet"}, "records": [{"epoch": 1, ')
+    with pytest.raises(ValueError, match=r"history\.json: not valid JSON \(truncated or edited\?"):
+        load_history(tmp_path / "history.json")
+    tr, va = glyphs
+    tl, vl = TensorLoader.from_dataset(tr, 64), TensorLoader.from_dataset(va, 64)
+    _trainer(tmp_path / "run").fit(tl, vl, epochs=1)
+    (tmp_path / "run" / "history.json").write_text('{"meta": {')
+    with pytest.raises(ValueError, match=r"run/history\.json: not valid JSON .*last\.pt"):
+        _trainer(tmp_path / "run").fit(tl, vl, epochs=2)

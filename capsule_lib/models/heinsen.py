@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .._checks import check_images, check_model_input, check_tensor, resolve_config
+from .._checks import check_images, check_model_input, check_nonempty, check_tensor, resolve_config
 from ..functional import add_coordinate_channels
 from ..routing.heinsen_2019 import GenerativeMatrixRouting
 from ..types import CapsuleOutput, ImageContract
@@ -436,6 +436,7 @@ class SequenceClassifierHead(nn.Module):
         else:
             check_tensor(embs, "embs", f"[B, n, d_emb={c.d_emb}]", [None, None, c.d_emb])
             embs = embs.unsqueeze(-2)  # [B, n, 1, d_emb]
+        check_nonempty(embs, "embs", "[B, n, d_depth, d_emb]")
         Bsz, n, depth = embs.shape[:3]
         if n == 0:
             raise ValueError(

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._checks import check_choice, check_iterations, check_module_input, check_tensor
+from .._checks import check_choice, check_iterations, check_module_input, check_nonempty, check_tensor
 from ..types import RoutingTrace
 from ._common import autocast_outputs, check_one_or, compute_dtype, fields_repr, kernel_device, no_autocast
 
@@ -248,6 +248,7 @@ def _check_inputs(a_inp, mu_inp, W, B, beta_use, beta_ign, iterations, p_model, 
     check_choice(method, _METHODS, "method")
     check_iterations(iterations)
     check_tensor(mu_inp, "mu_inp", "[..., n_inp, d_cov, d_inp]", [None, None, None], min_leading=0)
+    check_nonempty(mu_inp, "mu_inp", "[..., n_inp, d_cov, d_inp]", leading=mu_inp.dim() - 3)
     I, C, D = mu_inp.shape[-3:]
     lead = mu_inp.shape[:-3]
     check_tensor(a_inp, "a_inp", f"[..., n_inp={I}]", [I], min_leading=0)

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._checks import check_iterations, check_module_input, check_tensor
+from .._checks import check_iterations, check_module_input, check_nonempty, check_tensor
 from ..types import RoutingTrace
 from ._common import autocast_outputs, check_one_or, compute_dtype, fields_repr, no_autocast
 
@@ -240,6 +240,7 @@ def _check_inputs(x_inp, W_A, B_A, W_F1, W_F2, B_F2, W_G1, W_G2, B_G2, W_S, B_S,
     """One-line errors for :func:`efficient_vector_routing`'s arguments."""
     check_iterations(iterations)
     check_tensor(x_inp, "x_inp", "[..., n_inp, d_inp]", [None, None], min_leading=0)
+    check_nonempty(x_inp, "x_inp", "[..., n_inp, d_inp]", leading=x_inp.dim() - 2)
     I, D = x_inp.shape[-2:]
     check_tensor(B_F2, "B_F2", "[n_out, d_out]", [None, None])
     J, E = B_F2.shape

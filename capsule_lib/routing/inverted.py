@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._checks import check_choice, check_iterations, check_module_input, check_tensor
+from .._checks import check_choice, check_iterations, check_module_input, check_nonempty, check_tensor
 from ..types import RoutingTrace
 from ._common import autocast_outputs
 from ._kernels.inverted import _RENORM_EPS, _acc_dtype, _attend_matrix
@@ -300,6 +300,7 @@ def inverted_attention_update(
         ``a_ij`` that produced them (zeros for the uniform pass; unlike dynamic routing the logits are recomputed from
         scratch at each update, never accumulated), ``outputs`` the new poses."""
     check_tensor(votes, "votes", "[B, ..., n_inp, n_out, d]", [None, None, None], min_leading=1)
+    check_nonempty(votes, "votes", "[B, ..., n_inp, n_out, d]", leading=votes.dim() - 3)
     I, J, D = votes.shape[-3:]
     if prev_pose is None:
         s = votes.sum(dim=-3) * (1.0 / J)  # [B, ..., J, d], r_ij = 1/J
@@ -341,6 +342,7 @@ def inverted_fc_update(
         check_tensor(poses, "poses", f"[B, N, h, w, d={D}] with N*h*w = n_inp = {I}", [None, None, None, None, D])
         poses = poses.reshape(poses.shape[0], -1, D)  # [B, N*h*w, d], type-major
     check_tensor(poses, "poses", f"[B, n_inp={I}, d={D}]", [None, I, D])
+    check_nonempty(poses, "poses", f"[B, n_inp={I}, d={D}]")  # an empty batch divided by zero in the kernel
     B = poses.shape[0]
     if prev_pose is None:
         P = poses.reshape(B, I, s, s)  # [B, I, s, s]
@@ -386,6 +388,7 @@ def inverted_conv_update(
     K, _, N, s, _, M = weight.shape
     D = s * s
     check_tensor(poses, "poses", f"[B, N={N}, H, W, d={D}]", [None, N, None, None, D])
+    check_nonempty(poses, "poses", f"[B, N={N}, H, W, d={D}]")
     B = poses.shape[0]
     windows = conv_windows(poses, K, stride, expansion)  # [B, N, k, l, h, w, d]
     h, w = windows.shape[4], windows.shape[5]

@@ -41,7 +41,7 @@ import math
 import torch
 from torch import nn
 
-from .._checks import check_module_input, check_tensor
+from .._checks import check_module_input, check_nonempty, check_tensor
 from ..functional import squash_efficient
 from ..types import TRUNC_NORMAL_STD, RoutingTrace
 from ._common import fields_repr, use_kernel
@@ -190,6 +190,7 @@ def self_attention_routing(
         ``return_routing=True``.
     """
     check_tensor(votes, "votes", "[B, n_inp, n_out, d_out]", [None, None, None, None])
+    check_nonempty(votes, "votes", "[B, n_inp, n_out, d_out]")
     B, I, J, E = votes.shape
     if log_prior is not None:
         check_tensor(log_prior, "log_prior", f"[n_inp={I}, n_out={J}]", [I, J])
@@ -276,7 +277,9 @@ class SelfAttentionRouting(nn.Module):
         return self.log_prior.squeeze(-1).transpose(0, 1)  # [I, J]
 
     def _check_input(self, u: torch.Tensor) -> None:
-        check_tensor(u, "u", f"[B, n_inp={self.n_inp}, d_inp={self.d_inp}]", [None, self.n_inp, self.d_inp])
+        spec = f"[B, n_inp={self.n_inp}, d_inp={self.d_inp}]"
+        check_tensor(u, "u", spec, [None, self.n_inp, self.d_inp])
+        check_nonempty(u, "u", spec)
 
     def votes(self, u: torch.Tensor) -> torch.Tensor:
         """The votes of the layer (:func:`self_attention_votes` with its ``weight``).

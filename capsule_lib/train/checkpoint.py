@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["History", "load_history", "RunMismatchError"]
+__all__ = ["History", "load_history", "read_json", "RunMismatchError"]
 
 
 # -------------------------------------------------------------------------------------------- history
@@ -51,8 +51,21 @@ class History:
         return cls(list(d.get("records", [])), dict(d.get("meta", {})))
 
 
+def read_json(path: str | os.PathLike, fix: str) -> Any:
+    """``path``'s JSON, or a one-line ``ValueError`` that names the file and says what to do (``fix``) when it is not
+    valid JSON (cut short by a full disk, or edited by hand)."""
+    try:
+        return json.loads(Path(path).read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(
+            f"{path}: not valid JSON (truncated or edited? {e.msg} at line {e.lineno}, column {e.colno}); {fix}"
+        ) from None
+
+
 def load_history(path: str | os.PathLike) -> History:
-    return History.from_dict(json.loads(Path(path).read_text()))
+    """The :class:`History` in ``path`` (a run's ``history.json``)."""
+    fix = "restore it, or, in a run folder, delete it and run the same training again (it is written anew from last.pt)"
+    return History.from_dict(read_json(path, fix))
 
 
 # -------------------------------------------------------------------------------------------- trainer

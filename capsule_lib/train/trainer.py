@@ -25,7 +25,7 @@ from torch import nn
 
 from ..distributed import DistInfo, all_reduce_sums
 from ..losses import StepOutput
-from .checkpoint import History, RunMismatchError, _atomic_save, _load_checkpoint
+from .checkpoint import History, RunMismatchError, _atomic_save, _load_checkpoint, read_json
 
 __all__ = ["seed_everything", "select_device", "Trainer", "TrainingInterrupted"]
 
@@ -244,7 +244,7 @@ class Trainer:
         self.load_state_dict(_load_checkpoint(self.out_dir / "last.pt", self.device))
         saved = self.out_dir / "history.json"  # finish() records the test split there, after the last last.pt
         if saved.exists() and "test" not in self.history.meta:
-            written = json.loads(saved.read_text())
+            written = read_json(saved, "delete it and run again: last.pt holds the run's records, and it is rewritten")
             if len(written.get("records", [])) == len(self.history) and "test" in written.get("meta", {}):
                 self.history.meta["test"] = written["meta"]["test"]
         return True
