@@ -330,31 +330,37 @@ def test_a_resume_with_another_thread_count_is_recorded_and_said(tmp_path, glyph
 
 
 # ------------------------------------------------------------------------------------------------ labels, predict
-def _recipe(**kw):
-    from capsule_lib.train import recipes
-
-    return recipes.CapsNetRecipe(epochs=1, train_subset=64, eval_subset=32, model=TINY, device="cpu", **kw)
-
-
-@pytest.mark.parametrize("split", ["test", "val"])
-def test_labels_outside_the_classes_are_refused_in_every_split_before_training(tmp_path, monkeypatch, split):
+@pytest.mark.parametrize(
+    "recipe,split,message",
+    [
+        ("capsnet", "test", r"^test set 'glyph_digits': labels must be class indices 0\.\.9"),
+        ("capsnet", "val", r"^val set 'glyph_digits': labels must be class indices 0\.\.9"),
+        ("em_norb", "test_novel", r"^test_novel set 'rendered_norb \(azimuth protocol\)': labels must be .* 0\.\.4"),
+    ],
+)
+def test_labels_outside_the_classes_are_refused_in_every_split_before_training(
+    tmp_path, monkeypatch, recipe, split, message
+):
     """Training labels were checked, test labels were not: a test set with labels 12 loaded and its accuracy
-    dropped silently (through the command line: a traceback after training)."""
-    from capsule_lib.train import recipes, train
+    dropped silently (through the command line: a traceback after training). A viewpoint protocol's test sets
+    (``{prefix: loader}``) are checked each."""
+    from capsule_lib.train import make_recipe, recipes, train
 
     real = recipes.Recipe.loaders
 
     def bad_labels(self, *a, **k):
         out = real(self, *a, **k)
-        loader = getattr(out, split)
+        loader = out.test[split] if split.startswith("test_") else getattr(out, split)
         loader.tensors[1] = loader.tensors[1].clone()
         loader.tensors[1][:10] = 12
         return out
 
     monkeypatch.setattr(recipes.Recipe, "loaders", bad_labels)
     monkeypatch.setattr(Trainer, "fit", lambda *a, **k: pytest.fail("trained"))
-    with pytest.raises(ValueError, match=rf"^{split} set 'glyph_digits': labels must be class indices 0\.\.9"):
-        train(_recipe(), data_root=str(tmp_path), offline=True, progress=False)
+    small = {"model": TINY} if recipe == "capsnet" else {}
+    r = make_recipe(recipe, epochs=1, train_subset=64, eval_subset=32, device="cpu", **small)
+    with pytest.raises(ValueError, match=message):
+        train(r, data_root=str(tmp_path), offline=True, progress=False)
 
 
 def test_the_command_line_refuses_test_labels_outside_the_classes_in_one_line(tmp_path, monkeypatch, capsys):

@@ -96,8 +96,10 @@ def _check_training_data(model: nn.Module, loaders: Any) -> str | None:
     n_classes = getattr(cfg, "n_classes", None) or getattr(cfg, "n_objs", None)
     splits = {"training": getattr(ds, "labels", None)}
     for split in ("val", "test"):  # the evaluation loaders' labels (a TensorLoader's second tensor)
-        tensors = getattr(getattr(loaders, split), "tensors", None)
-        splits[split] = tensors[1] if tensors is not None and len(tensors) > 1 else None
+        loader = getattr(loaders, split)
+        for name, each in loader.items() if isinstance(loader, dict) else [(split, loader)]:  # or {prefix: loader}
+            tensors = getattr(each, "tensors", None)
+            splits[name] = tensors[1] if tensors is not None and len(tensors) > 1 else None
     for split, labels in splits.items():
         if n_classes is not None and isinstance(labels, torch.Tensor) and labels.dim() == 1:
             check_labels(labels, n_classes, f"{split} set {loaders.dataset!r}")
