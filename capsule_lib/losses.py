@@ -175,12 +175,14 @@ class SoftTargetCrossEntropy(nn.Module):
 # ------------------------------------------------------------------------------------------- objectives
 @dataclass
 class StepOutput:
-    """What an objective returns for one batch: the loss to minimise, its named parts (detached floats),
-    and the number of correct predictions out of ``n``."""
+    """What an objective returns for one batch: the loss to minimise, its named parts (detached 0-d tensors or
+    floats) and the number of correct predictions out of ``n`` (a 0-d tensor or a number). Tensors stay on the
+    device: the :class:`~capsule_lib.train.trainer.Trainer` sums them there and reads them once per epoch, so a
+    GPU step does not wait for the device to report them."""
 
     loss: torch.Tensor
-    parts: dict[str, float]
-    correct: float
+    parts: dict[str, torch.Tensor | float]
+    correct: torch.Tensor | float
     n: int
 
 
@@ -193,8 +195,8 @@ class ClassifierObjective:
         out = model(x)
         logits = out if isinstance(out, torch.Tensor) else out.scores
         loss = nn.functional.cross_entropy(logits.float(), y)
-        correct = (logits.argmax(1) == y).sum().item()
-        return StepOutput(loss, {"ce": loss.item()}, correct, y.shape[0])
+        correct = (logits.argmax(1) == y).sum()
+        return StepOutput(loss, {"ce": loss.detach()}, correct, y.shape[0])
 
 
 def _require_lengths(out: Any, objective: str) -> None:
@@ -226,13 +228,13 @@ class CapsuleObjective:
         out = model(x, y) if use_decoder else model(x)
         _require_lengths(out, type(self).__name__)
         margin = margin_loss(out.scores, y, reduction=self.margin_reduction)
-        parts = {"margin": margin.item()}
+        parts = {"margin": margin.detach()}
         loss = margin
         if use_decoder and out.reconstruction is not None:
             recon = reconstruction_loss(out.reconstruction, x, self.recon_reduction)
             loss = loss + self.recon_weight * recon
-            parts["recon"] = recon.item()
-        correct = (out.scores.argmax(1) == y).sum().item()
+            parts["recon"] = recon.detach()
+        correct = (out.scores.argmax(1) == y).sum()
         return StepOutput(loss, parts, correct, y.shape[0])
 
 
@@ -259,8 +261,8 @@ class SpreadObjective:
         if out.kind != "activations":
             raise ValueError(f"SpreadObjective: the spread loss needs class activations, but the scores are {out.kind}")
         loss = spread_loss(out.scores, y, self.margin)
-        correct = (out.scores.argmax(1) == y).sum().item()
-        return StepOutput(loss, {"spread": loss.item(), "margin": self.margin}, correct, y.shape[0])
+        correct = (out.scores.argmax(1) == y).sum()
+        return StepOutput(loss, {"spread": loss.detach(), "margin": self.margin}, correct, y.shape[0])
 
 
 class ScoreObjective:
@@ -285,8 +287,8 @@ class ScoreObjective:
             loss, part = spread_loss(scores, y, self.spread.margin), "spread"
         else:
             loss, part = nn.functional.cross_entropy(scores, y), "ce"
-        correct = (scores.argmax(1) == y).sum().item()
-        return StepOutput(loss, {part: loss.item()}, correct, y.shape[0])
+        correct = (scores.argmax(1) == y).sum()
+        return StepOutput(loss, {part: loss.detach()}, correct, y.shape[0])
 
 
 class MultiDigitObjective:
@@ -308,14 +310,14 @@ class MultiDigitObjective:
         _require_lengths(out, type(self).__name__)
         target = torch.zeros_like(out.scores, dtype=torch.float32).scatter_(1, y2.long(), 1.0)
         margin = margin_loss(out.scores, target)
-        parts = {"margin": margin.item()}
+        parts = {"margin": margin.detach()}
         loss = margin
         recons = out.extra.get("reconstructions")
         if self.recon_weight > 0 and recons is not None:
             ra = reconstruction_loss(recons[:, 0], src_a, self.recon_reduction)
             rb = reconstruction_loss(recons[:, 1], src_b, self.recon_reduction)
             loss = loss + self.recon_weight * (ra + rb)
-            parts["recon"] = (ra + rb).item() / 2
+            parts["recon"] = (ra + rb).detach() / 2
         top2 = out.scores.topk(2, dim=1).indices
         both = (top2.sort(1).values == y2.long().sort(1).values).all(1)
-        return StepOutput(loss, parts, both.sum().item(), x.shape[0])
+        return StepOutput(loss, parts, both.sum(), x.shape[0])

@@ -230,7 +230,7 @@ def _dataset_here(name: str, cfg: Settings) -> bool:
 
 
 def chapter_device(preference: str | torch.device | None = "auto") -> torch.device:
-    """The device a chapter runs on: ``"auto"`` as :func:`~capsule_lib.train.trainer.select_device`; an explicit
+    """The device a chapter runs on: ``"auto"`` as :func:`~capsule_lib.train.runtime.select_device`; an explicit
     ``"cuda"``/``"mps"`` that this machine does not have falls back to the CPU with one printed line (a
     notebook written for Colab's GPU still runs on a laptop)."""
     from .train import select_device
@@ -279,6 +279,7 @@ def train_or_load(
     budget: bool = False,
     start_from: str | None = None,
     run_suffix: str = "",
+    speedrun: str | None = None,
     **overrides: Any,
 ):
     """A chapter's models: trained here when ``TRAIN`` is on, else the shipped checkpoints, in one call.
@@ -300,6 +301,10 @@ def train_or_load(
         contestants) instead of its epochs; in smoke mode at most 0.05 minutes.
     start_from
         Start the training from this shipped checkpoint's weights (:func:`~capsule_lib.train.cli.train`).
+    speedrun
+        A shipped speedrun checkpoint (:mod:`capsule_lib.train.recipes.speedrun`): when training on a GPU, its recipe
+        is retrained instead, for its run's time budget (the same network, trained for accuracy per minute); on a CPU
+        the checkpoint's own recipe is, for ``cfg.epochs``.
     run_suffix
         Appended to the run folder ``runs/<checkpoint>`` (a smoke run adds ``_smoke``: it never resumes a full
         run).
@@ -326,12 +331,15 @@ def train_or_load(
     histories: dict[str, Any] = {}
     for name in names:
         if do_train and name in retrain:
-            minutes = load_pretrained_history(name).meta.get("budget_minutes") if budget else None
+            source = speedrun if speedrun is not None and torch.device(cfg.device).type == "cuda" else name
+            timed = budget or source != name  # a speedrun trains for its run's budget, its epochs fitted to it
+            minutes = load_pretrained_history(source).meta.get("budget_minutes") if timed else None
             if cfg.smoke and minutes is not None:
                 minutes = min(minutes, 0.05)
             sub = {"train_subset": smoke[0], "eval_subset": smoke[1]} if cfg.smoke else {}
-            recipe = shipped_recipe(name, **{"epochs": cfg.epochs, "device": str(cfg.device), **overrides})
-            run_dir = f"runs/{name}{run_suffix}" + ("_smoke" if cfg.smoke else "")
+            epochs = {} if source != name else {"epochs": cfg.epochs}
+            recipe = shipped_recipe(source, **{**epochs, "device": str(cfg.device), **overrides})
+            run_dir = f"runs/{source}{run_suffix}" + ("_smoke" if cfg.smoke else "")
             models[name], trainer = train_recipe(
                 recipe,
                 out_dir=run_dir,

@@ -110,7 +110,9 @@ def metrics_summary(metrics: dict[str, Any]) -> str:
     return pct_cell(metrics["test_acc"])
 
 
-def train_cost(epochs: int, cpu: Sequence[str] = (), gpu: Sequence[str] = (), budget: Sequence[str] = ()) -> str:
+def train_cost(
+    epochs: int, cpu: Sequence[str] = (), gpu: Sequence[str] = (), budget: Sequence[str] = (), speedrun: str = ""
+) -> str:
     """What ``TRAIN = True`` costs in a chapter, measured from the shipped runs' histories, for its parameters cell.
 
     Parameters
@@ -122,11 +124,15 @@ def train_cost(epochs: int, cpu: Sequence[str] = (), gpu: Sequence[str] = (), bu
         epoch (validation included) times ``epochs``; the runs of one kind are summed.
     budget
         Shipped runs that train for a wall-clock budget instead (their ``budget_minutes``, summed).
+    speedrun
+        A shipped speedrun run that the chapter retrains on a GPU instead of ``gpu`` (its ``budget_minutes`` on its
+        hardware).
 
     Returns
     -------
     str
-        E.g. ``"≈ 8.4 h on a CPU, ≈ 2.5 min on an NVIDIA H200 (15 epochs, from the shipped runs)"``.
+        E.g. ``"≈ 8.4 h on a CPU, ≈ 2.5 min on an NVIDIA H200 (15 epochs, from the shipped runs)"``, or with
+        ``speedrun``: ``"≈ 8.4 h on a CPU (15 epochs), ≈ 3.2 min on an NVIDIA H200 (speedrun recipe)"``.
     """
     from .pretrained import load_pretrained_history
 
@@ -137,6 +143,10 @@ def train_cost(epochs: int, cpu: Sequence[str] = (), gpu: Sequence[str] = (), bu
     if budget:
         minutes = sum(load_pretrained_history(n).meta["budget_minutes"] for n in budget)
         text = f"≈ {duration(60 * minutes)} on any hardware ({len(budget)} runs, each stops at its time budget)"
+    elif speedrun:
+        meta = load_pretrained_history(speedrun).meta
+        cpu_part = f"≈ {duration(epochs * sum(per_epoch(n) for n in cpu))} on a CPU ({epochs} epochs), " if cpu else ""
+        text = f"{cpu_part}≈ {duration(60 * meta['budget_minutes'])} on an {meta['hardware']} (speedrun recipe)"
     else:
         parts = []
         if cpu:

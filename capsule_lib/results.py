@@ -36,6 +36,11 @@ __all__ = [
     "published_rows",
     "show_published",
     "glue_figure",
+    "SPEEDRUN_HEADERS",
+    "speedrun_histories",
+    "speedrun_rows",
+    "speedrun_references",
+    "show_speedruns",
 ]
 
 
@@ -272,6 +277,107 @@ def show_published():
     from IPython.display import Markdown
 
     return Markdown(markdown_table(PUBLISHED_HEADERS, published_rows()))
+
+
+#: the columns of :func:`speedrun_rows`
+SPEEDRUN_HEADERS = (
+    "speedrun recipe",
+    "checkpoint",
+    "hardware",
+    "trained",
+    "first reached on validation",
+    "test",
+    "paper",
+)
+
+
+def speedrun_histories(registry: dict[str, dict[str, Any]] | None = None, family: str | None = None) -> dict[str, Any]:
+    """The shipped checkpoints trained by a speedrun recipe (:mod:`capsule_lib.train.recipes.speedrun`), only those of
+    one :data:`FAMILIES` key with ``family``: name -> its :class:`~capsule_lib.train.checkpoint.History` (read from
+    the shipped history file)."""
+    from .pretrained import load_pretrained_history
+    from .pretrained import registry as shipped
+    from .train.recipes.registry import RECIPES
+    from .train.recipes.speedrun import SpeedrunRecipe
+
+    out = {}
+    for name, entry in sorted((shipped() if registry is None else registry).items()):
+        if "history" not in entry or (family is not None and family_of(entry) != family):
+            continue
+        hist = load_pretrained_history(name)
+        if issubclass(RECIPES.get(hist.meta.get("recipe"), object), SpeedrunRecipe):
+            out[name] = hist
+    return out
+
+
+def _reached(hist: Any, thresholds: tuple[float, ...]) -> str:
+    """``"99 %: 0.5 min, 99.5 %: 0.8 min, 99.7 %: not reached"``: the first validation crossing of each threshold."""
+    cells = []
+    for t, s in zip(thresholds, hist.time_to(thresholds).values()):
+        cells.append(f"{100 * t:g} %: {duration(s) if s is not None else 'not reached'}")
+    return ", ".join(cells)
+
+
+def speedrun_rows(registry: dict[str, dict[str, Any]] | None = None) -> list[list[str]]:
+    """One row per speedrun recipe and shipped checkpoint of it (:data:`SPEEDRUN_HEADERS`): the hardware, what was
+    trained (epochs, wall time, the budget), when validation accuracy first reached each of the recipe's
+    thresholds, the test accuracy of the epoch kept and the paper's number. A recipe without a shipped checkpoint
+    gets a row saying so."""
+    from .train.recipes.speedrun import SPEEDRUNS
+
+    reg = _shipped_or(registry)
+    hists = speedrun_histories(reg)
+    rows = []
+    for cls in SPEEDRUNS:
+        names = [n for n, h in hists.items() if h.meta["recipe"] == cls.name]
+        if not names:
+            rows.append([f"`{cls.name}`", "—", "no run shipped yet", "—", "—", "—", "—"])
+        for name in names:
+            entry, hist = reg[name], hists[name]
+            t, m = entry["training"], entry["metrics"]
+            keys = [k for k in ("test_acc", "test_familiar_acc", "test_novel_acc") if k in m]
+            paper = paper_result(name, entry)
+            budget = f"budget {t['budget_minutes']:.1f}\u00a0min"
+            trained = f"{epochs_text(t['epochs'])} epochs, {duration(t['wall_time_s'])} ({budget})"
+            rows.append(
+                [
+                    f"`{cls.name}`",
+                    _name_cell(name),
+                    t["hardware"],
+                    trained,
+                    _reached(hist, cls.thresholds),
+                    " / ".join(pct_cell(m[k]) for k in keys),
+                    paper.text + (PROXY_MARK if _paper_model(name, entry)[1] else "") if paper else "—",
+                ]
+            )
+    return rows
+
+
+def _shipped_or(registry: dict[str, dict[str, Any]] | None) -> dict[str, dict[str, Any]]:
+    from .pretrained import registry as shipped
+
+    return shipped() if registry is None else registry
+
+
+def speedrun_references(names: Sequence[str], registry: dict[str, dict[str, Any]] | None = None) -> dict[str, float]:
+    """The papers' test accuracies (%) for the networks of the checkpoints ``names``, labelled for a figure's
+    reference lines: ``{"CapsNet, paper (test)": 99.75, ...}`` (a range's lower end; ``†`` marks a related
+    network's number, as in the tables)."""
+    reg = _shipped_or(registry)
+    out = {}
+    for name in names:
+        paper = paper_result(name, reg[name])
+        if paper is not None:
+            mark = PROXY_MARK if _paper_model(name, reg[name])[1] else ""
+            out[f"{paper.model}{mark}, paper (test)"] = paper.accuracy
+    return out
+
+
+def show_speedruns(registry: dict[str, dict[str, Any]] | None = None):
+    """:func:`speedrun_rows` as a table in a notebook."""
+    from IPython.display import Markdown
+
+    return Markdown(markdown_table(SPEEDRUN_HEADERS, speedrun_rows(registry)))
 
 
 def glue_figure(name: str, fig) -> None:

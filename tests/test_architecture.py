@@ -39,6 +39,8 @@ LAYERS = [
     "robustness",
     "cost",
     "distributed",
+    "train.runtime",
+    "train.ema",
     "train.checkpoint",
     "train.trainer",
     "train.recipes",
@@ -52,6 +54,7 @@ LAYERS = [
     "viz",
     "notebook",  # the one reader of the CAPSULE_* environment variables
     "train.__main__",  # python -m capsule_lib.train: the command line with the environment's defaults
+    "train.speedrun",  # python -m capsule_lib.train.speedrun: recipes through train(), the environment's defaults
 ]
 
 
@@ -311,6 +314,12 @@ def test_make_recipe_applies_overrides_and_names_unknown_fields():
         "baseline_backbone_cifar10_cpu",
         "routing_compare_mnist",
         "routing_compare_norb",
+        "capsnet_speedrun",
+        "baseline_cnn_speedrun",
+        "efficient_speedrun",
+        "em_norb_speedrun",
+        "tsai_cifar10_speedrun",
+        "capsnet_multimnist_speedrun",
     }
 
 

@@ -225,8 +225,8 @@ def test_the_table_check_finds_a_lost_table():
 
 #: the shipped runs whose retraining each chapter's TRAIN switch repeats (capsule_lib.report.train_cost)
 TRAIN_RUNS = {
-    "dynamic_routing": dict(cpu=["capsnet_mnist"], gpu=["capsnet_mnist_gpu"]),
-    "efficient_capsnet": dict(cpu=["efficient_capsnet_mnist"], gpu=["efficient_capsnet_mnist_gpu"]),
+    "dynamic_routing": dict(cpu=["capsnet_mnist"], speedrun="capsnet_speedrun_gpu"),
+    "efficient_capsnet": dict(cpu=["efficient_capsnet_mnist"], speedrun="efficient_speedrun_gpu"),
     "em_routing": dict(cpu=["em_norb_seed0", "baseline_cnn_norb_seed0"]),
     "heinsen_routing": dict(cpu=["heinsen_norb_seed0", "baseline_cnn_norb48_seed0"]),
     "tsai_inverted": dict(cpu=["tsai_cifar10_cpu_seed0", "baseline_backbone_cifar10_cpu_seed0"]),
@@ -251,6 +251,29 @@ def test_parameters_cell_says_what_training_costs(path):
     epochs = int(re.search(r"^EPOCHS: int = (\d+)", src(cell), re.M).group(1))
     want = f"# TRAIN = True costs {train_cost(epochs, **kw)}"
     assert said == [want], f"{nb_id(path)}: the parameters cell should say\n{want}\nfound {said}"
+
+
+#: the chapters that load one shipped network by name (CHECKPOINT = "...") and that network's (model, dataset)
+CHAPTER_NETWORKS = {"dynamic_routing": ("capsnet", "mnist"), "efficient_capsnet": ("efficient_capsnet", "mnist")}
+
+
+@pytest.mark.parametrize("stem", sorted(CHAPTER_NETWORKS))
+def test_a_chapter_loads_the_shipped_checkpoint_of_its_network_with_the_best_validation_accuracy(stem):
+    """Among the shipped checkpoints of the chapter's network and data (the paper recipe's CPU and GPU runs, the
+    speedrun's), the chapter shows the one chosen on the validation split: a better one registered later fails here
+    until the chapter (and its prose) moves to it."""
+    from capsule_lib.pretrained import registry
+
+    cell = next(c for c in code_cells(nb_json(BOOK / f"{stem}.ipynb")) if "CHECKPOINT = " in src(c))
+    loaded = re.search(r'^CHECKPOINT = "([a-z0-9_]+)"', src(cell), re.M).group(1)
+    kind, data = CHAPTER_NETWORKS[stem]
+    reg = registry()
+    same = [n for n, e in reg.items() if e["model"] == kind and e["training"].get("dataset") == data]
+    same = [n for n in same if not n.startswith("compare_")]  # the comparison's network is another one
+    assert len(same) >= 2 and loaded in same
+    assert loaded == max(same, key=lambda n: reg[n]["metrics"]["val_acc"]), {
+        n: reg[n]["metrics"]["val_acc"] for n in same
+    }
 
 
 # ---------------------------------------------------------------------------------- table of contents

@@ -29,6 +29,11 @@ class TensorLoader:
     single process with batch ``batch_size * world_size``. Augmentation draws from a per-rank generator.
     ``pad_shards=False`` (evaluation loaders) skips the padding: each sample is counted once, and ranks may
     differ by one sample (and one batch).
+
+    ``resident=True`` keeps the tensors on ``device`` (moved there once, ``uint8`` images stay ``uint8``) and
+    indexes them there, so that a batch costs no host-to-device copy of images: the data-on-the-device path of
+    the speedrun recipes. The order and the augmentation draws come from the same seeded CPU generator as
+    without it, so the batches are the same, value for value.
     """
 
     def __init__(
@@ -44,6 +49,7 @@ class TensorLoader:
         rank: int = 0,
         world_size: int = 1,
         pad_shards: bool = True,
+        resident: bool = False,
     ) -> None:
         n = tensors[0].shape[0]
         if any(t.shape[0] != n for t in tensors):
@@ -51,8 +57,10 @@ class TensorLoader:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
         self.rank, self.world_size, self.pad_shards = rank, world_size, pad_shards
-        self.tensors, self.batch_size, self.shuffle, self.seed = list(tensors), batch_size, shuffle, seed
+        self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
         self.transform, self.drop_last, self.device = transform, drop_last, torch.device(device)
+        self.resident = resident
+        self.tensors = [t.to(self.device) for t in tensors] if resident else list(tensors)
         self.epoch = 0
         self.position = 0  # batches yielded so far in the current epoch
         self._generator: torch.Generator | None = None
@@ -73,7 +81,8 @@ class TensorLoader:
 
     def __len__(self) -> int:
         n = self._n_local()
-        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+        full = self.drop_last and n >= self.batch_size  # drop the last, smaller batch only when a full one exists
+        return n // self.batch_size if full else math.ceil(n / self.batch_size)
 
     def fingerprint(self) -> str:
         """The content fingerprint of the data this loader serves (:func:`~capsule_lib.data.datasets.data_fingerprint`
@@ -122,6 +131,8 @@ class TensorLoader:
             if start.get("generator") is not None:
                 g.set_state(start["generator"])
         self._generator, self.position = g, first
+        if self.resident:  # one copy of the epoch's order instead of one per batch
+            order = order.to(self.device)
         for k in range(first, len(self)):
             idx = order[k * self.batch_size : (k + 1) * self.batch_size]
             batch = tuple(_to_device(t[idx], self.device) for t in self.tensors)

@@ -298,6 +298,21 @@ class MultiMNISTLoader:
         """The content fingerprint of the source digits the pairs are made of (what a run records)."""
         return data_fingerprint(self.source.images, self.source.labels)
 
+    def pairs(self) -> ImageDataset:
+        """The current epoch's pairs as a dataset: ``images`` uint8 ``[n, 1, S, S]``, ``labels`` ``[n, 2]`` (what a
+        shipped checkpoint's validation and test figures are computed on), ``source_a``/``source_b`` in ``extra``."""
+        merged, y2, src_a, src_b = self._loader().tensors
+        return ImageDataset(
+            "multimnist",
+            "pairs",
+            merged,
+            y2,
+            [str(i) for i in range(10)],
+            generated=True,
+            description=f"GENERATED MultiMNIST pairs ({self.variant} recipe, {self.n} pairs, seed {self.seed})",
+            extra={"source_a": src_a, "source_b": src_b},
+        )
+
     def __len__(self) -> int:
         rank, world = self.shard.get("rank", 0), self.shard.get("world_size", 1)
         n = math.ceil(self.n / world) if self.shard.get("pad_shards", True) else len(range(rank, self.n, world))

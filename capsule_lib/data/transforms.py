@@ -11,10 +11,13 @@ import torch.nn.functional as F
 __all__ = ["random_shift", "shift_images", "random_affine", "affine_images", "random_crop_flip"]
 
 
-def shift_images(x: torch.Tensor, dx: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
-    """Shift each image by integer ``(dx[b], dy[b])`` pixels with zero fill: ``[B, C, H, W] -> same``."""
+def shift_images(x: torch.Tensor, dx: torch.Tensor, dy: torch.Tensor, bound: int | None = None) -> torch.Tensor:
+    """Shift each image by integer ``(dx[b], dy[b])`` pixels with zero fill: ``[B, C, H, W] -> same``.
+
+    ``bound``: a known upper bound of ``|dx|`` and ``|dy|`` (the padding); without it the largest shift is read
+    from the tensors, which waits for the device (a GPU pipeline stalls on every batch)."""
     B, C, H, W = x.shape
-    m = int(max(dx.abs().max().item(), dy.abs().max().item(), 0))
+    m = bound if bound is not None else int(max(dx.abs().max().item(), dy.abs().max().item(), 0))
     if m == 0:
         return x
     xp = F.pad(x, (m, m, m, m))  # [B, C, H+2m, W+2m]
@@ -30,7 +33,7 @@ def random_shift(x: torch.Tensor, max_shift: int = 2, generator: torch.Generator
     (Sabour et al.: 2 px for MNIST training)."""
     B = x.shape[0]
     d = torch.randint(-max_shift, max_shift + 1, (2, B), generator=generator)
-    return shift_images(x, d[0].to(x.device), d[1].to(x.device))
+    return shift_images(x, d[0].to(x.device), d[1].to(x.device), max_shift)
 
 
 def random_crop_flip(x: torch.Tensor, padding: int = 4, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -40,7 +43,7 @@ def random_crop_flip(x: torch.Tensor, padding: int = 4, generator: torch.Generat
     B = x.shape[0]
     d = torch.randint(-padding, padding + 1, (2, B), generator=generator)
     flip = torch.rand(B, generator=generator) < 0.5
-    x = shift_images(x, d[0].to(x.device), d[1].to(x.device))
+    x = shift_images(x, d[0].to(x.device), d[1].to(x.device), padding)
     return torch.where(flip.to(x.device).view(B, 1, 1, 1), x.flip(-1), x)
 
 
@@ -151,12 +154,12 @@ def random_margin_shift(x: torch.Tensor, generator: torch.Generator, std: float 
     never leaves the image (so the official ``tf.roll`` equals this zero-filled shift)."""
     _check_images(x)
     B = x.shape[0]
-    m = content_margins(x).float().cpu()  # [B, 4]
-    a = _draw((B, 2), generator).abs_().mul_(std).clamp_(max=0.9999).cpu()  # [B, 2] (x, y)
-    side = _draw((B, 2), generator, "uniform").cpu() < 0.5  # [B, 2] True = towards left / top
+    m = content_margins(x).float()  # [B, 4], on x's device (no wait for it)
+    a = _draw((B, 2), generator).abs_().mul_(std).clamp_(max=0.9999).to(m.device)  # [B, 2] (x, y)
+    side = _draw((B, 2), generator, "uniform").to(m.device) < 0.5  # [B, 2] True = towards left / top
     dx = torch.where(side[:, 0], torch.floor(-a[:, 0] * m[:, 0]), torch.floor(a[:, 0] * (1 + m[:, 1])))
     dy = torch.where(side[:, 1], torch.floor(-a[:, 1] * m[:, 2]), torch.floor(a[:, 1] * (1 + m[:, 3])))
-    return shift_images(x, dx.long().to(x.device), dy.long().to(x.device))
+    return shift_images(x, dx.long(), dy.long(), max(x.shape[-2:]))  # |shift| <= the free margin < the side
 
 
 def _lanczos3(t: torch.Tensor) -> torch.Tensor:

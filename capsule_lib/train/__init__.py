@@ -9,7 +9,8 @@ data (:mod:`capsule_lib.data.loaders`, :class:`~capsule_lib.data.multimnist.Mult
 from .checkpoint import History, RunMismatchError, load_history
 from .cli import COMPILE_MODES, hardware_string, main, shipped_recipe, train
 from .recipes import RECIPES, Recipe, check_device_available, make_recipe, recipe_config
-from .trainer import Trainer, TrainingInterrupted, seed_everything, select_device
+from .runtime import TrainingInterrupted, seed_everything, select_device
+from .trainer import Trainer
 
 __all__ = [
     "train",

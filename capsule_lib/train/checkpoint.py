@@ -37,6 +37,15 @@ class History:
         recs = [r for r in self.records if r.get(key) is not None]
         return max(recs, key=lambda r: r[key]) if recs else None
 
+    def time_to(self, thresholds: tuple[float, ...], key: str = "val_acc") -> dict[str, float | None]:
+        """For each threshold, the training wall time (s) of the first record whose ``key`` reached it (``None``:
+        never), keyed by the threshold as text: ``{"0.997": 181.4, ...}``."""
+        out: dict[str, float | None] = {}
+        for t in thresholds:
+            hit = next((r for r in self.records if r.get(key) is not None and r[key] >= t), None)
+            out[f"{t:g}"] = round(hit["wall_time"], 2) if hit is not None else None
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         return {"meta": self.meta, "records": self.records}
 

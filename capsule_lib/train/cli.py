@@ -21,6 +21,7 @@ turns a finished run into a shipped checkpoint and its registry entry.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import platform
 import sys
@@ -38,7 +39,8 @@ from .recipes.base import (
     Recipe,
     check_device_available,
 )
-from .trainer import Trainer, select_device
+from .runtime import select_device
+from .trainer import Trainer
 
 __all__ = ["train", "shipped_recipe", "hardware_string", "main", "COMPILE_MODES"]
 
@@ -178,6 +180,8 @@ def train(
     """
     check_choice(compile, COMPILE_MODES, "compile")
     r = make_recipe(recipe, **overrides)
+    compile = compile if compile is not None else getattr(r, "compile", None)  # the call's, else the recipe's
+    check_choice(compile, COMPILE_MODES, "compile")
     check_device_available(r)
     dist = setup_distributed(select_device(r.device))  # a torchrun job, or this process alone
     device = dist.device
@@ -205,6 +209,11 @@ def train(
         meta["start_from"] = start
     if compile is not None:
         meta["compile"] = compile
+    if getattr(r, "ema", None) is not None:
+        meta["ema"] = r.ema  # the selected and shipped weights are the moving average
+    precision = getattr(r, "matmul_precision", None) if device.type == "cuda" else None
+    if precision is not None:
+        meta["matmul_precision"] = precision  # "high": TF32 matrix products while training
     if dist.distributed:  # recorded only for jobs of several processes
         meta.update(world_size=dist.world_size, batch_size_per_process=r.batch_size // dist.world_size)
     trainer = Trainer(
@@ -217,17 +226,34 @@ def train(
         amp=r.amp,
         out_dir=out_dir,
         seed=r.seed,
-        callbacks=callbacks,
+        callbacks=(*callbacks, *r.training_callbacks(budget_minutes)),
         progress=progress,
         meta=meta,
         keep_epochs=r.keep_epochs,
         dist=dist,
+        ema=getattr(r, "ema", None),
     )
     if compile is not None:  # the training step only; evaluation and checkpoints use the plain model
         trainer.net = torch.compile(trainer.net, mode=compile)
-    trainer.fit(loaders.train, loaders.val, r.epochs, resume=resume, budget_minutes=budget_minutes)
-    trainer.finish(loaders.test)  # best validation weights; the test split is read once, now
+    with _matmul_precision(precision):
+        trainer.fit(loaders.train, loaders.val, r.epochs, resume=resume, budget_minutes=budget_minutes)
+        trainer.finish(loaders.test)  # best validation weights; the test split is read once, now
     return model, trainer
+
+
+@contextlib.contextmanager
+def _matmul_precision(precision: str | None):
+    """``torch.set_float32_matmul_precision(precision)`` while a run trains, the previous setting restored
+    afterwards; ``None``: nothing."""
+    if precision is None:
+        yield
+        return
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(precision)
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(previous)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -1,5 +1,5 @@
-"""The training loop: seeding, device selection and a :class:`Trainer` with per-epoch JSON history, best/last
-checkpoints and exact resume.
+"""The training loop: a :class:`Trainer` with per-epoch JSON history, best/last checkpoints and exact resume (the
+process around it, seeds, devices, Ctrl-C and the epoch's sums, is :mod:`~capsule_lib.train.runtime`).
 
 Model selection uses the validation split only; a test loader, if given, is evaluated for the record and
 never used to choose a checkpoint.
@@ -12,8 +12,6 @@ import json
 import math
 import os
 import random
-import signal
-import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -26,52 +24,10 @@ from torch import nn
 from ..distributed import DistInfo, all_reduce_sums
 from ..losses import StepOutput
 from .checkpoint import History, RunMismatchError, _atomic_save, _load_checkpoint, read_json
+from .ema import WeightAverage
+from .runtime import EpochSums, TrainingInterrupted, _stop_on_sigint, seed_everything, select_device
 
-__all__ = ["seed_everything", "select_device", "Trainer", "TrainingInterrupted"]
-
-
-# ------------------------------------------------------------------------------------------------ basics
-def seed_everything(seed: int) -> None:
-    """Seed Python, NumPy and torch (all devices)."""
-    random.seed(seed)
-    np.random.seed(seed % (2**32))
-    torch.manual_seed(seed)
-
-
-def select_device(preference: str | torch.device | None = "auto") -> torch.device:
-    """``"auto"``/``None`` -> cuda if available, else mps, else cpu; anything else is passed to ``torch.device``."""
-    if preference in (None, "auto", ""):
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        mps = getattr(torch.backends, "mps", None)
-        if mps is not None and mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    return torch.device(preference)
-
-
-class TrainingInterrupted(KeyboardInterrupt):
-    """Training stopped on Ctrl-C (SIGINT) after the batch in progress; ``str()`` says where the run can be resumed."""
-
-
-@contextlib.contextmanager
-def _stop_on_sigint(flag: dict[str, bool]):
-    """While training: the first Ctrl-C sets ``flag["stop"]`` (the loop stops after its batch, with a checkpoint);
-    a second one interrupts at once. Only in the main thread (signal handlers cannot be set elsewhere)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum, frame):
-        if flag.get("stop"):
-            raise KeyboardInterrupt
-        flag["stop"] = True
-
-    previous = signal.signal(signal.SIGINT, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
+__all__ = ["Trainer"]
 
 
 class Trainer:
@@ -138,6 +94,7 @@ class Trainer:
         keep_epochs: bool = False,
         checkpoint_minutes: float | None = 10.0,
         dist: DistInfo | None = None,
+        ema: float | None = None,
     ) -> None:
         if scheduler_step not in ("epoch", "batch"):
             raise ValueError("scheduler_step must be 'epoch' or 'batch'")
@@ -154,9 +111,11 @@ class Trainer:
             self.net = DistributedDataParallel(self.model, device_ids=ids)
             progress, callbacks = progress and self.dist.is_main, callbacks if self.dist.is_main else ()
         self.objective, self.optimizer, self.scheduler = objective, optimizer, scheduler
+        self.ema = WeightAverage(self.model, ema) if ema is not None else None
         self.scheduler_step, self.amp, self.seed, self.grad_clip = scheduler_step, amp, seed, grad_clip
         self.callbacks, self.progress, self.select_metric = list(callbacks), progress, select_metric
         self.keep_epochs, self.checkpoint_minutes = keep_epochs, checkpoint_minutes
+        self.read_every: int | None = None  # batches between reads of the summed losses (None: 1 on a CPU, else 50)
         self._in_epoch: dict[str, Any] | None = None  # progress inside an epoch, from a mid-epoch checkpoint
         self._budget_end: float | None = None  # time.time() at which fit(budget_minutes=) stops training
         self._stopped: dict[str, Any] | None = None  # set by train_epoch when the budget ran out inside an epoch
@@ -170,6 +129,7 @@ class Trainer:
         self.history = History(meta=dict(meta or {}))
         self._meta = dict(meta or {})
         self.epoch = 0  # number of completed epochs
+        self.epochs = 0  # the epochs fit() trains to
         self.best_metric = -math.inf
         self._best_in_memory: tuple[dict[str, torch.Tensor], dict[str, Any]] | None = None  # when out_dir is None
         self._t0 = 0.0
@@ -194,6 +154,7 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "scaler": self.scaler.state_dict(),
+            "ema": self.ema.state_dict() if self.ema is not None else None,
             "epoch": self.epoch,
             "best_metric": self.best_metric,
             "history": self.history.to_dict(),
@@ -223,6 +184,8 @@ class Trainer:
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
+        if self.ema is not None:
+            self.ema.load_state_dict(state.get("ema") or {"steps": 0, "weights": self.model.state_dict()})
         self.epoch = int(state["epoch"])
         self.best_metric = float(state["best_metric"])
         self._in_epoch = state.get("in_epoch")
@@ -267,32 +230,32 @@ class Trainer:
         self.model.train()
         if hasattr(loader, "set_epoch"):
             loader.set_epoch(self.epoch)
-        sums: dict[str, float] = {}
-        loss_sum, correct, n = 0.0, 0.0, 0
         resumable = (
             self._writes and not self.dist.distributed and hasattr(loader, "state") and hasattr(loader, "resume_at")
         )
         done, self._in_epoch = self._in_epoch, None
-        first = 0
+        first, sums = 0, EpochSums()
         if done is not None and resumable:  # finish an epoch interrupted after a mid-epoch checkpoint
             try:
                 started = loader.resume_at(done["loader"])  # the same images done, whatever the batch size now
             except ValueError as e:
                 raise ValueError(f"{self.out_dir / 'last.pt'}: {e}") from None
             first = done["loader"]["batch"] if started is None else started
-            sums, loss_sum, correct, n = dict(done["sums"]), done["loss_sum"], done["correct"], done["n"]
+            sums = EpochSums(done)
         self._last_save = time.time()
-        total = len(loader) - first
-        bar = self._bar(loader, total, f"epoch {self.epoch + 1}")
+        bar = self._bar(loader, len(loader) - first, f"epoch {self.epoch + 1}")
+        # the sums stay on the device; they are read every `every` batches (the finiteness check, the progress bar)
+        # and at the epoch's end: on a GPU each read waits for the device, so a read per step would stall it
+        every, since, nonfinite = self.read_every or (1 if self.device.type == "cpu" else 50), None, None
         for batch in bar:
             batch = tuple(b.to(self.device) for b in batch)
             with self._autocast():
                 out = self.objective(self.net, batch, True)
-            if not torch.isfinite(out.loss.detach()).item():
-                raise FloatingPointError(
-                    f"epoch {self.epoch + 1}, batch {getattr(loader, 'position', '?')}: the training loss is "
-                    f"{out.loss.item()} (not finite); the run stops here (last.pt holds the last complete epoch)"
-                )
+            position = getattr(loader, "position", None)
+            step_bad = ~torch.isfinite(out.loss.detach())
+            nonfinite, since = (step_bad, position) if nonfinite is None else (nonfinite | step_bad, since)
+            if position is None or position % every == 0 or position >= len(loader):
+                nonfinite = self._check_finite(nonfinite, since, position)
             self.optimizer.zero_grad(set_to_none=True)
             self.scaler.scale(out.loss).backward()
             if self.grad_clip is not None:
@@ -300,21 +263,22 @@ class Trainer:
                 nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
             self.scaler.step(self.optimizer)
             self.scaler.update()
+            if self.ema is not None:
+                self.ema.update()
             if self.scheduler is not None and self.scheduler_step == "batch":
                 self.scheduler.step()
-            b = out.n
-            loss_sum += out.loss.item() * b
-            correct += out.correct
-            n += b
-            for k, v in out.parts.items():
-                sums[k] = sums.get(k, 0.0) + v * b
-            if self.progress and hasattr(bar, "set_postfix"):
-                bar.set_postfix(loss=f"{loss_sum / n:.4f}", acc=f"{correct / n:.4f}")
-            position = getattr(loader, "position", None)
+            sums.add(out)
+            if self.progress and hasattr(bar, "set_postfix") and (position is None or position % every == 0):
+                read = sums.floats()
+                bar.set_postfix(loss=f"{read['loss_sum'] / sums.n:.4f}", acc=f"{read['correct'] / sums.n:.4f}")
             unfinished = position is not None and position < len(loader)
+            budget_out = self._budget_end is not None and time.time() >= self._budget_end
+            due = self.checkpoint_minutes is not None and time.time() - self._last_save >= 60 * self.checkpoint_minutes
+            if nonfinite is not None and (self._interrupt.get("stop") or budget_out or due):
+                nonfinite = self._check_finite(nonfinite, since, position)  # never keep weights a nan has reached
             if self._interrupt.get("stop"):
                 if resumable and unfinished:
-                    _atomic_save(self._in_epoch_state(loader, sums, loss_sum, correct, n), self.out_dir / "last.pt")
+                    _atomic_save(self._in_epoch_state(loader, sums), self.out_dir / "last.pt")
                     where = f"after batch {position} of {len(loader)} of epoch {self.epoch + 1} (mid-epoch checkpoint)"
                 elif self._writes:
                     where = f"at the end of epoch {self.epoch} (the last complete epoch)"
@@ -326,59 +290,64 @@ class Trainer:
                     f"training interrupted (Ctrl-C) {where}; run the same command again to resume from "
                     f"{self.out_dir / 'last.pt'}"
                 )
-            if self._budget_end is not None and time.time() >= self._budget_end and unfinished:
-                # the budget ran out inside this epoch: fit() evaluates these weights and saves the position
-                in_epoch = {"loader": loader.state(), "sums": dict(sums), "loss_sum": loss_sum} if resumable else {}
-                in_epoch.update(correct=correct, n=n, lr=self._epoch_lr, elapsed=time.time() - self._t_epoch)
+            if budget_out and unfinished:  # fit() evaluates the weights reached and saves the position
+                in_epoch = {"loader": loader.state(), **sums.floats()} if resumable else sums.floats()
+                in_epoch.update(lr=self._epoch_lr, elapsed=time.time() - self._t_epoch)
                 self._stopped = {"fraction": position / len(loader), "in_epoch": in_epoch if resumable else None}
                 break
-            due = self.checkpoint_minutes is not None and time.time() - self._last_save >= 60 * self.checkpoint_minutes
             if resumable and due and unfinished:
-                _atomic_save(self._in_epoch_state(loader, sums, loss_sum, correct, n), self.out_dir / "last.pt")
+                _atomic_save(self._in_epoch_state(loader, sums), self.out_dir / "last.pt")
                 self._last_save = time.time()
-        return self._record("train", loss_sum, correct, n, sums)
+        if nonfinite is not None:
+            self._check_finite(nonfinite, since, position)
+        return self._record("train", sums)
 
-    def _in_epoch_state(self, loader: Any, sums: dict[str, float], loss_sum: float, correct: float, n: int) -> dict:
+    def _check_finite(self, nonfinite: torch.Tensor, since: int | None, position: int | None) -> None:
+        """Stop the run in one line if a training loss since batch ``since`` (up to ``position``) was not finite;
+        returns ``None`` (nothing left to check)."""
+        if bool(nonfinite):
+            where = f"batch {position}" if since == position else f"one of batches {since}-{position}"
+            raise FloatingPointError(
+                f"epoch {self.epoch + 1}, {where}: the training loss is nan or infinite (not finite); the run stops "
+                f"here (last.pt holds the last complete epoch)"
+            )
+
+    def _in_epoch_state(self, loader: Any, sums: EpochSums) -> dict:
         """The run's state with its position inside the current epoch (a mid-epoch checkpoint)."""
         state = self.state_dict()
         state["in_epoch"] = {
             "loader": loader.state(),
-            "sums": dict(sums),
-            "loss_sum": loss_sum,
-            "correct": correct,
-            "n": n,
+            **sums.floats(),
             "lr": self._epoch_lr,
             "elapsed": time.time() - self._t_epoch,
             "wall_time": self._wall_before + time.time() - self._t0,
         }
         return state
 
-    def _record(self, prefix: str, loss_sum: float, correct: float, n: int, sums: dict[str, float]) -> dict:
+    def _record(self, prefix: str, sums: EpochSums) -> dict:
         """Per-sample means of the summed loss, accuracy and loss parts, summed over all ranks first."""
-        keys = sorted(sums)
-        loss_sum, correct, n, *parts = all_reduce_sums([loss_sum, correct, n, *(sums[k] for k in keys)], self.dist)
+        read = sums.floats()  # the device's sums, read once here
+        keys = sorted(read["sums"])
+        values = [read["loss_sum"], read["correct"], read["n"], *(read["sums"][k] for k in keys)]
+        loss_sum, correct, n, *parts = all_reduce_sums(values, self.dist)
         rec = {f"{prefix}_loss": loss_sum / max(n, 1), f"{prefix}_acc": correct / max(n, 1)}
         rec.update({f"{prefix}_{k}": v / max(n, 1) for k, v in zip(keys, parts)})
         return rec
 
     @torch.no_grad()
     def evaluate(self, loader: Any, prefix: str = "val") -> dict[str, float]:
-        """Loss, loss parts and accuracy of the current model on ``loader`` (no augmentation)."""
+        """Loss, loss parts and accuracy of the current model on ``loader`` (no augmentation); with ``ema``, of the
+        weights' moving average (what the run selects and ships)."""
         self.model.eval()
         if hasattr(loader, "set_epoch"):
             loader.set_epoch(0)
-        sums: dict[str, float] = {}
-        loss_sum, correct, n = 0.0, 0.0, 0
+        sums, model = EpochSums(), self.ema.module if self.ema is not None else self.model  # what is selected, shipped
+        model.eval()
         for batch in loader:
             batch = tuple(b.to(self.device) for b in batch)
             with self._autocast():
-                out = self.objective(self.model, batch, False)
-            loss_sum += out.loss.item() * out.n
-            correct += out.correct
-            n += out.n
-            for k, v in out.parts.items():
-                sums[k] = sums.get(k, 0.0) + v * out.n
-        return self._record(prefix, loss_sum, correct, n, sums)
+                sums.add(self.objective(model, batch, False))
+        return self._record(prefix, sums)
 
     def fit(
         self,
@@ -433,6 +402,7 @@ class Trainer:
         self.history.meta.setdefault("seed", self.seed)
         self.history.meta.setdefault("amp", self.amp)
         self._record_threads(resumed)
+        self.epochs = epochs  # the loop's target; a callback may shorten the run (the speedrun's budget fit)
         self._trained_now = self.epoch < epochs
         if not self._trained_now:
             self._say(f"{self.out_dir or 'run'}: already finished ({self.epoch} of {epochs} epochs); nothing to train")
@@ -441,7 +411,7 @@ class Trainer:
         # the launcher ends the job (resume from the last complete epoch)
         stop = contextlib.nullcontext() if self.dist.distributed else _stop_on_sigint(self._interrupt)
         with stop:
-            self._fit_epochs(train_loader, val_loader, test_loader, epochs)
+            self._fit_epochs(train_loader, val_loader, test_loader)
         return self.history
 
     def _record_data(self, loader: Any) -> None:
@@ -476,8 +446,8 @@ class Trainer:
             return f"resuming {where}: inside epoch {self.epoch + 1} of {epochs} (mid-epoch checkpoint)"
         return f"resuming {where}: {self.epoch} of {epochs} epochs done"
 
-    def _fit_epochs(self, train_loader: Any, val_loader: Any, test_loader: Any, epochs: int) -> None:
-        while self.epoch < epochs:
+    def _fit_epochs(self, train_loader: Any, val_loader: Any, test_loader: Any) -> None:
+        while self.epoch < self.epochs:
             if self._budget_end is not None and time.time() >= self._budget_end:
                 break  # the budget ran out at an epoch boundary
             if self._in_epoch is None:  # a resumed mid-epoch checkpoint restored the random states instead
@@ -487,7 +457,7 @@ class Trainer:
             self._epoch_lr, self._t_epoch = lr, t_epoch
             rec: dict[str, Any] = {"epoch": self.epoch + 1, "lr": lr}
             if hasattr(self.objective, "set_epoch"):  # e.g. the spread loss's margin schedule
-                self.objective.set_epoch(self.epoch, epochs)
+                self.objective.set_epoch(self.epoch, self.epochs)
             rec.update(self.train_epoch(train_loader))
             if self._stopped is not None:
                 self._record_partial(rec, val_loader)
@@ -520,12 +490,11 @@ class Trainer:
         if not improved:
             return
         self.best_metric = metric
+        evaluated = (self.ema.module if self.ema is not None else self.model).state_dict()  # the weights validated
         if self._writes:
-            _atomic_save(
-                {"model": self.model.state_dict(), "epoch": rec["epoch"], "record": rec}, self.out_dir / "best.pt"
-            )
+            _atomic_save({"model": evaluated, "epoch": rec["epoch"], "record": rec}, self.out_dir / "best.pt")
         else:
-            self._best_in_memory = ({k: v.detach().clone() for k, v in self.model.state_dict().items()}, rec)
+            self._best_in_memory = ({k: v.detach().clone() for k, v in evaluated.items()}, rec)
 
     def _record_partial(self, rec: dict[str, Any], val_loader: Any) -> None:
         """The budget ran out inside epoch ``self.epoch + 1``: evaluate the weights reached, record them as a
@@ -590,10 +559,12 @@ class Trainer:
             if self._best_in_memory is None:
                 return None
             state, record = self._best_in_memory
-            self.model.load_state_dict(state)
-            return record
-        if not (self.out_dir / "best.pt").exists():
+        elif not (self.out_dir / "best.pt").exists():
             return None
-        ck = _load_checkpoint(self.out_dir / "best.pt", self.device)
-        self.model.load_state_dict(ck["model"])
-        return ck["record"]
+        else:
+            ck = _load_checkpoint(self.out_dir / "best.pt", self.device)
+            state, record = ck["model"], ck["record"]
+        self.model.load_state_dict(state)
+        if self.ema is not None:  # evaluate() reads the average: after load_best it holds the best weights too
+            self.ema.module.load_state_dict(state)
+        return record

@@ -108,11 +108,19 @@ def plot_robustness(
     return fig
 
 
-def plot_budget_curves(histories: dict[str, Any], title: str = "") -> Figure:
+def plot_budget_curves(
+    histories: dict[str, Any],
+    title: str = "",
+    references: dict[str, float] | None = None,
+    ylim: tuple[float, float] | None = None,
+) -> Figure:
     """Validation accuracy against training wall time (minutes, validation included) for each run of
     ``histories`` (label -> :class:`~capsule_lib.train.checkpoint.History`), one line per run; a partial last epoch (a
-    budget stop) is drawn as an open marker."""
+    budget stop) is drawn as an open marker. ``references``: label -> an accuracy in % drawn as a dashed horizontal
+    line (e.g. a paper's test accuracy); ``ylim``: the accuracy axis' range in %."""
     fig, ax = plt.subplots(figsize=(7.0, 3.4))
+    for i, (label, value) in enumerate((references or {}).items()):
+        ax.axhline(value, ls="--", lw=1, color=f"C{7 + i % 3}", label=label)
     for label, hist in histories.items():
         recs = [r for r in hist.records if "val_acc" in r and "wall_time" in r]
         if not recs:
@@ -124,6 +132,8 @@ def plot_budget_curves(histories: dict[str, Any], title: str = "") -> Figure:
             ax.plot(t[-1:], acc[-1:], "o", ms=7, mfc="none", color=line.get_color())
     ax.set_xlabel("training wall time, validation included (minutes)", fontsize=8)
     ax.set_ylabel("validation accuracy (%)", fontsize=8)
+    if ylim is not None:
+        ax.set_ylim(*ylim)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, ncol=2)
     if title:

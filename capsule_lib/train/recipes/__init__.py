@@ -1,5 +1,6 @@
 """The papers' training recipes: one dataclass per recipe, whose defaults are the paper's settings, one module per
-family (``mnist``, ``viewpoints``, ``sequences``, ``cifar``, ``comparison``; what they share in ``base``).
+family (``mnist``, ``viewpoints``, ``sequences``, ``cifar``, ``comparison``; what they share in ``base``), and
+the speedrun recipes (``speedrun``: the same networks trained for accuracy per GPU minute).
 
 A recipe says *what* to train (data, model, objective, optimiser, schedule, augmentation); the one entry point
 that trains any of them is :func:`capsule_lib.train.cli.train` (also the command line,
@@ -24,16 +25,23 @@ name                               recipe
 ``baseline_backbone_cifar10_cpu``  :class:`BackboneCifarCPURecipe` (that variant's backbone + a linear head)
 ``routing_compare_mnist``          :class:`RoutingCompareRecipe` (one network, each routing, MNIST, equal time)
 ``routing_compare_norb``           :class:`RoutingCompareNorbRecipe` (the same on the viewpoint protocol)
+``capsnet_speedrun``               :class:`CapsNetSpeedrun` (CapsNet for accuracy per GPU minute)
+``baseline_cnn_speedrun``          :class:`BaselineCNNSpeedrun` (the CNN baseline on that pipeline)
+``efficient_speedrun``             :class:`EfficientCapsNetSpeedrun` (Efficient-CapsNet, the same way)
+``em_norb_speedrun``               :class:`EMNorbSpeedrun` (EM, paper-size, the viewpoint protocol)
+``tsai_cifar10_speedrun``          :class:`TsaiCifarSpeedrun` (Tsai et al.'s CIFAR-10 network)
+``capsnet_multimnist_speedrun``    :class:`CapsNetMultiMNISTSpeedrun` (CapsNet on MultiMNIST pairs)
 =================================  ==========================================================================
 """
 
-from . import base, cifar, comparison, mnist, registry, sequences, viewpoints
+from . import base, cifar, comparison, mnist, registry, sequences, speedrun, viewpoints
 from .base import *  # noqa: F403
 from .cifar import *  # noqa: F403
 from .comparison import *  # noqa: F403
 from .mnist import *  # noqa: F403
 from .registry import *  # noqa: F403
 from .sequences import *  # noqa: F403
+from .speedrun import *  # noqa: F403
 from .viewpoints import *  # noqa: F403
 
 # the package exports what its modules export, in the family order of the table above
@@ -44,5 +52,6 @@ __all__ = [
     *sequences.__all__,
     *cifar.__all__,
     *comparison.__all__,
+    *speedrun.__all__,
     *registry.__all__,
 ]

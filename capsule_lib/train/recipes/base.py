@@ -101,8 +101,11 @@ class Recipe:
         ``test``. ``data``: a data root or a :class:`~capsule_lib.data.DataSource` (root, offline, stand-ins),
         passed to :func:`~capsule_lib.data.get_dataset`. In a distributed job (``dist``) every loader is this
         rank's shard and the training batch is this rank's share of the recipe's (global) ``batch_size``.
-        A family builds its loaders in :meth:`make_loaders`."""
-        return self.make_loaders(data, device, test, _shard(self, dist))
+        A family builds its loaders in :meth:`make_loaders`; the number of training batches per epoch is kept for
+        the schedules laid out over the run (``_steps_per_epoch``)."""
+        out = self.make_loaders(data, device, test, _shard(self, dist))
+        self._steps_per_epoch = len(out.train)
+        return out
 
     def make_loaders(self, data: DataSource | str | None, device: torch.device, test: bool, shard: dict) -> Loaders:
         """The loaders of :meth:`loaders`, given this rank's ``shard`` (``batch_size``: its training batch;
@@ -124,12 +127,26 @@ class Recipe:
             transform=self.augment_batch if self.has_augmentation() else None,
             device=device,
             **shard["rank"],
+            **self.train_loader_options(),
         )
-        val = TensorLoader.from_dataset(va, 256, device=device, pad_shards=False, **shard["rank"])
-        test_loader = None
-        if te is not None:
-            test_loader = TensorLoader.from_dataset(te, 256, device=device, pad_shards=False, **shard["rank"])
+        ev = {"device": device, "pad_shards": False, **shard["rank"], **self.eval_loader_options()}
+        val = TensorLoader.from_dataset(va, 256, **ev)
+        test_loader = TensorLoader.from_dataset(te, 256, **ev) if te is not None else None
         return Loaders(train, val, test_loader, tr, tr.name, tr.generated)
+
+    def train_loader_options(self) -> dict[str, Any]:
+        """Keywords of the training :class:`~capsule_lib.data.loaders.TensorLoader` beyond data, batch and
+        augmentation (none here; the speedrun recipes keep the data on the device and drop the last, smaller
+        batch)."""
+        return {}
+
+    def eval_loader_options(self) -> dict[str, Any]:
+        """Keywords of the validation and test loaders beyond data and batch (none here)."""
+        return {}
+
+    def training_callbacks(self, budget_minutes: float | None) -> tuple:
+        """Callbacks the recipe adds to a run's (``cb(trainer, record)`` after every epoch); none by default."""
+        return ()
 
     def evaluation_sets(self, data: DataSource | str | None = None) -> dict[str, Any]:
         """The datasets a shipped checkpoint of this recipe is evaluated on, by metric prefix (``"val"``,

@@ -16,10 +16,7 @@ from ...losses import (
     ClassifierObjective,
 )
 from ...models.inverted import CIFAR10_MEAN, CIFAR10_STD, CapsModelConfig
-from .base import (
-    Loaders,
-    Recipe,
-)
+from .base import Recipe
 
 __all__ = ["TsaiCifarRecipe", "TsaiCifarCPURecipe", "BackboneCifarCPURecipe"]
 
@@ -101,11 +98,6 @@ class TsaiCifarCPURecipe(TsaiCifarRecipe):
     epochs: int = 15
     warmup: float = 0.15
     model: CapsModelConfig = field(default_factory=_tsai_cpu_config)
-
-    def loaders(self, data, device, *, test=True, dist=None) -> Loaders:
-        out = super().loaders(data, device, test=test, dist=dist)
-        self._steps_per_epoch = len(out.train)  # the schedule is laid out over epochs * steps per epoch
-        return out
 
     def lr_factor(self, step: int) -> float:
         total = max(1, self.epochs * getattr(self, "_steps_per_epoch", 1))

@@ -26,6 +26,7 @@ from .base import (
     Recipe,
     ShiftDecayRecipe,
     _epoch_decay,
+    _shard,
 )
 
 __all__ = [
@@ -169,6 +170,12 @@ class MultiMNISTRecipe(Recipe):
 
     def check_data(self, model: nn.Module, loaders: Loaders) -> None:
         return None  # pairs are built at the model's size
+
+    def evaluation_sets(self, data: DataSource | str | None = None) -> dict[str, Any]:
+        """The validation and test pairs of the run's own evaluation loaders (labels ``[n, 2]``; a shipped checkpoint
+        counts an image right when both digits are among its two highest scores)."""
+        loaders = self.make_loaders(data, torch.device("cpu"), True, _shard(self, None))
+        return {"val": loaders.val.pairs(), "test": loaders.test.pairs()}
 
 
 @dataclass

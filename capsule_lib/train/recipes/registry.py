@@ -18,6 +18,7 @@ from .mnist import (
     EfficientMultiMNISTRecipe,
 )
 from .sequences import HeinsenSequenceRecipe
+from .speedrun import SPEEDRUNS
 from .viewpoints import (
     EMNorbRecipe,
     HeinsenNorbRecipe,
@@ -46,6 +47,7 @@ RECIPES: dict[str, type[Recipe]] = {
         BackboneCifarCPURecipe,
         RoutingCompareRecipe,
         RoutingCompareNorbRecipe,
+        *SPEEDRUNS,
     )
 }
 

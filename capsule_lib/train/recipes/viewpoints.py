@@ -101,12 +101,14 @@ class ViewpointRecipe(Recipe):
             transform=self.augment_batch,
             device=device,
             **shard["rank"],
+            **self.train_loader_options(),
         )
-        val = TensorLoader.from_dataset(sets.val, 256, device=device, **ev)
+        ev = {**ev, "device": device, **self.eval_loader_options()}
+        val = TensorLoader.from_dataset(sets.val, 256, **ev)
         tests = None
         if test:
             tests = {
-                f"test_{group}": TensorLoader.from_dataset(getattr(sets, group), 256, device=device, **ev)
+                f"test_{group}": TensorLoader.from_dataset(getattr(sets, group), 256, **ev)
                 for group in ("familiar", "novel")
             }
         name = f"{sets.name} ({self.axis} protocol)"
