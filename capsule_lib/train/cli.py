@@ -166,7 +166,7 @@ def train(
         One of :data:`COMPILE_MODES`: compile the training step with ``torch.compile`` in that mode
         (``"reduce-overhead"`` adds CUDA graphs on a GPU, which pays off for small, launch-bound models such as
         Efficient-CapsNet at batch 16); evaluation and checkpoints use the plain model; recorded in
-        ``meta["compile"]``.
+        ``meta["compile"]``. Default: the recipe's ``compile`` field where it has one (the speedrun recipes).
     overrides
         Recipe fields, ``model__<field>`` for the model config (see
         :func:`~capsule_lib.train.recipes.registry.make_recipe`).
@@ -178,7 +178,6 @@ def train(
         :class:`~capsule_lib.train.trainer.Trainer`, whose ``history`` holds the per-epoch records and, with
         ``test``, the test accuracy of the selected epoch.
     """
-    check_choice(compile, COMPILE_MODES, "compile")
     r = make_recipe(recipe, **overrides)
     compile = compile if compile is not None else getattr(r, "compile", None)  # the call's, else the recipe's
     check_choice(compile, COMPILE_MODES, "compile")

@@ -69,20 +69,21 @@ def _machine(device: torch.device) -> dict[str, Any]:
 
 
 def _one_run(
-    name: str, out: Path, source: DataSource, device: str, budget: float, tag: str, quick: bool
+    name: str, out: Path, source: DataSource, device: str, budget: float, tag: str, quick: bool, overrides: dict
 ) -> dict[str, Any]:
     """Train, export and summarise one speedrun recipe."""
     from ..pretrained import export_run
 
     cls = RECIPES[name]
-    overrides: dict[str, Any] = {"device": device}
+    settings: dict[str, Any] = {"device": device}
     if quick:
-        overrides.update({k: v for k, v in QUICK.items() if k in cls.__dataclass_fields__})
+        settings.update({k: v for k, v in QUICK.items() if k in cls.__dataclass_fields__})
     if "render_workers" in cls.__dataclass_fields__ and not quick:
-        overrides["render_workers"] = min(16, os.cpu_count() or 1)
+        settings["render_workers"] = min(16, os.cpu_count() or 1)
+    settings.update(overrides)
     run_dir = out / "runs" / name
     t0 = time.time()
-    recipe = make_recipe(name, **overrides)  # (train()'s own `compile` argument would shadow the recipe field's)
+    recipe = make_recipe(name, **settings)  # (train()'s own `compile` argument would shadow the recipe field's)
     model, trainer = train(
         recipe, out_dir=run_dir, data_root=source, progress=False, resume=False, budget_minutes=budget
     )
@@ -142,9 +143,10 @@ def run_speedrun(
     quick: bool = False,
     tag: str | None = None,
     argv: list[str] | None = None,
+    overrides: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Run the speedrun recipes ``names`` in order inside ``minutes`` (see the module docstring); returns what
-    ``OUT/speedrun.json`` holds."""
+    """Run the speedrun recipes ``names`` in order inside ``minutes`` (see the module docstring); ``overrides``: recipe
+    fields set in every run (e.g. ``{"amp": "bf16", "compile": None}``); returns what ``OUT/speedrun.json`` holds."""
     from .runtime import select_device
 
     t_start = time.time()
@@ -161,6 +163,7 @@ def run_speedrun(
         "command": "python -m capsule_lib.train.speedrun " + " ".join(argv or []),
         "minutes": minutes,
         "quick": quick,
+        "overrides": overrides or {},
         "compile_errors": "suppressed (a step torch.compile cannot compile runs eagerly; see the log)",
         "machine": _machine(dev),
         "runs": [],
@@ -174,7 +177,7 @@ def run_speedrun(
             result["runs"].append({"recipe": name, "skipped": f"no time left (cap {cap:.2f} min)"})
         else:
             try:
-                run = _one_run(name, out, source, str(dev), budget, tag, quick)
+                run = _one_run(name, out, source, str(dev), budget, tag, quick, dict(overrides or {}))
                 run["cap_minutes"] = round(cap, 3)
                 result["runs"].append(run)
                 print(
@@ -212,6 +215,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="tiny runs: a check of the command, not a measurement")
     p.add_argument("--tag", default=None, help="checkpoint name suffix (default: gpu, cpu or quick)")
     p.add_argument("--threads", type=int, default=None, help="torch threads on the CPU")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a recipe field set in every run, as JSON (repeat: --set amp=bf16 --set compile=null)",
+    )
     return p
 
 
@@ -228,6 +238,12 @@ def main(argv: list[str] | None = None, *, data_root: str | None = None, offline
     if a.threads:
         torch.set_num_threads(a.threads)
     names = a.names or [c.name for c in SPEEDRUNS]
+    overrides = {}
+    for kv in a.set:
+        if "=" not in kv:
+            p.error(f"--set wants KEY=VALUE, got {kv!r}")
+        key, value = kv.split("=", 1)
+        overrides[key] = value  # parsed (JSON) and checked by make_recipe, for each recipe
     root = a.data_root or (str(data_root) if data_root else None)
     result = run_speedrun(
         names,
@@ -239,6 +255,7 @@ def main(argv: list[str] | None = None, *, data_root: str | None = None, offline
         quick=a.quick,
         tag=a.tag,
         argv=argv,
+        overrides=overrides,
     )
     done = [r["recipe"] for r in result["runs"] if "metrics" in r]
     missed = [

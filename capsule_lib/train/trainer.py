@@ -65,6 +65,9 @@ class Trainer:
     * :meth:`finish` evaluates the test split **once**, after :meth:`load_best`, and records it in
       ``history.meta["test"]``; the recipes pass no test loader to :meth:`fit`, so no per-epoch test curve
       exists to be looked at while a run is steered.
+    * ``ema``: a decay in (0, 1): a moving average of the weights (:class:`~capsule_lib.train.ema.WeightAverage`) is
+      updated after every step, and it is what :meth:`evaluate` validates, ``best.pt`` keeps and :meth:`load_best`
+      loads (into the model too); ``last.pt`` holds it, so a resumed run continues the same average.
     * ``dist``: this process's place in a ``torch.distributed`` job (:func:`capsule_lib.distributed.setup`).
       With more than one process the model trains wrapped in ``DistributedDataParallel``; the loaders must be
       sharded (``TensorLoader(rank=, world_size=)``); losses, accuracies and counts are summed over ranks
