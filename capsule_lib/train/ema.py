@@ -18,7 +18,7 @@ class WeightAverage:
     ``state_dict`` (parameters and BatchNorm statistics); integer buffers are copied.
 
     The decay warms up as ``d = min(decay, (1 + t) / (10 + t))`` after ``t`` updates, so that the first steps'
-    (random) weights fade out quickly. :attr:`module` is a copy of the model holding the average (eval mode, no
+    (random) weights fade out quickly. ``module`` is a copy of the model holding the average (eval mode, no
     gradients); the :class:`~capsule_lib.train.trainer.Trainer` evaluates it.
 
     Parameters

@@ -56,8 +56,8 @@ class SpeedrunRecipe:
     thresholds: ClassVar[tuple[float, ...]] = ()
     #: the paper recipe this one speeds up (what the results page compares it with)
     paper_recipe: ClassVar[str] = ""
-    #: minutes of the command's cap kept for what is not training: loading (or rendering) the data, building the
-    #: model, exporting (which evaluates the validation and test sets again)
+    #: the minutes of the command's cap kept for what is not training (loading or rendering the data, building the
+    #: model, and exporting, which evaluates the validation and test sets again)
     reserve_minutes: ClassVar[float] = 0.25
 
     device_data: bool = True  # the datasets on the training device, batched and augmented there
