@@ -280,15 +280,7 @@ def show_published():
 
 
 #: the columns of :func:`speedrun_rows`
-SPEEDRUN_HEADERS = (
-    "speedrun recipe",
-    "checkpoint",
-    "hardware",
-    "trained",
-    "first reached on validation",
-    "test",
-    "paper",
-)
+SPEEDRUN_HEADERS = ("speedrun", "hardware", "trained", "first reached on validation", "test", "paper")
 
 
 def speedrun_histories(registry: dict[str, dict[str, Any]] | None = None, family: str | None = None) -> dict[str, Any]:
@@ -311,18 +303,19 @@ def speedrun_histories(registry: dict[str, dict[str, Any]] | None = None, family
 
 
 def _reached(hist: Any, thresholds: tuple[float, ...]) -> str:
-    """``"99 %: 0.5 min, 99.5 %: 0.8 min, 99.7 %: not reached"``: the first validation crossing of each threshold."""
+    """``"99 %: 0.5 min<br>99.5 %: 0.8 min<br>99.7 %: —"``: the first validation crossing of each threshold, one per
+    line (``—``: never reached)."""
     cells = []
     for t, s in zip(thresholds, hist.time_to(thresholds).values()):
-        cells.append(f"{100 * t:g} %: {duration(s) if s is not None else 'not reached'}")
-    return ", ".join(cells)
+        cells.append(f"{100 * t:g}\u00a0%: {duration(s) if s is not None else '—'}")
+    return "<br>".join(cells)
 
 
 def speedrun_rows(registry: dict[str, dict[str, Any]] | None = None) -> list[list[str]]:
-    """One row per speedrun recipe and shipped checkpoint of it (:data:`SPEEDRUN_HEADERS`): the hardware, what was
+    """One row per shipped checkpoint of a speedrun recipe (:data:`SPEEDRUN_HEADERS`): the hardware, what was
     trained (epochs, wall time, the budget), when validation accuracy first reached each of the recipe's
     thresholds, the test accuracy of the epoch kept and the paper's number. A recipe without a shipped checkpoint
-    gets a row saying so."""
+    gets a row of its name saying so."""
     from .train.recipes.speedrun import SPEEDRUNS
 
     reg = _shipped_or(registry)
@@ -331,7 +324,7 @@ def speedrun_rows(registry: dict[str, dict[str, Any]] | None = None) -> list[lis
     for cls in SPEEDRUNS:
         names = [n for n, h in hists.items() if h.meta["recipe"] == cls.name]
         if not names:
-            rows.append([f"`{cls.name}`", "—", "no run shipped yet", "—", "—", "—", "—"])
+            rows.append([_name_cell(cls.name), "no run shipped yet", "—", "—", "—", "—"])
         for name in names:
             entry, hist = reg[name], hists[name]
             t, m = entry["training"], entry["metrics"]
@@ -341,7 +334,6 @@ def speedrun_rows(registry: dict[str, dict[str, Any]] | None = None) -> list[lis
             trained = f"{epochs_text(t['epochs'])} epochs, {duration(t['wall_time_s'])} ({budget})"
             rows.append(
                 [
-                    f"`{cls.name}`",
                     _name_cell(name),
                     t["hardware"],
                     trained,

@@ -280,3 +280,21 @@ def test_the_cpu_speedrun_benchmark_runs_in_quick_mode(tmp_path):
     assert set(report["steps"]) == {"capsnet_speedrun", "efficient_speedrun"}
     assert all(s["fp32_s"] > 0 and s["bf16_s"] > 0 for s in report["steps"].values())
     assert report["speedrun"]["runs"][0]["recipe"] == "capsnet_speedrun" and "cpu_flags" in report
+
+
+def test_the_results_page_lists_every_speedrun_recipe_and_each_shipped_runs_time_to_accuracy():
+    from capsule_lib.pretrained import load_pretrained_history, registry
+    from capsule_lib.results import SPEEDRUN_HEADERS, speedrun_histories, speedrun_rows
+
+    rows = speedrun_rows()
+    assert all(len(r) == len(SPEEDRUN_HEADERS) for r in rows)
+    shipped = speedrun_histories()
+    assert shipped and all(load_pretrained_history(n).meta["recipe"].endswith("speedrun") for n in shipped)
+    text = "\n".join(" | ".join(r) for r in rows).replace("<wbr>", "")
+    for cls in SPEEDRUNS:
+        assert cls.name in text
+    for name, hist in shipped.items():
+        row = next(r for r in rows if r[0].replace("<wbr>", "") == f"<code>{name}</code>")
+        first = hist.time_to(make_recipe(hist.meta["recipe"]).thresholds)
+        assert row[3].count("<br>") == len(first) - 1
+        assert f"{100 * registry()[name]['metrics']['test_acc']:.2f}" in row[4]
