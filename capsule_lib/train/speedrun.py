@@ -3,7 +3,7 @@ fixed number of minutes, each exported as a registry-ready checkpoint, and one J
 when::
 
     python -m capsule_lib.train.speedrun --minutes 9 --out runs/speedrun capsnet_speedrun efficient_speedrun
-    python -m capsule_lib.train.speedrun --minutes 1 --out runs/speedrun_quick --device cpu --quick   # what the tests run
+    python -m capsule_lib.train.speedrun --minutes 1 --out runs/speedrun_quick --device cpu --quick   # the tests
 
 Every run gets a cap: the time left, shared among the runs still to go in proportion to their recipes' ``minutes``
 (a run that ends early leaves its time to the next ones); a reserve for loading the data and exporting is taken off
