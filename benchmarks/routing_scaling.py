@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> Path:
         "what": "one fully connected routing layer, forward + backward (votes included), median of repeats",
         "machine": machine_info("cpu"),
         "spec": spec,
-        "kinds": {k: ROUTING_KINDS[k] for k in kinds},
+        "kinds": {k: ROUTING_KINDS[k].description for k in kinds},
         "seconds": round(time.perf_counter() - t0, 1),
         "rows": rows,
     }

@@ -141,28 +141,20 @@ def routing_layer(
     kind: str, n_inp: int, n_out: int, d: int, batch: int = 4, seed: int = 0, iterations: int | None = None
 ):
     """``(module, make_loss)`` for one routing layer of ``kind`` (:func:`~capsule_lib.routing.kinds.build_routing`:
-    ``n_inp`` to ``n_out`` capsules of size ``d``, with ``iterations``): ``make_loss()`` runs the forward pass,
-    votes included, on fixed random inputs (``batch`` examples) and returns a scalar to backpropagate (the sum of
-    squares of every output)."""
-    m = build_routing(kind, n_inp, n_out, d, iterations)
-    T = DEFAULT_ITERATIONS[kind] if iterations is None else iterations
+    ``n_inp`` to ``n_out`` capsules of size ``d``, with ``iterations``): ``make_loss()`` runs the layer's ``route``,
+    votes included, on fixed random inputs (``batch`` examples; activations where the kind takes them) and returns a
+    scalar to backpropagate (the sum of squares of the output poses and activations)."""
+    m = build_routing(kind, n_inp, n_out, d, iterations)  # ValueError for an unknown kind
+    spec = ROUTING_KINDS[kind]
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(batch, n_inp, d, generator=g).requires_grad_()  # [B, n_inp, d]
-    a = torch.randn(batch, n_inp, generator=g)  # [B, n_inp] input activations (logits) where the kind takes them
-    if kind == "em":
-        return m, lambda: sum(t.float().square().sum() for t in m(x, torch.sigmoid(a)))
-    if kind == "heinsen_2019":
-        return m, lambda: sum(t.float().square().sum() for t in m(a, x.unsqueeze(-2)))
-    if kind == "inverted":
+    a = spec.input_activations(torch.randn(batch, n_inp, generator=g))  # [B, n_inp] where the kind takes them
 
-        def loss() -> torch.Tensor:
-            P = None
-            for _ in range(T):  # T updates of the layer, each from its previous output (the routing)
-                P = m(x, P)
-            return P.float().square().sum()
+    def loss() -> torch.Tensor:
+        r = m.route(x, a)  # the routing protocol: poses [B, n_out, d], activations [B, n_out] or None
+        return sum(t.float().square().sum() for t in (r.poses, r.activations) if t is not None)
 
-        return m, loss
-    return m, lambda: m(x).square().sum()  # dynamic, heinsen_2022, self_attention
+    return m, loss
 
 
 def routing_scaling(
@@ -185,7 +177,7 @@ def routing_scaling(
         raise ValueError(f"amp must be None or 'bf16', got {amp!r}")
     rows = []
     for kind in kinds:
-        T = None if kind == "self_attention" else iterations
+        T = None if DEFAULT_ITERATIONS[kind] is None else iterations
         for n_inp, n_out in sizes:
             m, loss = routing_layer(kind, n_inp, n_out, d, batch, iterations=T)
             if amp == "bf16":

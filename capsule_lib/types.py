@@ -2,6 +2,7 @@
 
 This module is at the bottom of the library: it imports nothing from ``capsule_lib``.
 
+* :class:`Routed`: what every routing layer's :meth:`route` returns (the routing protocol).
 * :class:`RoutingTrace`: what every routing algorithm returns with ``return_routing=True``.
 * :class:`CapsuleOutput`: what every capsule classifier returns.
 * :class:`ImageContract`: what images a model reads (``model.input_contract``).
@@ -12,11 +13,11 @@ This module is at the bottom of the library: it imports nothing from ``capsule_l
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import torch
 
-__all__ = ["RoutingTrace", "CapsuleOutput", "ImageContract", "ScoreKind", "SCORE_KINDS", "TRUNC_NORMAL_STD"]
+__all__ = ["Routed", "RoutingTrace", "CapsuleOutput", "ImageContract", "ScoreKind", "SCORE_KINDS", "TRUNC_NORMAL_STD"]
 
 #: Standard deviation of a standard normal truncated to [-2, 2] (Keras' ``VarianceScaling`` "truncated_normal").
 TRUNC_NORMAL_STD = 0.87962566103423978
@@ -25,6 +26,27 @@ ScoreKind = Literal["lengths", "activations", "logits"]
 #: The kinds of :attr:`CapsuleOutput.scores`; capsule lengths in [0, 1) (CapsNet, Efficient-CapsNet),
 #: activations in (0, 1) (EM), or unnormalised logits (Heinsen, inverted attention, the CNN baseline).
 SCORE_KINDS: tuple[str, ...] = ("lengths", "activations", "logits")
+
+
+class Routed(NamedTuple):
+    """What a routing layer's ``route(poses, activations=None, *, iterations=None, return_routing=False)`` returns,
+    for every algorithm alike (the routing protocol; :mod:`capsule_lib.routing.kinds` registers the algorithms).
+
+    Attributes
+    ----------
+    poses : torch.Tensor
+        ``[B, n_out, d_out]``, the output capsules (matrix capsules flattened, ``P x P -> P*P``).
+    activations : torch.Tensor or None
+        ``[B, n_out]``, the output capsules' activations on the scale the algorithm's registry entry names
+        (:attr:`~capsule_lib.routing.kinds.RoutingKind.scores`: capsule lengths, probabilities or logits); ``None``
+        for an algorithm whose outputs have none (Heinsen 2022, inverted attention).
+    trace : RoutingTrace or None
+        The routing's internals with ``return_routing=True``, else ``None``.
+    """
+
+    poses: torch.Tensor
+    activations: torch.Tensor | None = None
+    trace: RoutingTrace | None = None
 
 
 @dataclass

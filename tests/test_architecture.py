@@ -167,12 +167,47 @@ def test_capsule_layers_live_in_layers_and_algorithms_in_routing():
         "heinsen_2022.py",
         "inverted.py",
         "self_attention.py",
-        "kinds.py",  # the algorithms' names (ROUTING_KINDS) and default iterations
+        "kinds.py",  # the registry: one RoutingKind per algorithm (ROUTING_KINDS), the protocol
     }
     from capsule_lib.routing.kinds import ROUTING_KINDS
 
     algorithms = {p.stem for p in (LIB / "routing").glob("*.py") if not p.stem.startswith("_")} - {"kinds"}
     assert algorithms == set(ROUTING_KINDS)  # one name per algorithm: module = routing kind = trace name
+
+
+def _kind_branches(tree: ast.AST, names: set[str]) -> list[tuple[int, str]]:
+    """Comparisons against a routing kind's name (``kind == "em"``, ``routing in ("dynamic", ...)``, ``match``)."""
+    hits = []
+    for node in ast.walk(tree):
+        sides = []
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+        elif isinstance(node, ast.MatchValue):
+            sides = [node.value]
+        strings = set()
+        for side in sides:
+            elts = side.elts if isinstance(side, (ast.Tuple, ast.List, ast.Set)) else [side]
+            strings |= {e.value for e in elts if isinstance(e, ast.Constant) and isinstance(e.value, str)}
+        if strings & names:
+            hits.append((node.lineno, ast.unparse(node)))
+    return hits
+
+
+def test_no_module_branches_on_a_routing_kind_outside_the_registry():
+    """What differs between routing algorithms is read from their registry entry (``routing/kinds.py``), never
+    from their names: a new algorithm needs no other module changed."""
+    from capsule_lib.routing.kinds import ROUTING_KINDS
+
+    names = set(ROUTING_KINDS)
+    old = ast.parse('if kind == "em":\n    pass\nx = 1 if routing in ("heinsen_2022", "inverted") else 2\n')
+    assert [line for line, _ in _kind_branches(old, names)] == [1, 3]  # the ladders this replaced are caught
+    found = [
+        f"{module}:{line}: {code}"
+        for path, module, _ in _modules()
+        if module != "capsule_lib.routing.kinds"
+        for line, code in _kind_branches(ast.parse(path.read_text()), names)
+    ]
+    assert not found, "per-kind branches outside the registry:\n" + "\n".join(found)
 
 
 OLD_NAMES = [

@@ -23,6 +23,7 @@ from capsule_lib.routing.heinsen_2019 import (
 )
 from capsule_lib.routing.heinsen_2022 import (
     EfficientVectorRouting,
+    VectorRoutingWeights,
     efficient_vector_routing,
     efficient_vector_routing_reference,
 )
@@ -603,24 +604,12 @@ def test_evr_tiny_case_matches_loop_rederivation(I, normalize):
     torch.testing.assert_close(out, torch.tensor(ref[-1]["x_out"], dtype=d))
     # the functional form is the same computation
     p = dict(m.named_parameters())
-    f = efficient_vector_routing(
-        x,
-        p["W_A"],
-        p["B_A"],
-        p["W_F1"],
-        p["W_F2"],
-        p["B_F2"],
-        p["W_G1"],
-        p["W_G2"],
-        p["B_G2"],
-        p["W_S"],
-        p["B_S"],
-        p["beta_use"],
-        p["beta_ign"],
-        T,
-        normalize=normalize,
-    )
+    f = efficient_vector_routing(x, m, p["beta_use"], p["beta_ign"], T, normalize=normalize)  # the layer's weights
     torch.testing.assert_close(f, out)
+    weights = VectorRoutingWeights(*(p[name] for name in VectorRoutingWeights._fields))  # or grouped by hand
+    torch.testing.assert_close(
+        efficient_vector_routing(x, weights, p["beta_use"], p["beta_ign"], T, normalize=normalize), out
+    )
 
 
 def test_evr_permutation_equivariance():
@@ -628,18 +617,11 @@ def test_evr_permutation_equivariance():
     x = evr_input(2, dtype=torch.float64)
     perm = torch.tensor([3, 0, 5, 1, 4, 2])
     p = dict(m.named_parameters())
+    per_input = {"W_A", "B_A", "W_S", "B_S"}  # the weights with an input axis, permuted with the inputs
+    weights = VectorRoutingWeights(*(p[n][perm] if n in per_input else p[n] for n in VectorRoutingWeights._fields))
     out = efficient_vector_routing(
         x[:, perm],
-        p["W_A"][perm],
-        p["B_A"][perm],
-        p["W_F1"],
-        p["W_F2"],
-        p["B_F2"],
-        p["W_G1"],
-        p["W_G2"],
-        p["B_G2"],
-        p["W_S"][perm],
-        p["B_S"][perm],
+        weights,
         p["beta_use"][perm],
         p["beta_ign"][perm],
         m.iterations,

@@ -160,7 +160,7 @@ class ConvCapsules(EMRoutingBase):
         """
         check_module_input(poses, self, type(self).__name__)
         V, a = self.votes(poses, acts)  # [B, h, w, I, J, D], [B, h, w, I]
-        out = self.route(V, a, return_routing, iterations)
+        out = self.route_votes(V, a, return_routing, iterations)
         (mu, a_out), trace = out if return_routing else (out, None)
         mu = mu.permute(0, 3, 1, 2, 4)  # [B, J, h, w, D]
         a_out = a_out.permute(0, 3, 1, 2)  # [B, J, h, w]
@@ -315,7 +315,8 @@ class ClassCapsules(EMRoutingBase):
     ):
         """Route every child to the class capsules.
 
-        :meth:`votes` (coordinate addition included), routed by :meth:`~capsule_lib.routing.em.EMRoutingBase.route`.
+        :meth:`votes` (coordinate addition included), routed by
+        :meth:`~capsule_lib.routing.em.EMRoutingBase.route_votes`.
 
         Parameters
         ----------
@@ -331,7 +332,7 @@ class ClassCapsules(EMRoutingBase):
             ``((mu, a_out), trace)`` as in :meth:`ConvCapsules.forward`.
         """
         V, a = self.votes(poses, acts, centers)
-        return self.route(V, a, return_routing, iterations)
+        return self.route_votes(V, a, return_routing, iterations)
 
     def extra_repr(self) -> str:
         return (

@@ -2,7 +2,10 @@
 
 Every :class:`RoutingClassifier` has the same convolutional stem and the same primary capsules; only the layer
 that routes the primary capsules to the class capsules differs (``config.routing``, a key of
-:data:`capsule_lib.routing.kinds.ROUTING_KINDS`), and with it the class signal its paper reads out and trains:
+:data:`capsule_lib.routing.kinds.ROUTING_KINDS`), and with it the class signal its paper reads out and trains.
+The network reads what differs from the routing's registry entry (:class:`~capsule_lib.routing.kinds.RoutingKind`:
+the squash before it, the activations it takes, the scores it gives) and calls every routing through the one
+protocol, ``route(poses, activations, iterations=..., return_routing=...)``; for the six registered kinds:
 
 * ``dynamic``: :class:`~capsule_lib.routing.dynamic.DynamicRouting` on the squashed primary capsules; score:
   the class capsules' lengths, margin loss;
@@ -33,8 +36,7 @@ import torch
 from torch import nn
 
 from .._checks import check_choice, check_iterations, check_model_input
-from ..functional import capsule_lengths, squash_efficient, squash_hinton
-from ..routing.kinds import DEFAULT_ITERATIONS, ROUTING_KINDS, build_routing
+from ..routing.kinds import DEFAULT_ITERATIONS, ROUTING_KINDS
 from ..types import CapsuleOutput, ImageContract
 
 __all__ = ["RoutingClassifierConfig", "RoutingClassifier"]
@@ -79,8 +81,8 @@ class RoutingClassifierConfig:
         check_choice(self.routing, sorted(ROUTING_KINDS), "routing")
         if self.iterations is not None:
             check_iterations(self.iterations, "iterations (None: the routing's default)")
-        if self.routing == "self_attention" and self.iterations is not None:
-            raise ValueError("self_attention routing has no iterations (leave iterations=None)")
+        if DEFAULT_ITERATIONS[self.routing] is None and self.iterations is not None:
+            raise ValueError(f"{self.routing} routing has no iterations (leave iterations=None)")
         if int(self.caps_dim**0.5) ** 2 != self.caps_dim:
             raise ValueError(f"caps_dim must be a square (EM and inverted routing use matrices), got {self.caps_dim}")
 
@@ -147,10 +149,10 @@ class RoutingClassifier(nn.Module):
             nn.ReLU(inplace=True),
         )
         self.primary = nn.Conv2d(c2, T * (d + 1), 3, stride=2, padding=1)  # d pose values + 1 activation per type
-        kind = cfg.routing
-        self.routing = build_routing(kind, N, K, d, cfg.iterations)
-        # heinsen_2022 and inverted output poses with no presence signal: one linear readout shared by the classes
-        self.readout = nn.Linear(d, 1) if kind in ("heinsen_2022", "inverted") else None
+        self.kind = ROUTING_KINDS[cfg.routing]
+        self.routing = self.kind.build(N, K, d, cfg.iterations)
+        # a routing whose outputs have no activations (heinsen_2022, inverted): one linear readout shared by the classes
+        self.readout = nn.Linear(d, 1) if self.kind.scores is None else None
 
     @property
     def input_contract(self) -> ImageContract:
@@ -198,28 +200,11 @@ class RoutingClassifier(nn.Module):
             the routing's trace (for ``inverted``, the last update's).
         """
         check_model_input(x, self)
-        kind = self.config.routing
-        if iterations is not None and kind == "self_attention":
-            raise ValueError("self_attention routing has no iterations to override")
-        T = {} if iterations is None else {"iterations": check_iterations(iterations)}
+        kind = self.kind
+        T = None if iterations is None else check_iterations(iterations)
         poses, logits = self.primary_capsules(x)  # [B, N, d], [B, N]
-        trace = None
-        if kind in ("dynamic", "self_attention"):
-            u = squash_hinton(poses) if kind == "dynamic" else squash_efficient(poses)  # [B, N, d]
-            out = self.routing(u, return_routing=return_routing, **T)
-            v, trace = out if return_routing else (out, None)  # [B, K, d]
-            return CapsuleOutput(capsule_lengths(v), "lengths", v, trace=trace)
-        if kind == "em":
-            out = self.routing(poses, torch.sigmoid(logits), return_routing=return_routing, **T)
-            (mu, a_out), trace = out if return_routing else (out, None)  # [B, K, d], [B, K]
-            return CapsuleOutput(a_out, "activations", mu, trace=trace)
-        if kind == "heinsen_2019":
-            out = self.routing(logits, poses.unsqueeze(-2), return_routing=return_routing, **T)
-            (a_out, mu, _), trace = out if return_routing else (out, None)  # [B, K], [B, K, 1, d]
-            return CapsuleOutput(a_out, "logits", mu.squeeze(-2), trace=trace)
-        if kind == "heinsen_2022":
-            out = self.routing(poses, return_routing=return_routing, **T)
-        else:  # inverted: the layer's T updates, each from the previous output
-            out = self.routing.route(poses, return_routing=return_routing, **T)
-        v, trace = out if return_routing else (out, None)  # [B, K, d]
-        return CapsuleOutput(self.readout(v).squeeze(-1), "logits", v, trace=trace)  # [B, K]
+        u = poses if kind.squash is None else kind.squash(poses)  # [B, N, d]
+        r = self.routing.route(u, kind.input_activations(logits), iterations=T, return_routing=return_routing)
+        if self.readout is None:
+            return CapsuleOutput(r.activations, kind.scores, r.poses, trace=r.trace)  # [B, K], [B, K, d]
+        return CapsuleOutput(self.readout(r.poses).squeeze(-1), "logits", r.poses, trace=r.trace)  # [B, K]

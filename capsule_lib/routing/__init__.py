@@ -1,4 +1,14 @@
-"""Routing algorithms, one module each, with the same calling convention and the same trace object.
+"""Routing algorithms, one module each, called through one protocol and registered in one place (``kinds.py``).
+
+Every algorithm's layer is built and called alike (:mod:`capsule_lib.routing.kinds`)::
+
+    layer = build_routing("em", n_inp, n_out, d)              # ROUTING_KINDS["em"].layer.fully_connected(...)
+    routed = layer.route(poses, activations, iterations=None, return_routing=False)   # a types.Routed
+    routed.poses [B, n_out, d], routed.activations [B, n_out] or None, routed.trace
+
+Each module opens with its algorithm's reference form (what the chapter shows), then the paper-shaped functional
+form, then the layer, whose ``forward`` is the paper's own layer call (what the paper's models use) and whose
+``route`` is the protocol.
 
 =====================  ============================================  ==============================
 module                 algorithm                                     main entry points
@@ -17,7 +27,7 @@ module                 algorithm                                     main entry 
 from .dynamic import DynamicRouting, capsule_votes, dynamic_routing
 from .em import EMRouting, EMRoutingBase, em_routing, inverse_temperature_schedule, matrix_votes
 from .heinsen_2019 import GenerativeMatrixRouting, generative_matrix_routing, heinsen_votes
-from .heinsen_2022 import EfficientVectorRouting, efficient_vector_routing
+from .heinsen_2022 import EfficientVectorRouting, VectorRoutingWeights, efficient_vector_routing
 from .inverted import (
     InvertedConvCapsules,
     InvertedFCCapsules,
@@ -42,6 +52,7 @@ __all__ = [
     "heinsen_votes",
     "efficient_vector_routing",
     "EfficientVectorRouting",
+    "VectorRoutingWeights",
     "inverted_attention_update",
     "inverted_fc_update",
     "inverted_conv_update",

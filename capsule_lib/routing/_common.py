@@ -165,3 +165,44 @@ def check_one_or(p: torch.Tensor, name: str, spec: str, n: int, rest: list) -> N
     check_tensor(p, name, spec, [None, *rest])
     if p.shape[0] not in (1, n):
         raise ValueError(f"{name}: expected shape {spec} with first size 1 or {n}, got {tuple(p.shape)}")
+
+
+def refuse_activations(activations: torch.Tensor | None, layer: torch.nn.Module) -> None:
+    """The routing protocol's check for a layer whose algorithm takes no input activations: ValueError if given.
+
+    Parameters
+    ----------
+    activations : torch.Tensor or None
+        What the caller passed as ``activations``.
+    layer : torch.nn.Module
+        The routing layer (named in the message).
+    """
+    if activations is not None:
+        raise ValueError(f"{type(layer).__name__} takes no input activations (pass activations=None)")
+
+
+def require_activations(activations: torch.Tensor | None, layer: torch.nn.Module, scale: str) -> torch.Tensor:
+    """The routing protocol's check for a layer whose algorithm needs input activations: ValueError if missing.
+
+    Parameters
+    ----------
+    activations : torch.Tensor or None
+        What the caller passed as ``activations``.
+    layer : torch.nn.Module
+        The routing layer (named in the message).
+    scale : str
+        The activations' scale, for the message (``"probabilities in [0, 1]"``, ``"logits"``).
+
+    Returns
+    -------
+    torch.Tensor
+        ``activations``.
+    """
+    if activations is None:
+        raise ValueError(f"{type(layer).__name__} needs input activations ([B, n_inp] {scale})")
+    return activations
+
+
+def split_trace(out: Any, return_routing: bool) -> tuple[Any, RoutingTrace | None]:
+    """``(result, trace)`` of a layer's call: ``out`` itself with ``return_routing``, else ``(out, None)``."""
+    return out if return_routing else (out, None)

@@ -42,9 +42,9 @@ import torch
 from torch import nn
 
 from .._checks import check_choice, check_iterations, check_module_input, check_nonempty, check_tensor
-from ..functional import squash
-from ..types import RoutingTrace
-from ._common import fields_repr, use_kernel
+from ..functional import capsule_lengths, squash
+from ..types import Routed, RoutingTrace
+from ._common import fields_repr, refuse_activations, split_trace, use_kernel
 from ._kernels.dynamic import _VOTES_BLOCK_BYTES, _CapsuleVotes, _FusedRouting, _Replay  # noqa: F401
 
 __all__ = ["dynamic_routing_reference", "dynamic_routing", "DynamicRouting", "capsule_votes", "DYNAMIC_PRESETS"]
@@ -379,6 +379,43 @@ class DynamicRouting(nn.Module):
             detach=self.detach,
             return_routing=return_routing,
         )
+
+    @classmethod
+    def fully_connected(cls, n_inp: int, n_out: int, d: int, iterations: int | None) -> DynamicRouting:
+        """The registry's constructor: ``n_inp -> n_out`` capsules of size ``d`` (``d x d`` matrices)."""
+        return cls(n_inp, n_out, d, d, iterations)
+
+    def route(
+        self,
+        poses: torch.Tensor,
+        activations: torch.Tensor | None = None,
+        *,
+        iterations: int | None = None,
+        return_routing: bool = False,
+    ) -> Routed:
+        """The routing protocol (:mod:`capsule_lib.routing.kinds`): :meth:`forward`, with the output capsules'
+        lengths as their activations.
+
+        Parameters
+        ----------
+        poses : torch.Tensor
+            ``[B, n_inp, d_inp]``, the input capsules.
+        activations : torch.Tensor or None, optional
+            Must be ``None``: this algorithm takes no input activations (ValueError otherwise).
+        iterations : int or None, optional
+            Routing iterations for this call, >= 1; ``None`` (default): the layer's.
+        return_routing : bool, optional
+            Also return the :class:`RoutingTrace` (default False).
+
+        Returns
+        -------
+        Routed
+            ``poses [B, n_out, d_out]``, ``activations`` ``[B, n_out]``, the output capsules' lengths,
+            and the trace (or ``None``).
+        """
+        refuse_activations(activations, self)
+        v, trace = split_trace(self(poses, return_routing=return_routing, iterations=iterations), return_routing)
+        return Routed(v, capsule_lengths(v), trace)  # [B, n_out, d_out], [B, n_out]
 
     def extra_repr(self) -> str:
         return fields_repr(

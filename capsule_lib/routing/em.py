@@ -67,8 +67,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._checks import check_activations, check_iterations, check_module_input, check_poses, check_tensor
-from ..types import RoutingTrace
-from ._common import use_kernel
+from ..types import Routed, RoutingTrace
+from ._common import require_activations, split_trace, use_kernel
 
 __all__ = [
     "em_routing_reference",
@@ -411,8 +411,8 @@ def matrix_votes(poses: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 class EMRoutingBase(nn.Module):
     """What every layer with EM routing shares: the routing hyper-parameters, the per-output-type ``beta_u``, ``beta_a``
-    (init 0, as yl-1993) and :meth:`route`. Subclasses add their transformation weights (:meth:`pose_weight`) and how
-    votes are formed.
+    (init 0, as yl-1993) and :meth:`route_votes`. Subclasses add their transformation weights (:meth:`pose_weight`)
+    and how votes are formed.
 
     Every EM layer passes its ``**routing`` keywords on to here: the routing options are declared, defaulted and
     documented once.
@@ -470,7 +470,7 @@ class EMRoutingBase(nn.Module):
         number of iterations; a per-iteration list only for its own number."""
         return _lambdas(self._inverse_temperature, iterations)
 
-    def route(
+    def route_votes(
         self, votes: torch.Tensor, a_in: torch.Tensor, return_routing: bool = False, iterations: int | None = None
     ):
         """EM routing of ``votes`` (see :func:`em_routing`) with the layer's parameters, ``iterations`` times
@@ -541,21 +541,57 @@ class EMRouting(EMRoutingBase):
     def forward(
         self, poses: torch.Tensor, a_in: torch.Tensor, return_routing: bool = False, iterations: int | None = None
     ):
-        """Route the input capsules: :meth:`~capsule_lib.routing.em.EMRoutingBase.route` of :meth:`votes`.
+        """Route the input capsules: :meth:`~capsule_lib.routing.em.EMRoutingBase.route_votes` of :meth:`votes`.
 
         Parameters
         ----------
         poses, a_in : torch.Tensor
             ``poses [B, n_inp, P*P]`` and activations ``a_in [B, n_inp]`` in ``[0, 1]``.
         return_routing, iterations : optional
-            As in :meth:`~capsule_lib.routing.em.EMRoutingBase.route` (defaults False and ``None``: the layer's).
+            As in :meth:`~capsule_lib.routing.em.EMRoutingBase.route_votes` (defaults False and ``None``: the layer's).
 
         Returns
         -------
         tuple
             ``(mu [B, n_out, P*P], a_out [B, n_out])``, or ``((mu, a_out), trace)`` with ``return_routing=True``."""
         check_module_input(poses, self, type(self).__name__)
-        return self.route(self.votes(poses), a_in, return_routing, iterations)
+        return self.route_votes(self.votes(poses), a_in, return_routing, iterations)
+
+    @classmethod
+    def fully_connected(cls, n_inp: int, n_out: int, d: int, iterations: int | None) -> EMRouting:
+        """The registry's constructor: ``n_inp -> n_out`` capsules of size ``d`` (``sqrt(d) x sqrt(d)`` poses)."""
+        return cls(n_inp, n_out, math.isqrt(d), iterations)
+
+    def route(
+        self,
+        poses: torch.Tensor,
+        activations: torch.Tensor | None = None,
+        *,
+        iterations: int | None = None,
+        return_routing: bool = False,
+    ) -> Routed:
+        """The routing protocol (:mod:`capsule_lib.routing.kinds`): :meth:`forward`; activations are probabilities.
+
+        Parameters
+        ----------
+        poses : torch.Tensor
+            ``[B, n_inp, d_inp]``, the input capsules (``[B, n_inp, P*P]``, flattened ``P x P`` matrices).
+        activations : torch.Tensor or None, optional
+            ``[B, n_inp]``, the input activations as **probabilities** in ``[0, 1]`` (required).
+        iterations : int or None, optional
+            Routing iterations for this call, >= 1; ``None`` (default): the layer's.
+        return_routing : bool, optional
+            Also return the :class:`RoutingTrace` (default False).
+
+        Returns
+        -------
+        Routed
+            ``poses [B, n_out, d_out]``, ``activations`` ``[B, n_out]``, the output activations in ``[0, 1]``,
+            and the trace (or ``None``).
+        """
+        a_in = require_activations(activations, self, "probabilities in [0, 1]")
+        (mu, a_out), trace = split_trace(self(poses, a_in, return_routing, iterations), return_routing)
+        return Routed(mu, a_out, trace)  # [B, n_out, P*P], [B, n_out]
 
     def extra_repr(self) -> str:
         return f"n_inp={self.n_inp}, n_out={self.n_out}, pose_size={self.pose_size}, " + self._repr()

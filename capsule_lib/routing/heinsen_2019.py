@@ -37,8 +37,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._checks import check_choice, check_iterations, check_module_input, check_nonempty, check_tensor
-from ..types import RoutingTrace
-from ._common import autocast_outputs, check_one_or, compute_dtype, fields_repr, kernel_device, no_autocast
+from ..types import Routed, RoutingTrace
+from ._common import (
+    autocast_outputs,
+    check_one_or,
+    compute_dtype,
+    fields_repr,
+    kernel_device,
+    no_autocast,
+    require_activations,
+    split_trace,
+)
 
 __all__ = [
     "generative_matrix_routing_reference",
@@ -471,6 +480,46 @@ class GenerativeMatrixRouting(nn.Module):
             ),
             mu_inp.device.type,
         )
+
+    @classmethod
+    def fully_connected(cls, n_inp: int, n_out: int, d: int, iterations: int | None) -> GenerativeMatrixRouting:
+        """The registry's constructor: ``n_inp -> n_out`` capsules of size ``d`` (``d_cov = 1``: ``1 x d`` matrices)."""
+        return cls(d_cov=1, d_inp=d, d_out=d, n_inp=n_inp, n_out=n_out, iterations=iterations)
+
+    def route(
+        self,
+        poses: torch.Tensor,
+        activations: torch.Tensor | None = None,
+        *,
+        iterations: int | None = None,
+        return_routing: bool = False,
+    ) -> Routed:
+        """The routing protocol (:mod:`capsule_lib.routing.kinds`): :meth:`forward` on the poses as ``d_cov x d_inp``
+        matrices; the output poses flattened back, the output activation logits as activations (the variances
+        ``sigma2_out`` are in :meth:`forward`'s result).
+
+        Parameters
+        ----------
+        poses : torch.Tensor
+            ``[..., n_inp, d_cov * d_inp]``, the input capsules, each a flattened ``d_cov x d_inp`` matrix.
+        activations : torch.Tensor or None, optional
+            ``[B, n_inp]``, the input activations as **logits** (required).
+        iterations : int or None, optional
+            Routing iterations for this call, >= 1; ``None`` (default): the layer's.
+        return_routing : bool, optional
+            Also return the :class:`RoutingTrace` (default False).
+
+        Returns
+        -------
+        Routed
+            ``poses [B, n_out, d_out]``, ``activations`` ``[B, n_out]``, the output activation **logits**,
+            and the trace (or ``None``).
+        """
+        a_inp = require_activations(activations, self, "logits")
+        mu_inp = poses.unflatten(-1, (self.d_cov, self.d_inp))  # [..., n_inp, d_cov, d_inp]
+        out = self(a_inp, mu_inp, return_routing=return_routing, iterations=iterations)
+        (a_out, mu_out, _), trace = split_trace(out, return_routing)  # [..., n_out], [..., n_out, d_cov, d_out]
+        return Routed(mu_out.flatten(-2), a_out, trace)  # [..., n_out, d_cov * d_out], [..., n_out]
 
     def extra_repr(self) -> str:
         return fields_repr(

@@ -30,16 +30,30 @@ Differences from the public code (glassroom/heinsen_routing), none of which chan
 from __future__ import annotations
 
 import math
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .._checks import check_iterations, check_module_input, check_nonempty, check_tensor
-from ..types import RoutingTrace
-from ._common import autocast_outputs, check_one_or, compute_dtype, fields_repr, no_autocast
+from ..types import Routed, RoutingTrace
+from ._common import (
+    autocast_outputs,
+    check_one_or,
+    compute_dtype,
+    fields_repr,
+    no_autocast,
+    refuse_activations,
+    split_trace,
+)
 
-__all__ = ["efficient_vector_routing_reference", "efficient_vector_routing", "EfficientVectorRouting"]
+__all__ = [
+    "efficient_vector_routing_reference",
+    "efficient_vector_routing",
+    "VectorRoutingWeights",
+    "EfficientVectorRouting",
+]
 
 
 def efficient_vector_routing_reference(
@@ -125,18 +139,31 @@ def _masked_softmax(logits: torch.Tensor, mask: torch.Tensor | None) -> torch.Te
     return torch.softmax(logits, dim=-1).masked_fill(mask, 0.0)
 
 
+class VectorRoutingWeights(NamedTuple):
+    """The weights of Heinsen (2022) routing besides the betas, grouped (:func:`efficient_vector_routing` takes them
+    so, or any object with these attributes: an :class:`EfficientVectorRouting` itself). Names as in the
+    ``heinsen_routing`` package; ``I' = I``, or 1 when shared by a variable number of inputs."""
+
+    W_A: torch.Tensor  # [I', d_inp]      input activations a_i = x~_i . W_A,i + B_A,i
+    B_A: torch.Tensor  # [I']
+    W_F1: torch.Tensor  # [J, d_inp]      votes V_ij = (x~_i * W_F1,j) W_F2 + B_F2,j
+    W_F2: torch.Tensor  # [d_inp, d_out]
+    B_F2: torch.Tensor  # [J, d_out]
+    W_G1: torch.Tensor  # [d_out, d_inp]  predictions pred_j = (N(x_out_j) W_G1) * W_G2,j + B_G2,j
+    W_G2: torch.Tensor  # [J, d_inp]
+    B_G2: torch.Tensor  # [J, d_inp]
+    W_S: torch.Tensor  # [I', J]          agreements S_ij = log sigmoid((x_i . pred_j) W_S,ij + B_S,ij)
+    B_S: torch.Tensor  # [I', J]
+
+    @classmethod
+    def of(cls, weights: Any) -> VectorRoutingWeights:
+        """The weights read from ``weights`` (this tuple, or any object with the ten attributes, e.g. the layer)."""
+        return cls(*(getattr(weights, name) for name in cls._fields))
+
+
 def efficient_vector_routing(
     x_inp: torch.Tensor,
-    W_A: torch.Tensor,
-    B_A: torch.Tensor,
-    W_F1: torch.Tensor,
-    W_F2: torch.Tensor,
-    B_F2: torch.Tensor,
-    W_G1: torch.Tensor,
-    W_G2: torch.Tensor,
-    B_G2: torch.Tensor,
-    W_S: torch.Tensor,
-    B_S: torch.Tensor,
+    weights: VectorRoutingWeights | nn.Module,
     beta_use: torch.Tensor,
     beta_ign: torch.Tensor,
     iterations: int = 2,
@@ -163,18 +190,13 @@ def efficient_vector_routing(
     ----------
     x_inp : torch.Tensor
         ``[..., I, d_inp]``, the input vectors ``x``.
-    W_A, B_A : torch.Tensor
-        W_A ``[I', d_inp]``, B_A ``[I']``: input activations ``a_i = x~_i . W_A,i + B_A,i`` with
-        ``x~ = x / sqrt(I)``.
-    W_F1, W_F2, B_F2 : torch.Tensor
-        W_F1 ``[J, d_inp]``, W_F2 ``[d_inp, d_out]``, B_F2 ``[J, d_out]``: votes
-        ``V_ij = (x~_i * W_F1,j) W_F2 + B_F2,j``.
-    W_G1, W_G2, B_G2 : torch.Tensor
-        W_G1 ``[d_out, d_inp]``, W_G2 ``[J, d_inp]``, B_G2 ``[J, d_inp]``: predictions of the inputs
-        ``pred_j = (N(x_out_j) W_G1) * W_G2,j + B_G2,j``.
-    W_S, B_S : torch.Tensor
-        W_S ``[I', J]``, B_S ``[I', J]``: agreements ``S_ij = log sigmoid((x_i . pred_j) W_S,ij + B_S,ij)``
-        (unscaled x).
+    weights : VectorRoutingWeights or EfficientVectorRouting
+        The ten weights, grouped (:class:`VectorRoutingWeights`, or the layer): ``W_A [I', d_inp]``, ``B_A [I']``
+        make the input activations ``a_i = x~_i . W_A,i + B_A,i`` with ``x~ = x / sqrt(I)``; ``W_F1 [J, d_inp]``,
+        ``W_F2 [d_inp, d_out]``, ``B_F2 [J, d_out]`` the votes ``V_ij = (x~_i * W_F1,j) W_F2 + B_F2,j``;
+        ``W_G1 [d_out, d_inp]``, ``W_G2 [J, d_inp]``, ``B_G2 [J, d_inp]`` the predictions of the inputs
+        ``pred_j = (N(x_out_j) W_G1) * W_G2,j + B_G2,j``; ``W_S``, ``B_S [I', J]`` the agreements
+        ``S_ij = log sigmoid((x_i . pred_j) W_S,ij + B_S,ij)`` (unscaled x).
     beta_use, beta_ign : torch.Tensor
         ``[I, J]`` or per example ``[..., I, J]`` (``Linear(d_inp -> J)`` of x when ``n_inp = -1``).
     iterations : int, optional
@@ -204,8 +226,9 @@ def efficient_vector_routing(
         ``outputs`` x_out ``[..., J, d_out]`` (normalised if ``normalize``), and in ``extra`` the lists ``phi``,
         ``D_use``, ``D_ign``, ``pred_x_inp`` plus ``a_inp`` ``[..., I]`` (and ``V`` when not ``memory_efficient``).
     """
-    _check_inputs(x_inp, W_A, B_A, W_F1, W_F2, B_F2, W_G1, W_G2, B_G2, W_S, B_S, beta_use, beta_ign, iterations)
-    (I, D), J = x_inp.shape[-2:], B_F2.shape[0]
+    w = VectorRoutingWeights.of(weights)
+    _check_inputs(x_inp, w, beta_use, beta_ign, iterations)
+    (I, D), J = x_inp.shape[-2:], w.B_F2.shape[0]
     mask = _check_mask(mask, x_inp.shape[:-2], I, J)
     out_dtype = x_inp.dtype
     ct = compute_dtype(out_dtype)
@@ -213,7 +236,7 @@ def efficient_vector_routing(
     with no_autocast(x_inp):
         x = x_inp.to(ct)  # [..., I, D]
         W_A, B_A, W_F1, W_F2, B_F2, W_G1, W_G2, B_G2, W_S, B_S, beta_use, beta_ign = (
-            p.to(ct) for p in (W_A, B_A, W_F1, W_F2, B_F2, W_G1, W_G2, B_G2, W_S, B_S, beta_use, beta_ign)
+            p.to(ct) for p in (*w, beta_use, beta_ign)
         )
         scaled_x_inp = x * I**-0.5  # [..., I, D]  x~ = x / sqrt(I)
         a_inp = torch.einsum("...id,id->...i", scaled_x_inp, W_A.expand(I, D)) + B_A.expand(I)  # [..., I]
@@ -236,8 +259,11 @@ def efficient_vector_routing(
     return x_out
 
 
-def _check_inputs(x_inp, W_A, B_A, W_F1, W_F2, B_F2, W_G1, W_G2, B_G2, W_S, B_S, beta_use, beta_ign, iterations):
+def _check_inputs(
+    x_inp: torch.Tensor, w: VectorRoutingWeights, beta_use: torch.Tensor, beta_ign: torch.Tensor, iterations: int
+) -> None:
     """One-line errors for :func:`efficient_vector_routing`'s arguments."""
+    W_A, B_A, W_F1, W_F2, B_F2, W_G1, W_G2, B_G2, W_S, B_S = w
     check_iterations(iterations)
     check_tensor(x_inp, "x_inp", "[..., n_inp, d_inp]", [None, None], min_leading=0)
     check_nonempty(x_inp, "x_inp", "[..., n_inp, d_inp]", leading=x_inp.dim() - 2)
@@ -438,16 +464,7 @@ class EfficientVectorRouting(nn.Module):
         return autocast_outputs(
             efficient_vector_routing(
                 x_inp,
-                self.W_A,
-                self.B_A,
-                self.W_F1,
-                self.W_F2,
-                self.B_F2,
-                self.W_G1,
-                self.W_G2,
-                self.B_G2,
-                self.W_S,
-                self.B_S,
+                self,
                 beta_use,
                 beta_ign,
                 self.iterations if iterations is None else iterations,
@@ -458,6 +475,42 @@ class EfficientVectorRouting(nn.Module):
             ),
             x_inp.device.type,
         )
+
+    @classmethod
+    def fully_connected(cls, n_inp: int, n_out: int, d: int, iterations: int | None) -> EfficientVectorRouting:
+        """The registry's constructor: ``n_inp -> n_out`` capsules of size ``d`` (the layer's defaults)."""
+        return cls(n_inp, n_out, d, d, iterations)
+
+    def route(
+        self,
+        poses: torch.Tensor,
+        activations: torch.Tensor | None = None,
+        *,
+        iterations: int | None = None,
+        return_routing: bool = False,
+    ) -> Routed:
+        """The routing protocol (:mod:`capsule_lib.routing.kinds`): :meth:`forward` without a mask; the outputs have
+        no activations.
+
+        Parameters
+        ----------
+        poses : torch.Tensor
+            ``[B, n_inp, d_inp]``, the input capsules (``[..., n_inp, d_inp]``).
+        activations : torch.Tensor or None, optional
+            Must be ``None``: this algorithm takes no input activations (ValueError otherwise).
+        iterations : int or None, optional
+            Routing iterations for this call, >= 1; ``None`` (default): the layer's.
+        return_routing : bool, optional
+            Also return the :class:`RoutingTrace` (default False).
+
+        Returns
+        -------
+        Routed
+            ``poses [B, n_out, d_out]``, ``activations`` ``None``, and the trace (or ``None``).
+        """
+        refuse_activations(activations, self)
+        x_out, trace = split_trace(self(poses, return_routing=return_routing, iterations=iterations), return_routing)
+        return Routed(x_out, None, trace)  # [B, n_out, d_out]
 
     def extra_repr(self) -> str:
         return fields_repr(self, "n_inp", "n_out", "d_inp", "d_out", "iterations", "normalize", "memory_efficient")

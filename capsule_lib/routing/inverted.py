@@ -42,8 +42,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._checks import check_choice, check_iterations, check_module_input, check_nonempty, check_tensor
-from ..types import RoutingTrace
-from ._common import autocast_outputs
+from ..types import Routed, RoutingTrace
+from ._common import autocast_outputs, refuse_activations, split_trace
 from ._kernels.inverted import _RENORM_EPS, _acc_dtype, _attend_matrix
 
 __all__ = [
@@ -454,17 +454,45 @@ class InvertedFCCapsules(nn.Module):
         check_tensor(P_in, "P_in", f"[B, n_inp={self.n_inp}, d={self.pose_dim}]", [None, self.n_inp, self.pose_dim])
         return fc_matrix_votes(P_in, self.weight)
 
-    def route(self, P_in: torch.Tensor, iterations: int | None = None, return_routing: bool = False):
-        """``iterations`` updates (default: the layer's), the first uniform, each from the previous output, as in
-        :func:`inverted_routing_reference`: ``[B, n_inp, d] -> [B, n_out, d]`` (+ the last trace if ``return_routing``).
-        A network of layers interleaves their updates itself (:class:`~capsule_lib.models.inverted.CapsModel`)."""
+    @classmethod
+    def fully_connected(cls, n_inp: int, n_out: int, d: int, iterations: int | None) -> InvertedFCCapsules:
+        """The registry's constructor: ``n_inp -> n_out`` capsules of size ``d`` (``sqrt(d) x sqrt(d)`` matrices)."""
+        return cls(n_inp, n_out, d, iterations=iterations)
+
+    def route(
+        self,
+        poses: torch.Tensor,
+        activations: torch.Tensor | None = None,
+        *,
+        iterations: int | None = None,
+        return_routing: bool = False,
+    ) -> Routed:
+        """The routing protocol (:mod:`capsule_lib.routing.kinds`): ``iterations`` updates (default: the layer's), the
+        first uniform, each from the previous output, as in :func:`inverted_routing_reference`. (A network of layers
+        interleaves their updates itself, calling :meth:`forward`: :class:`~capsule_lib.models.inverted.CapsModel`.)
+
+        Parameters
+        ----------
+        poses : torch.Tensor
+            ``[B, n_inp, d]``, the input capsules (flattened ``s x s`` matrices).
+        activations : torch.Tensor or None, optional
+            Must be ``None``: this algorithm takes no input activations (ValueError otherwise).
+        iterations : int or None, optional
+            Updates for this call, >= 1; ``None`` (default): the layer's.
+        return_routing : bool, optional
+            Also return the last update's :class:`RoutingTrace` (default False).
+
+        Returns
+        -------
+        Routed
+            ``poses [B, n_out, d]``, ``activations`` ``None``, and the last update's trace (or ``None``).
+        """
+        refuse_activations(activations, self)
         T = self.iterations if iterations is None else check_iterations(iterations)
         P, trace = None, None
         for _ in range(T):
-            P = self(P_in, P, return_routing=return_routing)
-            if return_routing:
-                P, trace = P
-        return (P, trace) if return_routing else P
+            P, trace = split_trace(self(poses, P, return_routing=return_routing), return_routing)
+        return Routed(P, None, trace)  # [B, n_out, d]
 
     def forward(self, P_in: torch.Tensor, P_out_prev: torch.Tensor | None = None, return_routing: bool = False):
         """One update: :func:`inverted_fc_update` with the layer's weights.

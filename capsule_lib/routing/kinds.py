@@ -1,87 +1,162 @@
-"""The names of the routing algorithms, one per algorithm, their papers' default numbers of iterations, and
-:func:`build_routing`, which makes a fully connected layer of each (the comparison and :mod:`capsule_lib.cost`)."""
+"""The registry of routing algorithms: one :class:`RoutingKind` per algorithm, by the one name the comparison, the
+traces and :mod:`capsule_lib.cost` use.
+
+Every registered layer follows one protocol::
+
+    layer = kind.layer.fully_connected(n_inp, n_out, d, iterations)     # n_inp -> n_out capsules of size d
+    routed = layer.route(poses, activations=None, *, iterations=None, return_routing=False)
+    routed.poses [B, n_out, d], routed.activations [B, n_out] or None, routed.trace   # a types.Routed
+
+``poses`` are ``[B, n_inp, d]`` (matrix capsules flattened), ``activations`` ``[B, n_inp]`` on the scale the entry's
+:attr:`RoutingKind.activations` names (``None`` for an algorithm that takes none). Code that runs any routing
+(:class:`~capsule_lib.models.routing_classifier.RoutingClassifier`, :func:`capsule_lib.cost.routing_layer`) reads
+what differs from the entry, never from the name. Adding an algorithm: one module in ``routing/`` whose layer has
+``fully_connected`` and ``route``, and one :func:`register_routing` line below.
+"""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Literal
 
+import torch
 from torch import nn
 
-__all__ = ["ROUTING_KINDS", "DEFAULT_ITERATIONS", "build_routing"]
+from ..functional import squash_efficient, squash_hinton
+from .dynamic import DynamicRouting
+from .em import EMRouting
+from .heinsen_2019 import GenerativeMatrixRouting
+from .heinsen_2022 import EfficientVectorRouting
+from .inverted import InvertedFCCapsules
+from .self_attention import SelfAttentionRouting
 
-#: every routing algorithm of the library, by the name the comparison and :mod:`capsule_lib.cost` use
-#: (:func:`capsule_lib.cost.routing_layer` builds each as a fully connected layer of capsules of size ``d``)
-ROUTING_KINDS = {
-    "dynamic": "dynamic routing (Sabour et al. 2017), one d x d matrix per pair",
-    "em": "EM routing (Hinton et al. 2018), matrix capsules: one sqrt(d) x sqrt(d) matrix per pair",
-    "heinsen_2019": "Heinsen (2019) generative matrix routing, d_cov = 1, one 1 x d -> 1 x d matrix per pair",
-    "heinsen_2022": "Heinsen (2022) efficient vector routing (memory_efficient=True)",
-    "inverted": "inverted dot-product attention (Tsai et al. 2020), one sqrt(d) x sqrt(d) matrix per pair",
-    "self_attention": "self-attention routing (Mazzia et al. 2021), one d x d matrix per pair, no iterations",
-}
+__all__ = ["RoutingKind", "ROUTING_KINDS", "DEFAULT_ITERATIONS", "register_routing", "build_routing"]
+
+
+@dataclass(frozen=True)
+class RoutingKind:
+    """One routing algorithm of the registry: its layer and what a caller needs to know to run it.
+
+    Attributes
+    ----------
+    name : str
+        The algorithm's one name (its module in ``routing/``, its traces' ``algorithm``).
+    layer : type
+        The ``nn.Module`` class; it has ``fully_connected(n_inp, n_out, d, iterations)`` and the protocol's ``route``.
+    iterations : int or None
+        The paper's default number of routing iterations; ``None``: the algorithm does not iterate.
+    description : str
+        One line: the algorithm, its paper and its transformation per pair (the comparison's table).
+    square : bool
+        Whether ``d`` must be a square (capsules are ``sqrt(d) x sqrt(d)`` matrices).
+    squash : callable or None
+        What the comparison network applies to its primary poses before this routing (``None``: nothing).
+    activations : {"probabilities", "logits"} or None
+        The scale of the input activations ``route`` takes; ``None``: it takes none (and refuses them).
+    scores : {"lengths", "activations", "logits"} or None
+        The kind (:data:`~capsule_lib.types.SCORE_KINDS`) of the output activations ``route`` returns; ``None``: the
+        outputs have none (a classifier reads its scores out of the poses).
+    """
+
+    name: str
+    layer: type[nn.Module]
+    iterations: int | None
+    description: str
+    square: bool = False
+    squash: Callable[[torch.Tensor], torch.Tensor] | None = None
+    activations: Literal["probabilities", "logits"] | None = None
+    scores: Literal["lengths", "activations", "logits"] | None = None
+
+    def input_activations(self, logits: torch.Tensor) -> torch.Tensor | None:
+        """The activations this routing takes, from activation logits ``[B, n_inp]`` (``None`` if it takes none)."""
+        if self.activations is None:
+            return None
+        return torch.sigmoid(logits) if self.activations == "probabilities" else logits
+
+    def build(self, n_inp: int, n_out: int, d: int, iterations: int | None = None) -> nn.Module:
+        """A fully connected layer from ``n_inp`` to ``n_out`` capsules of size ``d`` (see :func:`build_routing`)."""
+        if self.iterations is None and iterations is not None:
+            raise ValueError(f"{self.name} routing has no iterations (pass iterations=None)")
+        if self.square and math.isqrt(d) ** 2 != d:
+            raise ValueError(f"{self.name} routes matrix capsules: d must be a square (4 x 4 = 16), got {d}")
+        return self.layer.fully_connected(n_inp, n_out, d, self.iterations if iterations is None else iterations)
+
+
+#: every routing algorithm of the library, by name (:func:`register_routing` adds one)
+ROUTING_KINDS: dict[str, RoutingKind] = {}
+
+
+def register_routing(kind: RoutingKind) -> RoutingKind:
+    """Add ``kind`` to :data:`ROUTING_KINDS` (ValueError if its name is taken, or its layer lacks the protocol).
+
+    Parameters
+    ----------
+    kind : RoutingKind
+        The algorithm to register.
+
+    Returns
+    -------
+    RoutingKind
+        ``kind``.
+    """
+    if kind.name in ROUTING_KINDS:
+        raise ValueError(f"routing kind {kind.name!r} is already registered")
+    missing = [m for m in ("fully_connected", "route") if not callable(getattr(kind.layer, m, None))]
+    if missing:
+        raise ValueError(f"{kind.layer.__name__} lacks the routing protocol's {' and '.join(missing)}")
+    ROUTING_KINDS[kind.name] = kind
+    return kind
+
+
+# fmt: off
+register_routing(RoutingKind("dynamic", DynamicRouting, 3, "dynamic routing (Sabour et al. 2017), one d x d matrix per pair", squash=squash_hinton, scores="lengths"))  # noqa: E501
+register_routing(RoutingKind("em", EMRouting, 3, "EM routing (Hinton et al. 2018), matrix capsules: one sqrt(d) x sqrt(d) matrix per pair", square=True, activations="probabilities", scores="activations"))  # noqa: E501
+register_routing(RoutingKind("heinsen_2019", GenerativeMatrixRouting, 3, "Heinsen (2019) generative matrix routing, d_cov = 1, one 1 x d -> 1 x d matrix per pair", activations="logits", scores="logits"))  # noqa: E501
+register_routing(RoutingKind("heinsen_2022", EfficientVectorRouting, 2, "Heinsen (2022) efficient vector routing (memory_efficient=True)"))  # noqa: E501
+register_routing(RoutingKind("inverted", InvertedFCCapsules, 2, "inverted dot-product attention (Tsai et al. 2020), one sqrt(d) x sqrt(d) matrix per pair", square=True))  # noqa: E501
+register_routing(RoutingKind("self_attention", SelfAttentionRouting, None, "self-attention routing (Mazzia et al. 2021), one d x d matrix per pair, no iterations", squash=squash_efficient, scores="lengths"))  # noqa: E501
+# fmt: on
+
+
+class _DefaultIterations(Mapping):
+    """Each registered kind's default number of routing iterations, read from :data:`ROUTING_KINDS`."""
+
+    def __getitem__(self, name: str) -> int | None:
+        return ROUTING_KINDS[name].iterations
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(ROUTING_KINDS)
+
+    def __len__(self) -> int:
+        return len(ROUTING_KINDS)
+
 
 #: each kind's default number of routing iterations (its paper's); ``None``: the algorithm does not iterate
-DEFAULT_ITERATIONS = {
-    "dynamic": 3,
-    "em": 3,
-    "heinsen_2019": 3,
-    "heinsen_2022": 2,
-    "inverted": 2,
-    "self_attention": None,
-}
+DEFAULT_ITERATIONS: Mapping[str, int | None] = _DefaultIterations()
 
 
 def build_routing(kind: str, n_inp: int, n_out: int, d: int, iterations: int | None = None) -> nn.Module:
     """A fully connected routing layer of ``kind`` from ``n_inp`` to ``n_out`` capsules of size ``d``.
 
-    ``inverted`` is one update per call (:class:`~capsule_lib.routing.inverted.InvertedFCCapsules`); its ``route``
-    runs its ``iterations``.
-
     Parameters
     ----------
     kind : str
-        One of :data:`ROUTING_KINDS`: ``"dynamic"``, ``"em"``, ``"heinsen_2019"``, ``"heinsen_2022"``,
-        ``"inverted"``, ``"self_attention"`` (ValueError otherwise).
+        A key of :data:`ROUTING_KINDS` (ValueError otherwise).
     n_inp, n_out : int
         Numbers of input and output capsules.
     d : int
-        Capsule size, of inputs and outputs alike; a square (``4 x 4 = 16``) for ``em`` and ``inverted``, whose
-        capsules are ``sqrt(d) x sqrt(d)`` matrices.
+        Capsule size, of inputs and outputs alike; a square (``4 x 4 = 16``) for a kind with ``square``.
     iterations : int or None, optional
-        Routing iterations; ``None`` (default): the kind's :data:`DEFAULT_ITERATIONS`. ``self_attention`` has
-        none and refuses a number.
+        Routing iterations; ``None`` (default): the kind's :data:`DEFAULT_ITERATIONS`. A kind that does not iterate
+        refuses a number.
 
     Returns
     -------
     torch.nn.Module
-        :class:`~capsule_lib.routing.dynamic.DynamicRouting`, :class:`~capsule_lib.routing.em.EMRouting`,
-        :class:`~capsule_lib.routing.heinsen_2019.GenerativeMatrixRouting` (``d_cov = 1``),
-        :class:`~capsule_lib.routing.heinsen_2022.EfficientVectorRouting`,
-        :class:`~capsule_lib.routing.inverted.InvertedFCCapsules` or
-        :class:`~capsule_lib.routing.self_attention.SelfAttentionRouting`.
+        The kind's layer (``ROUTING_KINDS[kind].layer``), called through its ``route``.
     """
-    from .dynamic import DynamicRouting
-    from .em import EMRouting
-    from .heinsen_2019 import GenerativeMatrixRouting
-    from .heinsen_2022 import EfficientVectorRouting
-    from .inverted import InvertedFCCapsules
-    from .self_attention import SelfAttentionRouting
-
     if kind not in ROUTING_KINDS:
         raise ValueError(f"unknown routing kind {kind!r}; kinds: {', '.join(ROUTING_KINDS)}")
-    if kind == "self_attention" and iterations is not None:
-        raise ValueError("self_attention routing has no iterations (pass iterations=None)")
-    if kind in ("em", "inverted") and math.isqrt(d) ** 2 != d:
-        raise ValueError(f"{kind} routes matrix capsules: d must be a square (4 x 4 = 16), got {d}")
-    T = DEFAULT_ITERATIONS[kind] if iterations is None else iterations
-    if kind == "dynamic":
-        return DynamicRouting(n_inp, n_out, d, d, T)
-    if kind == "em":
-        return EMRouting(n_inp, n_out, math.isqrt(d), T)
-    if kind == "heinsen_2019":
-        return GenerativeMatrixRouting(d_cov=1, d_inp=d, d_out=d, n_inp=n_inp, n_out=n_out, iterations=T)
-    if kind == "heinsen_2022":
-        return EfficientVectorRouting(n_inp, n_out, d, d, T)
-    if kind == "inverted":
-        return InvertedFCCapsules(n_inp, n_out, d, iterations=T)
-    return SelfAttentionRouting(n_inp, n_out, d, d)
+    return ROUTING_KINDS[kind].build(n_inp, n_out, d, iterations)

@@ -42,9 +42,9 @@ import torch
 from torch import nn
 
 from .._checks import check_module_input, check_nonempty, check_tensor
-from ..functional import squash_efficient
-from ..types import TRUNC_NORMAL_STD, RoutingTrace
-from ._common import fields_repr, use_kernel
+from ..functional import capsule_lengths, squash_efficient
+from ..types import TRUNC_NORMAL_STD, Routed, RoutingTrace
+from ._common import fields_repr, refuse_activations, split_trace, use_kernel
 from ._kernels.self_attention import _FusedSelfAttention
 
 __all__ = [
@@ -320,6 +320,47 @@ class SelfAttentionRouting(nn.Module):
             self._check_input(u)
             return _FusedSelfAttention.apply(u, self.weight, self.log_prior, self.eps)
         return self_attention_routing(self.votes(u), self.prior(), eps=self.eps, return_routing=return_routing)
+
+    @classmethod
+    def fully_connected(cls, n_inp: int, n_out: int, d: int, iterations: int | None) -> SelfAttentionRouting:
+        """The registry's constructor: ``n_inp -> n_out`` capsules of size ``d`` (``d x d`` matrices; no iterations)."""
+        if iterations is not None:
+            raise ValueError("self_attention routing has no iterations (pass iterations=None)")
+        return cls(n_inp, n_out, d, d)
+
+    def route(
+        self,
+        poses: torch.Tensor,
+        activations: torch.Tensor | None = None,
+        *,
+        iterations: int | None = None,
+        return_routing: bool = False,
+    ) -> Routed:
+        """The routing protocol (:mod:`capsule_lib.routing.kinds`): :meth:`forward`, with the output capsules'
+        lengths as their activations.
+
+        Parameters
+        ----------
+        poses : torch.Tensor
+            ``[B, n_inp, d_inp]``, the input capsules.
+        activations : torch.Tensor or None, optional
+            Must be ``None``: this algorithm takes no input activations (ValueError otherwise).
+        iterations : int or None, optional
+            Must be ``None``: self-attention routing has no iterations (ValueError otherwise).
+        return_routing : bool, optional
+            Also return the :class:`RoutingTrace` (default False).
+
+        Returns
+        -------
+        Routed
+            ``poses [B, n_out, d_out]``, ``activations`` ``[B, n_out]``, the output capsules' lengths,
+            and the trace (or ``None``).
+        """
+        refuse_activations(activations, self)
+        if iterations is not None:
+            raise ValueError("self_attention routing has no iterations to override")
+        v, trace = split_trace(self(poses, return_routing=return_routing), return_routing)
+        return Routed(v, capsule_lengths(v), trace)  # [B, n_out, d_out], [B, n_out]
 
     def extra_repr(self) -> str:
         return fields_repr(self, "n_inp", "n_out", "d_inp", "d_out", "eps", "init")
