@@ -10,6 +10,7 @@ from torch import nn
 from capsule_lib.functional import capsule_lengths, squash_hinton
 from capsule_lib.losses import ScoreObjective
 from capsule_lib.models import RoutingClassifier, RoutingClassifierConfig
+from capsule_lib.routing._common import RoutingProtocol
 from capsule_lib.routing.kinds import DEFAULT_ITERATIONS, ROUTING_KINDS, RoutingKind, build_routing, register_routing
 from capsule_lib.types import Routed, RoutingTrace
 
@@ -123,7 +124,7 @@ def test_a_kind_is_refused_twice_or_without_the_protocol():
     assert "linear" not in ROUTING_KINDS
 
 
-class UniformRouting(nn.Module):
+class UniformRouting(RoutingProtocol, nn.Module):
     """A toy routing for the registry test: every child sends its vote to every parent with the same coupling
     ``1 / n_out`` (Paik et al.'s uniform baseline), then squash. ``[B, n_inp, d] -> [B, n_out, d]``."""
 
@@ -136,7 +137,7 @@ class UniformRouting(nn.Module):
     def fully_connected(cls, n_inp: int, n_out: int, d: int, iterations: int | None) -> UniformRouting:
         return cls(n_inp, n_out, d)
 
-    def route(self, poses, activations=None, *, iterations=None, return_routing=False) -> Routed:
+    def _routed(self, poses, activations, iterations, return_routing) -> Routed:  # behind route(...)
         votes = torch.einsum("bid,ijde->bije", poses, self.weight)  # [B, I, J, d]
         c = torch.full(votes.shape[:3], 1.0 / self.n_out, dtype=votes.dtype)  # [B, I, J]
         v = squash_hinton(torch.einsum("bij,bije->bje", c, votes))  # [B, J, d]

@@ -7,7 +7,49 @@ from typing import Any
 import torch
 
 from .._checks import check_tensor
-from ..types import RoutingTrace
+from ..types import Routed, RoutingTrace
+
+
+class RoutingProtocol:
+    """The routing protocol, the one way every registered routing layer is called (:mod:`capsule_lib.routing.kinds`).
+
+    A layer mixes this in before ``nn.Module`` and implements ``_routed(poses, activations, iterations,
+    return_routing) -> Routed`` (with :func:`refuse_activations` or :func:`require_activations`) and the classmethod
+    ``fully_connected(n_inp, n_out, d, iterations)``, the registry's constructor.
+    """
+
+    def route(
+        self,
+        poses: torch.Tensor,
+        activations: torch.Tensor | None = None,
+        *,
+        iterations: int | None = None,
+        return_routing: bool = False,
+    ) -> Routed:
+        """Route ``n_inp`` input capsules to the layer's ``n_out`` output capsules.
+
+        Parameters
+        ----------
+        poses : torch.Tensor
+            ``[B, n_inp, d_inp]``, the input capsules (a matrix capsule flattened, ``P x P -> P*P``).
+        activations : torch.Tensor or None, optional
+            ``[B, n_inp]``, the input activations on the scale the algorithm's registry entry names
+            (:attr:`~capsule_lib.routing.kinds.RoutingKind.activations`: probabilities or logits); ``None`` (default)
+            for an algorithm that takes none. A layer refuses what its algorithm does not take and asks for what it
+            needs, in one line.
+        iterations : int or None, optional
+            Routing iterations for this call, >= 1; ``None`` (default): the layer's. An algorithm that does not
+            iterate refuses a number.
+        return_routing : bool, optional
+            Also record the :class:`~capsule_lib.types.RoutingTrace` (default False).
+
+        Returns
+        -------
+        Routed
+            ``poses [B, n_out, d_out]``, ``activations [B, n_out]`` on the scale of the entry's ``scores`` (``None``
+            for an algorithm whose outputs have none), and the trace (``None`` without ``return_routing``).
+        """
+        return self._routed(poses, activations, iterations, return_routing)
 
 
 def fields_repr(module: torch.nn.Module, *names: str) -> str:

@@ -44,7 +44,7 @@ from torch import nn
 from .._checks import check_choice, check_iterations, check_module_input, check_nonempty, check_tensor
 from ..functional import capsule_lengths, squash
 from ..types import Routed, RoutingTrace
-from ._common import fields_repr, refuse_activations, split_trace, use_kernel
+from ._common import RoutingProtocol, fields_repr, refuse_activations, split_trace, use_kernel
 from ._kernels.dynamic import _VOTES_BLOCK_BYTES, _CapsuleVotes, _FusedRouting, _Replay  # noqa: F401
 
 __all__ = ["dynamic_routing_reference", "dynamic_routing", "DynamicRouting", "capsule_votes", "DYNAMIC_PRESETS"]
@@ -250,7 +250,7 @@ def dynamic_routing(
     return v, trace
 
 
-class DynamicRouting(nn.Module):
+class DynamicRouting(RoutingProtocol, nn.Module):
     """Fully-connected capsule layer with dynamic routing: ``[B, n_inp, d_inp] -> [B, n_out, d_out]``.
 
     Holds one transformation matrix per (input, output) pair, ``weight [n_inp, n_out, d_inp, d_out]``, and an
@@ -385,34 +385,9 @@ class DynamicRouting(nn.Module):
         """The registry's constructor: ``n_inp -> n_out`` capsules of size ``d`` (``d x d`` matrices)."""
         return cls(n_inp, n_out, d, d, iterations)
 
-    def route(
-        self,
-        poses: torch.Tensor,
-        activations: torch.Tensor | None = None,
-        *,
-        iterations: int | None = None,
-        return_routing: bool = False,
-    ) -> Routed:
-        """The routing protocol (:mod:`capsule_lib.routing.kinds`): :meth:`forward`, with the output capsules'
-        lengths as their activations.
-
-        Parameters
-        ----------
-        poses : torch.Tensor
-            ``[B, n_inp, d_inp]``, the input capsules.
-        activations : torch.Tensor or None, optional
-            Must be ``None``: this algorithm takes no input activations (ValueError otherwise).
-        iterations : int or None, optional
-            Routing iterations for this call, >= 1; ``None`` (default): the layer's.
-        return_routing : bool, optional
-            Also return the :class:`RoutingTrace` (default False).
-
-        Returns
-        -------
-        Routed
-            ``poses [B, n_out, d_out]``, ``activations`` ``[B, n_out]``, the output capsules' lengths,
-            and the trace (or ``None``).
-        """
+    def _routed(self, poses, activations, iterations, return_routing) -> Routed:
+        """The protocol's :meth:`route`: :meth:`forward`, with the output capsules' lengths as their activations; no
+        input activations."""
         refuse_activations(activations, self)
         v, trace = split_trace(self(poses, return_routing=return_routing, iterations=iterations), return_routing)
         return Routed(v, capsule_lengths(v), trace)  # [B, n_out, d_out], [B, n_out]

@@ -68,7 +68,7 @@ from torch import nn
 
 from .._checks import check_activations, check_iterations, check_module_input, check_poses, check_tensor
 from ..types import Routed, RoutingTrace
-from ._common import require_activations, split_trace, use_kernel
+from ._common import RoutingProtocol, require_activations, split_trace, use_kernel
 
 __all__ = [
     "em_routing_reference",
@@ -497,7 +497,7 @@ class EMRoutingBase(nn.Module):
         )
 
 
-class EMRouting(EMRoutingBase):
+class EMRouting(RoutingProtocol, EMRoutingBase):
     """Fully-connected matrix-capsule layer with EM routing:
     ``poses [B, n_inp, P*P], a_in [B, n_inp] -> (poses [B, n_out, P*P], a_out [B, n_out])``.
 
@@ -562,33 +562,8 @@ class EMRouting(EMRoutingBase):
         """The registry's constructor: ``n_inp -> n_out`` capsules of size ``d`` (``sqrt(d) x sqrt(d)`` poses)."""
         return cls(n_inp, n_out, math.isqrt(d), iterations)
 
-    def route(
-        self,
-        poses: torch.Tensor,
-        activations: torch.Tensor | None = None,
-        *,
-        iterations: int | None = None,
-        return_routing: bool = False,
-    ) -> Routed:
-        """The routing protocol (:mod:`capsule_lib.routing.kinds`): :meth:`forward`; activations are probabilities.
-
-        Parameters
-        ----------
-        poses : torch.Tensor
-            ``[B, n_inp, d_inp]``, the input capsules (``[B, n_inp, P*P]``, flattened ``P x P`` matrices).
-        activations : torch.Tensor or None, optional
-            ``[B, n_inp]``, the input activations as **probabilities** in ``[0, 1]`` (required).
-        iterations : int or None, optional
-            Routing iterations for this call, >= 1; ``None`` (default): the layer's.
-        return_routing : bool, optional
-            Also return the :class:`RoutingTrace` (default False).
-
-        Returns
-        -------
-        Routed
-            ``poses [B, n_out, d_out]``, ``activations`` ``[B, n_out]``, the output activations in ``[0, 1]``,
-            and the trace (or ``None``).
-        """
+    def _routed(self, poses, activations, iterations, return_routing) -> Routed:
+        """The protocol's :meth:`route`: :meth:`forward`: activations are probabilities in ``[0, 1]``, in and out."""
         a_in = require_activations(activations, self, "probabilities in [0, 1]")
         (mu, a_out), trace = split_trace(self(poses, a_in, return_routing, iterations), return_routing)
         return Routed(mu, a_out, trace)  # [B, n_out, P*P], [B, n_out]

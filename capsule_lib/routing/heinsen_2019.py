@@ -39,6 +39,7 @@ from torch import nn
 from .._checks import check_choice, check_iterations, check_module_input, check_nonempty, check_tensor
 from ..types import Routed, RoutingTrace
 from ._common import (
+    RoutingProtocol,
     autocast_outputs,
     check_one_or,
     compute_dtype,
@@ -324,7 +325,7 @@ def _route_votes(
     return a_out, mu_out, sigma2_out
 
 
-class GenerativeMatrixRouting(nn.Module):
+class GenerativeMatrixRouting(RoutingProtocol, nn.Module):
     """Heinsen (2019) routing (the paper's ``Routing`` class): matrix capsules with scores, Gaussian mixture.
 
     ``forward(a_inp [..., n_inp], mu_inp [..., n_inp, d_cov, d_inp], n_out=None, return_routing=False)``
@@ -486,35 +487,9 @@ class GenerativeMatrixRouting(nn.Module):
         """The registry's constructor: ``n_inp -> n_out`` capsules of size ``d`` (``d_cov = 1``: ``1 x d`` matrices)."""
         return cls(d_cov=1, d_inp=d, d_out=d, n_inp=n_inp, n_out=n_out, iterations=iterations)
 
-    def route(
-        self,
-        poses: torch.Tensor,
-        activations: torch.Tensor | None = None,
-        *,
-        iterations: int | None = None,
-        return_routing: bool = False,
-    ) -> Routed:
-        """The routing protocol (:mod:`capsule_lib.routing.kinds`): :meth:`forward` on the poses as ``d_cov x d_inp``
-        matrices; the output poses flattened back, the output activation logits as activations (the variances
-        ``sigma2_out`` are in :meth:`forward`'s result).
-
-        Parameters
-        ----------
-        poses : torch.Tensor
-            ``[..., n_inp, d_cov * d_inp]``, the input capsules, each a flattened ``d_cov x d_inp`` matrix.
-        activations : torch.Tensor or None, optional
-            ``[B, n_inp]``, the input activations as **logits** (required).
-        iterations : int or None, optional
-            Routing iterations for this call, >= 1; ``None`` (default): the layer's.
-        return_routing : bool, optional
-            Also return the :class:`RoutingTrace` (default False).
-
-        Returns
-        -------
-        Routed
-            ``poses [B, n_out, d_out]``, ``activations`` ``[B, n_out]``, the output activation **logits**,
-            and the trace (or ``None``).
-        """
+    def _routed(self, poses, activations, iterations, return_routing) -> Routed:
+        """The protocol's :meth:`route`: :meth:`forward` on the poses as ``d_cov x d_inp`` matrices (flattened back
+        after), activation logits in and out (the variances ``sigma2_out`` are in :meth:`forward`'s result)."""
         a_inp = require_activations(activations, self, "logits")
         mu_inp = poses.unflatten(-1, (self.d_cov, self.d_inp))  # [..., n_inp, d_cov, d_inp]
         out = self(a_inp, mu_inp, return_routing=return_routing, iterations=iterations)

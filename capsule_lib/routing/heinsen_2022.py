@@ -39,6 +39,7 @@ from torch import nn
 from .._checks import check_iterations, check_module_input, check_nonempty, check_tensor
 from ..types import Routed, RoutingTrace
 from ._common import (
+    RoutingProtocol,
     autocast_outputs,
     check_one_or,
     compute_dtype,
@@ -339,7 +340,7 @@ def _route(
     return x_out
 
 
-class EfficientVectorRouting(nn.Module):
+class EfficientVectorRouting(RoutingProtocol, nn.Module):
     """Heinsen (2022) ``EfficientVectorRouting``: ``x_inp [..., n_inp, d_inp] -> x_out [..., n_out, d_out]``.
 
     ``forward(x_inp, mask=None, return_routing=False)``; see :func:`efficient_vector_routing` for the
@@ -481,33 +482,8 @@ class EfficientVectorRouting(nn.Module):
         """The registry's constructor: ``n_inp -> n_out`` capsules of size ``d`` (the layer's defaults)."""
         return cls(n_inp, n_out, d, d, iterations)
 
-    def route(
-        self,
-        poses: torch.Tensor,
-        activations: torch.Tensor | None = None,
-        *,
-        iterations: int | None = None,
-        return_routing: bool = False,
-    ) -> Routed:
-        """The routing protocol (:mod:`capsule_lib.routing.kinds`): :meth:`forward` without a mask; the outputs have
-        no activations.
-
-        Parameters
-        ----------
-        poses : torch.Tensor
-            ``[B, n_inp, d_inp]``, the input capsules (``[..., n_inp, d_inp]``).
-        activations : torch.Tensor or None, optional
-            Must be ``None``: this algorithm takes no input activations (ValueError otherwise).
-        iterations : int or None, optional
-            Routing iterations for this call, >= 1; ``None`` (default): the layer's.
-        return_routing : bool, optional
-            Also return the :class:`RoutingTrace` (default False).
-
-        Returns
-        -------
-        Routed
-            ``poses [B, n_out, d_out]``, ``activations`` ``None``, and the trace (or ``None``).
-        """
+    def _routed(self, poses, activations, iterations, return_routing) -> Routed:
+        """The protocol's :meth:`route`: :meth:`forward` without a mask; no input or output activations."""
         refuse_activations(activations, self)
         x_out, trace = split_trace(self(poses, return_routing=return_routing, iterations=iterations), return_routing)
         return Routed(x_out, None, trace)  # [B, n_out, d_out]

@@ -43,7 +43,7 @@ from torch import nn
 
 from .._checks import check_choice, check_iterations, check_module_input, check_nonempty, check_tensor
 from ..types import Routed, RoutingTrace
-from ._common import autocast_outputs, refuse_activations, split_trace
+from ._common import RoutingProtocol, autocast_outputs, refuse_activations, split_trace
 from ._kernels.inverted import _RENORM_EPS, _acc_dtype, _attend_matrix
 
 __all__ = [
@@ -414,7 +414,7 @@ def inverted_conv_update(
 
 
 # -------------------------------------------------------------------------------------------- modules
-class InvertedFCCapsules(nn.Module):
+class InvertedFCCapsules(RoutingProtocol, nn.Module):
     """Fully-connected capsule layer with one inverted-attention update per call (``CapsuleFC``,
     ``matrix_pose=True``): ``[B, n_inp, d] -> [B, n_out, d]``.
 
@@ -459,34 +459,11 @@ class InvertedFCCapsules(nn.Module):
         """The registry's constructor: ``n_inp -> n_out`` capsules of size ``d`` (``sqrt(d) x sqrt(d)`` matrices)."""
         return cls(n_inp, n_out, d, iterations=iterations)
 
-    def route(
-        self,
-        poses: torch.Tensor,
-        activations: torch.Tensor | None = None,
-        *,
-        iterations: int | None = None,
-        return_routing: bool = False,
-    ) -> Routed:
-        """The routing protocol (:mod:`capsule_lib.routing.kinds`): ``iterations`` updates (default: the layer's), the
-        first uniform, each from the previous output, as in :func:`inverted_routing_reference`. (A network of layers
-        interleaves their updates itself, calling :meth:`forward`: :class:`~capsule_lib.models.inverted.CapsModel`.)
-
-        Parameters
-        ----------
-        poses : torch.Tensor
-            ``[B, n_inp, d]``, the input capsules (flattened ``s x s`` matrices).
-        activations : torch.Tensor or None, optional
-            Must be ``None``: this algorithm takes no input activations (ValueError otherwise).
-        iterations : int or None, optional
-            Updates for this call, >= 1; ``None`` (default): the layer's.
-        return_routing : bool, optional
-            Also return the last update's :class:`RoutingTrace` (default False).
-
-        Returns
-        -------
-        Routed
-            ``poses [B, n_out, d]``, ``activations`` ``None``, and the last update's trace (or ``None``).
-        """
+    def _routed(self, poses, activations, iterations, return_routing) -> Routed:
+        """The protocol's :meth:`route`: ``iterations`` updates (default: the layer's), the first uniform, each from the
+        previous output, as in :func:`inverted_routing_reference`; no activations; the trace is the last update's. (A
+        network of layers interleaves their updates itself, calling :meth:`forward`:
+        :class:`~capsule_lib.models.inverted.CapsModel`.)"""
         refuse_activations(activations, self)
         T = self.iterations if iterations is None else check_iterations(iterations)
         P, trace = None, None

@@ -44,7 +44,7 @@ from torch import nn
 from .._checks import check_module_input, check_nonempty, check_tensor
 from ..functional import capsule_lengths, squash_efficient
 from ..types import TRUNC_NORMAL_STD, Routed, RoutingTrace
-from ._common import fields_repr, refuse_activations, split_trace, use_kernel
+from ._common import RoutingProtocol, fields_repr, refuse_activations, split_trace, use_kernel
 from ._kernels.self_attention import _FusedSelfAttention
 
 __all__ = [
@@ -222,7 +222,7 @@ def self_attention_routing(
     return v, trace
 
 
-class SelfAttentionRouting(nn.Module):
+class SelfAttentionRouting(RoutingProtocol, nn.Module):
     """Fully-connected capsule layer with self-attention routing (the original ``FCCaps``):
     ``[B, n_inp, d_inp] -> [B, n_out, d_out]``.
 
@@ -328,34 +328,9 @@ class SelfAttentionRouting(nn.Module):
             raise ValueError("self_attention routing has no iterations (pass iterations=None)")
         return cls(n_inp, n_out, d, d)
 
-    def route(
-        self,
-        poses: torch.Tensor,
-        activations: torch.Tensor | None = None,
-        *,
-        iterations: int | None = None,
-        return_routing: bool = False,
-    ) -> Routed:
-        """The routing protocol (:mod:`capsule_lib.routing.kinds`): :meth:`forward`, with the output capsules'
-        lengths as their activations.
-
-        Parameters
-        ----------
-        poses : torch.Tensor
-            ``[B, n_inp, d_inp]``, the input capsules.
-        activations : torch.Tensor or None, optional
-            Must be ``None``: this algorithm takes no input activations (ValueError otherwise).
-        iterations : int or None, optional
-            Must be ``None``: self-attention routing has no iterations (ValueError otherwise).
-        return_routing : bool, optional
-            Also return the :class:`RoutingTrace` (default False).
-
-        Returns
-        -------
-        Routed
-            ``poses [B, n_out, d_out]``, ``activations`` ``[B, n_out]``, the output capsules' lengths,
-            and the trace (or ``None``).
-        """
+    def _routed(self, poses, activations, iterations, return_routing) -> Routed:
+        """The protocol's :meth:`route`: :meth:`forward`, with the output capsules' lengths as their activations; no
+        input activations or iterations."""
         refuse_activations(activations, self)
         if iterations is not None:
             raise ValueError("self_attention routing has no iterations to override")
