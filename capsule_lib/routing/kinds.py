@@ -53,11 +53,12 @@ class RoutingKind:
         Whether ``d`` must be a square (capsules are ``sqrt(d) x sqrt(d)`` matrices).
     squash : callable or None
         What the comparison network applies to its primary poses before this routing (``None``: nothing).
-    activations : {"probabilities", "logits"} or None
-        The scale of the input activations ``route`` takes; ``None``: it takes none (and refuses them).
-    scores : {"lengths", "activations", "logits"} or None
-        The kind (:data:`~capsule_lib.types.SCORE_KINDS`) of the output activations ``route`` returns; ``None``: the
-        outputs have none (a classifier reads its scores out of the poses).
+    activations : str or None
+        The scale of the input activations ``route`` takes, ``"probabilities"`` or ``"logits"``; ``None``: it takes
+        none (and refuses them).
+    scores : str or None
+        The kind (:data:`~capsule_lib.types.SCORE_KINDS`: ``"lengths"``, ``"activations"``, ``"logits"``) of the output
+        activations ``route`` returns; ``None``: the outputs have none (a classifier reads its scores out of the poses).
     """
 
     name: str
