@@ -300,7 +300,7 @@ def train_or_load(
         Train for the shipped run's wall-clock budget (``budget_minutes`` of its history; the comparison chapter's
         contestants) instead of its epochs; in smoke mode at most 0.05 minutes.
     start_from
-        Start the training from this shipped checkpoint's weights (:func:`~capsule_lib.train.cli.train`).
+        Start the training from this shipped checkpoint's weights (:func:`~capsule_lib.train.run.train`).
     speedrun
         A shipped speedrun checkpoint (:mod:`capsule_lib.train.recipes.speedrun`): when training on a GPU, its recipe
         is retrained instead, for its run's time budget (the same network, trained for accuracy per minute); on a CPU
@@ -316,7 +316,7 @@ def train_or_load(
     tuple
         For one name ``(model, history)``; for several ``(models, histories)``, dicts keyed by checkpoint. Every
         model is on ``cfg.device`` in eval mode. Training retrains the shipped run's recipe
-        (:func:`~capsule_lib.train.cli.shipped_recipe`) with a live plot and resumable checkpoints under ``runs/``;
+        (:func:`~capsule_lib.train.shipped.shipped_recipe`) with a live plot and resumable checkpoints under ``runs/``;
         the history is then the new run's.
     """
     from .pretrained import load_pretrained, load_pretrained_history

@@ -150,7 +150,7 @@ class Recipe:
 
     def evaluation_sets(self, data: DataSource | str | None = None) -> dict[str, Any]:
         """The datasets a shipped checkpoint of this recipe is evaluated on, by metric prefix (``"val"``,
-        ``"test"``): what :func:`~capsule_lib.pretrained.export_run` records in the registry."""
+        ``"test"``): what :func:`~capsule_lib.train.shipped.export_run` records in the registry."""
         return {split: get_dataset(self.dataset, data, split) for split in ("val", "test")}
 
     def check_data(self, model: nn.Module, loaders: Loaders) -> None:
