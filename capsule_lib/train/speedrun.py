@@ -248,13 +248,13 @@ def main(argv: list[str] | None = None, *, data_root: str | None = None, offline
             p.error(f"--set wants KEY=VALUE, got {kv!r}")
         key, value = kv.split("=", 1)
         overrides[key] = value  # parsed (JSON) and checked by make_recipe, for each recipe
-    root = a.data_root or (str(data_root) if data_root else None)
+    a.data_root = a.data_root or (str(data_root) if data_root else None)
     result = run_speedrun(
         names,
         a.minutes,
         a.out,
         device=a.device,
-        data_root=root,
+        data_root=a.data_root,
         offline=offline if a.offline is None else a.offline,
         quick=a.quick,
         tag=a.tag,
