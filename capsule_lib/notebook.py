@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from ._checks import device_available
-from .data.datasets import DataSource, announce_standins, data_root, repository_root
+from .data.datasets import DataSource, announce_standins, repository_root
 
 __all__ = [
     "Environment",
@@ -154,7 +154,7 @@ def settings(
     * ``SMOKE`` is switched on by ``CAPSULE_SMOKE=1`` too (that is how ``make test`` runs nbval); in smoke
       mode ``EPOCHS`` is capped at ``smoke_epochs``.
     * ``DATA_ROOT``: ``""`` means ``$CAPSULE_DATA``, else what :func:`~capsule_lib.data.data_root` resolves (the
-      repository's ``data/``, else ``./data``). The chapter passes ``cfg.data`` (root, offline mode, stand-ins
+      repository's ``data/``, else ``./data``). The chapter passes ``cfg.data`` (data root, offline mode, stand-ins
       allowed) to every dataset and recipe call; the environment is not modified.
     * ``CAPSULE_OFFLINE=1``: no downloads; missing datasets are replaced by generated stand-ins.
     * ``DEVICE``: ``"auto"`` (cuda, then mps, then cpu) or any ``torch.device`` string; a device that is not
@@ -176,13 +176,13 @@ def settings(
         raise ValueError(f"EPOCHS must be >= 1, got {EPOCHS!r}")
     if smoke:
         epochs = min(epochs, smoke_epochs)
-    root = data_root(DATA_ROOT or env.data_root).resolve()
+    source = DataSource(DATA_ROOT or env.data_root)  # the one resolution of the folder (DataSource, data_root())
     cfg = Settings(
         smoke=smoke,
         train=bool(TRAIN),
         epochs=epochs,
         device=chapter_device(DEVICE),
-        data_root=root,
+        data_root=source.data_root.resolve(),
         offline=env.offline,
         seed=int(seed),
     )
@@ -300,7 +300,7 @@ def train_or_load(
         Train for the shipped run's wall-clock budget (``budget_minutes`` of its history; the comparison chapter's
         contestants) instead of its epochs; in smoke mode at most 0.05 minutes.
     start_from
-        Start the training from this shipped checkpoint's weights (:func:`~capsule_lib.train.cli.train`).
+        Start the training from this shipped checkpoint's weights (:func:`~capsule_lib.train.run.train`).
     speedrun
         A shipped speedrun checkpoint (:mod:`capsule_lib.train.recipes.speedrun`): when training on a GPU, its recipe
         is retrained instead, for its run's time budget (the same network, trained for accuracy per minute); on a CPU
@@ -316,7 +316,7 @@ def train_or_load(
     tuple
         For one name ``(model, history)``; for several ``(models, histories)``, dicts keyed by checkpoint. Every
         model is on ``cfg.device`` in eval mode. Training retrains the shipped run's recipe
-        (:func:`~capsule_lib.train.cli.shipped_recipe`) with a live plot and resumable checkpoints under ``runs/``;
+        (:func:`~capsule_lib.train.shipped.shipped_recipe`) with a live plot and resumable checkpoints under ``runs/``;
         the history is then the new run's.
     """
     from .pretrained import load_pretrained, load_pretrained_history

@@ -1,33 +1,37 @@
-"""Registry of the checkpoints shipped with the book: file + sha256 + metrics + how it was trained.
+"""The shipped checkpoints, for their readers: :func:`load_pretrained` (a model with its weights, sha256-checked),
+:func:`load_pretrained_history`, :func:`registry`, :func:`export_run`; and :func:`load_heinsen_2019` (the author's
+published state_dicts).
 
-``capsule_lib/checkpoints/registry.json`` maps a name to an entry::
-
-    {"file": "capsnet_mnist.pt", "sha256": "...", "model": "capsnet", "config": {...},
-     "metrics": {"test_acc": 0.996, ...}, "training": {"epochs": 15, "hardware": "...", ...},
-     "history": "capsnet_mnist.history.json", "notes": "..."}
-
-:func:`load_pretrained` checks the file's sha256 and the entry's ``config_sha256`` (a sha256 of the model kind and
-configuration, :func:`config_sha256`) before loading, and refuses a mismatch: a weights file replaced or a
-configuration edited after export (e.g. ``iterations`` 3 -> 1) fails in one line instead of loading silently.
+The registry, the sha256 checks, the export of a run and the reading back that training needs live in
+:mod:`capsule_lib.train.shipped` (exporting a run is training's job, and ``train(start_from=...)`` and
+:func:`~capsule_lib.train.shipped.shipped_recipe` read shipped checkpoints); this module re-exports them and sits
+above all of ``train/``: ``pretrained`` imports ``train``, never the reverse (``tests/test_architecture.py``).
+``python -m capsule_lib.pretrained RUN_DIR NAME`` exports a run (as ``python -m capsule_lib.train ... --export``).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
-from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from ._checks import check_device
-from .data.datasets import DataSource
 from .models.registry import build_model
-from .train.checkpoint import History, load_history, read_json
+from .train.shipped import (
+    CHECKPOINT_DIR,
+    ChecksumMismatchError,
+    config_sha256,
+    export_checkpoint,
+    export_run,
+    load_pretrained,
+    load_pretrained_history,
+    registry,
+    sha256_file,
+)
 
 __all__ = [
     "CHECKPOINT_DIR",
@@ -43,239 +47,6 @@ __all__ = [
     "load_heinsen_2019",
     "HEINSEN_2019_FILE",
 ]
-
-CHECKPOINT_DIR = Path(__file__).resolve().parent / "checkpoints"
-
-
-class ChecksumMismatchError(RuntimeError):
-    """A shipped checkpoint's bytes do not match the sha256 in the registry."""
-
-
-def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(chunk), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def registry(directory: str | os.PathLike | None = None) -> dict[str, dict[str, Any]]:
-    """The registry as a dict ``name -> entry`` (empty if none is shipped)."""
-    p = Path(directory or CHECKPOINT_DIR) / "registry.json"
-    if not p.exists():
-        return {}
-    try:
-        return json.loads(p.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(
-            f"{p}: the checkpoint registry is not valid JSON ({e}); restore it from the repository "
-            f"(git checkout -- {p.name} in its folder) or re-export the checkpoints"
-        ) from None
-
-
-def _atomic_write(path: Path, data: bytes | str) -> None:
-    """Write ``path`` through a temporary file and a rename, so a crash never leaves it half written."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data.encode() if isinstance(data, str) else data)
-    os.replace(tmp, path)
-
-
-def config_sha256(kind: str, config: dict[str, Any]) -> str:
-    """sha256 of a registry entry's model ``kind`` and ``config`` as canonical JSON (sorted keys): what
-    ``config_sha256`` in the registry records at export and :func:`load_pretrained` checks."""
-    text = json.dumps({"model": kind, "config": config}, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def _entry(name: str, directory: Path) -> dict[str, Any]:
-    reg = registry(directory)
-    if name not in reg:
-        raise KeyError(f"no shipped checkpoint named {name!r}; available: {sorted(reg) or 'none'}")
-    entry = reg[name]
-    missing = [k for k in ("file", "sha256", "model", "config", "config_sha256") if k not in entry]
-    if missing:
-        raise ValueError(
-            f"registry entry {name!r} has no {', '.join(missing)}; it was not written by export_checkpoint "
-            f"(re-export the run with capsule_lib.pretrained.export_run, or restore registry.json)"
-        )
-    return entry
-
-
-def load_pretrained(
-    name: str,
-    map_location: str | torch.device = "cpu",
-    directory: str | os.PathLike | None = None,
-) -> tuple[nn.Module, dict[str, Any]]:
-    """Build the model of a shipped checkpoint and load its weights (as float32), after checking sha256.
-
-    Returns ``(model in eval mode, registry entry)``.
-    """
-    if isinstance(map_location, (str, torch.device)):  # else torch's own error blames the file
-        check_device(map_location, f"load_pretrained({name!r})", "map_location")
-    d = Path(directory or CHECKPOINT_DIR)
-    entry = _entry(name, d)
-    path = d / entry["file"]
-    if not path.exists():
-        raise FileNotFoundError(
-            f"checkpoint file {path} for {name!r} is missing (is the repository complete? "
-            f"git-lfs is not used; the file should be in the repo)"
-        )
-    got = sha256_file(path)
-    if got != entry["sha256"]:
-        raise ChecksumMismatchError(
-            f"checkpoint {name!r} ({path}): sha256 mismatch: registry says {entry['sha256']}, "
-            f"file has {got}. The file is corrupted or was replaced; restore it from the "
-            f"repository or re-export it with capsule_lib.pretrained.export_checkpoint."
-        )
-    if config_sha256(entry["model"], entry["config"]) != entry["config_sha256"]:
-        raise ChecksumMismatchError(
-            f"checkpoint {name!r}: its registry entry's model configuration was changed after export (config_sha256 "
-            f"mismatch); the weights were trained with the exported one. Restore registry.json from the repository"
-        )
-    model = build_model(entry["model"], entry["config"])
-    try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as e:  # noqa: BLE001 - any unpickling failure is a bad file
-        raise ValueError(
-            f"checkpoint {name!r} ({path}): not a readable PyTorch state_dict ({type(e).__name__}: "
-            f"{str(e).splitlines()[0][:120] if str(e) else ''}); restore it from the repository"
-        ) from None
-    model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})
-    return model.to(map_location).eval(), entry
-
-
-def load_pretrained_history(name: str, directory: str | os.PathLike | None = None) -> History:
-    """The training history shipped with a checkpoint."""
-    d = Path(directory or CHECKPOINT_DIR)
-    entry = _entry(name, d)
-    fix = f"restore it from the repository (git checkout -- {entry['history']} in {d})"
-    return History.from_dict(read_json(d / entry["history"], fix))
-
-
-def export_checkpoint(
-    model: nn.Module,
-    name: str,
-    kind: str,
-    config: Any,
-    *,
-    metrics: dict[str, Any],
-    training: dict[str, Any],
-    history: History | dict | None = None,
-    notes: str = "",
-    half: bool = True,
-    directory: str | os.PathLike | None = None,
-) -> dict[str, Any]:
-    """Write ``<name>.pt`` (fp16 weights by default), ``<name>.history.json`` and the registry entry."""
-    d = Path(directory or CHECKPOINT_DIR)
-    d.mkdir(parents=True, exist_ok=True)
-    state = {
-        k: (v.detach().half() if half and v.is_floating_point() else v.detach()).cpu().contiguous()
-        for k, v in model.state_dict().items()
-    }
-    file = d / f"{name}.pt"
-    tmp = file.with_name(file.name + ".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, file)
-    entry: dict[str, Any] = {
-        "file": file.name,
-        "sha256": sha256_file(file),
-        "model": kind,
-        "config": json.loads(json.dumps(asdict(config) if is_dataclass(config) else dict(config), default=str)),
-        "dtype": "float16" if half else "float32",
-        "metrics": metrics,
-        "training": training,
-        "notes": notes,
-    }
-    entry["config_sha256"] = config_sha256(kind, entry["config"])
-    if history is not None:
-        hist = history.to_dict() if isinstance(history, History) else history
-        _atomic_write(d / f"{name}.history.json", json.dumps(hist, indent=1))
-        entry["history"] = f"{name}.history.json"
-    reg = registry(d)
-    reg[name] = json.loads(json.dumps(entry, default=str))
-    _atomic_write(d / "registry.json", json.dumps(reg, indent=1, sort_keys=True))
-    return reg[name]
-
-
-def export_run(
-    run_dir: str | os.PathLike,
-    name: str,
-    *,
-    data_root: DataSource | str | None = None,
-    notes: str = "",
-    directory: str | os.PathLike | None = None,
-    device: str = "cpu",
-    max_epoch: int | None = None,
-    batch_size: int = 256,
-    eval_subset: int | None = None,
-) -> dict[str, Any]:
-    """Export the best-validation weights of a :class:`~capsule_lib.train.trainer.Trainer` run directory.
-
-    The model is rebuilt from the run's ``history.json`` metadata, its weights are rounded to fp16 (what is
-    shipped), and the **rounded** model is evaluated on the recipe's evaluation sets
-    (:meth:`~capsule_lib.train.recipes.base.Recipe.evaluation_sets`: the validation and test splits of the run's
-    dataset, or e.g. the familiar and novel test views of a viewpoint protocol),
-    so the registry's metrics are those of the file readers load (``data_root``: a data root or a
-    :class:`~capsule_lib.data.DataSource`, e.g. an offline one in tests). ``max_epoch`` limits the budget: the best
-    validation epoch among the first ``max_epoch`` is exported (needs the run's ``epoch_NNN.pt`` snapshots
-    unless that epoch is the run's ``best.pt``); the history is cut there too. ``batch_size``: of the evaluation
-    (a smaller one for models whose activations are large, e.g. the paper-size Tsai network). ``eval_subset``: only
-    the first N images of each evaluation set (a smoke run's export; the registry records the sizes).
-    """
-    from .evaluation import multimnist_accuracy, predict
-    from .train.recipes import RECIPES, recipe_config
-
-    run = Path(run_dir)
-    hist = load_history(run / "history.json")
-    meta = hist.meta
-    kind = RECIPES[meta["recipe"]].model_kind
-    config = dict(meta["config"]["model"])
-    if config.get("primary_conv") == "bf16_gemm":  # a training-speed option; readers run the standard conv
-        config["primary_conv"] = "standard"
-    model = build_model(kind, config)
-    best = torch.load(run / "best.pt", map_location="cpu", weights_only=False)
-    if max_epoch is not None:
-        hist = History([r for r in hist.records if r["epoch"] <= max_epoch], hist.meta)
-        want = hist.best("val_acc")["epoch"]
-        if best["epoch"] != want and want != int(want):
-            raise ValueError(
-                f"{run}: the best validation point among the first {max_epoch} epochs is the partial epoch {want}, "
-                f"whose weights were kept only while it was the run's best; export without max_epoch"
-            )
-        if best["epoch"] != want:
-            best = torch.load(run / f"epoch_{want:03d}.pt", map_location="cpu", weights_only=False)
-    model.load_state_dict({k: v.half().float() if v.is_floating_point() else v for k, v in best["model"].items()})
-    model.to(device).eval()
-    metrics: dict[str, Any] = {"selected_epoch": best["epoch"], "selected_by": "val_acc"}
-    sets = recipe_config(meta["recipe"], meta["config"]).evaluation_sets(data_root)  # e.g. val, test
-    for split, ds in sets.items():
-        ds = ds.subset(eval_subset) if eval_subset else ds
-        scores = predict(model, ds.images, batch_size=batch_size, device=device)["scores"]
-        if ds.labels.dim() == 2:  # two digits per image (MultiMNIST): right when both are among the top two scores
-            right = round(multimnist_accuracy(scores, ds.labels)["both_correct"] * len(ds))
-        else:
-            right = int((scores.argmax(1) == ds.labels).sum())
-        metrics[f"{split}_acc"] = right / len(ds)
-        metrics[f"{split}_errors"] = len(ds) - right
-        metrics[f"{split}_size"] = len(ds)
-    recs = hist.records
-    training = {
-        "epochs": recs[-1]["epoch"] if recs else 0,  # a fraction when a budget stopped the run inside an epoch
-        "wall_time_s": recs[-1]["wall_time"] if recs else None,
-        "hardware": meta.get("hardware"),
-        "device": meta.get("device"),
-        "seed": meta.get("seed"),
-        "torch": meta.get("torch"),
-        "train_images": meta.get("train_images"),
-        "dataset": meta.get("dataset"),
-        "recipe": meta["config"],
-    }
-    for key in ("budget_minutes", "start_from", "epochs_fitted", "ema", "compile", "matmul_precision"):
-        if meta.get(key) is not None:
-            training[key] = meta[key]
-    return export_checkpoint(
-        model, name, kind, config, metrics=metrics, training=training, history=hist, notes=notes, directory=directory
-    )
 
 
 # ------------------------------------------------------------------ the author's published Heinsen weights

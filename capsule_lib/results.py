@@ -1,6 +1,6 @@
 """Results at a glance: every shipped checkpoint next to the published numbers for its task.
 
-:func:`results_rows` reads the checkpoint registry (:func:`~capsule_lib.pretrained.registry`) when it is called,
+:func:`results_rows` reads the checkpoint registry (:func:`~capsule_lib.train.shipped.registry`) when it is called,
 so the book's results page shows the records of the checkpoints it ships; :func:`show_results` puts one family
 of them (:data:`FAMILIES`: the data they were trained and tested on) in a table. The published numbers come from
 :mod:`capsule_lib.published`.
@@ -193,7 +193,7 @@ class ResultRow:
     Attributes
     ----------
     name
-        The checkpoint (a :func:`~capsule_lib.pretrained.registry` key).
+        The checkpoint (a :func:`~capsule_lib.train.shipped.registry` key).
     family
         Its :data:`FAMILIES` key.
     cells

@@ -44,8 +44,11 @@ LAYERS = [
     "train.checkpoint",
     "train.trainer",
     "train.recipes",
-    "pretrained",
-    "train",  # train/__init__ (re-exports) and train/cli (the entry point: exports runs through pretrained)
+    "train.shipped",  # the shipped checkpoints: registry.json, sha256-checked files, export_run (a run -> a file)
+    "train.run",  # train(): the one training entry point (starts from / retrains shipped checkpoints)
+    "train.cli",  # the command line's arguments -> train() (and --export)
+    "train",  # train/__init__: re-exports; everything of train/ above sits below pretrained
+    "pretrained",  # the readers' door to the shipped checkpoints (re-exports train.shipped), the author's weights
     "comparison",
     "report",
     "published",
@@ -80,6 +83,23 @@ def test_every_module_belongs_to_a_layer():
     assert layers <= set(LAYERS), f"modules outside the layer list: {sorted(layers - set(LAYERS))}"
 
 
+def _imports(tree: ast.AST, package: list[str]) -> list[tuple[int, str]]:
+    """``(line, module)`` of every import of ``capsule_lib`` in ``tree``, at any depth: top-level, inside a function
+    (a lazy import), a class or an ``if __name__ == "__main__"`` block alike."""
+    found = []
+    for node in ast.walk(tree):
+        targets = []
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = package[: len(package) - node.level + 1]
+            targets = [".".join(base + ([node.module] if node.module else []))]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("capsule_lib"):
+            targets = [node.module]
+        elif isinstance(node, ast.Import):
+            targets = [a.name for a in node.names if a.name.startswith("capsule_lib")]
+        found += [(node.lineno, target) for target in targets]
+    return found
+
+
 def test_modules_import_only_from_lower_layers():
     """Top-level and function-level (lazy) imports alike; the package ``__init__`` re-exports and is exempt."""
     upward = []
@@ -87,20 +107,38 @@ def test_modules_import_only_from_lower_layers():
         src = _layer(module)
         if src == "capsule_lib":
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            targets = []
-            if isinstance(node, ast.ImportFrom) and node.level:
-                base = package[: len(package) - node.level + 1]
-                targets = [".".join(base + ([node.module] if node.module else []))]
-            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("capsule_lib"):
-                targets = [node.module]
-            elif isinstance(node, ast.Import):
-                targets = [a.name for a in node.names if a.name.startswith("capsule_lib")]
-            for target in targets:
-                dst = _layer(target)
-                if dst == "capsule_lib" or LAYERS.index(dst) > LAYERS.index(src):
-                    upward.append(f"{module} imports {target} (line {node.lineno})")
+        for line, target in _imports(ast.parse(path.read_text()), package):
+            dst = _layer(target)
+            if dst == "capsule_lib" or LAYERS.index(dst) > LAYERS.index(src):
+                upward.append(f"{module} imports {target} (line {line})")
     assert not upward, "imports from a higher layer:\n" + "\n".join(upward)
+    sample = "from .x import a\ndef f():\n    from ..pretrained import b\n    import capsule_lib.notebook\n"
+    assert _imports(ast.parse(sample), ["capsule_lib", "train"]) == [
+        (1, "capsule_lib.train.x"),
+        (3, "capsule_lib.pretrained"),
+        (4, "capsule_lib.notebook"),
+    ]  # the detector sees the imports inside functions
+
+
+#: ``python -m`` entry points: in ``train/`` (their paths are the commands), above the chapters' layer
+COMMANDS = ["train.__main__", "train.speedrun"]
+
+
+def test_train_sits_below_pretrained_and_only_the_commands_above_it():
+    """One-way layering: ``pretrained`` (the readers' door to the shipped checkpoints) imports ``train``, and
+    nothing of ``train/`` imports ``pretrained`` or ``notebook``, except the two commands, which nothing imports."""
+    below = [x for x in LAYERS if (x == "train" or x.startswith("train.")) and x not in COMMANDS]
+    assert max(LAYERS.index(x) for x in below) < LAYERS.index("pretrained"), below
+    assert LAYERS[-len(COMMANDS) :] == COMMANDS and LAYERS.index("notebook") < LAYERS.index(COMMANDS[0])
+    modules = {m: (p, pkg) for p, m, pkg in _modules()}
+    in_train = [m for m in modules if m.startswith("capsule_lib.train") and _layer(m) not in COMMANDS]
+    assert {"capsule_lib.train.run", "capsule_lib.train.cli", "capsule_lib.train.shipped"} <= set(in_train)
+    for m in modules:
+        path, pkg = modules[m]
+        for line, target in _imports(ast.parse(path.read_text()), pkg):
+            assert _layer(target) not in COMMANDS, f"{m} imports the command {target} (line {line})"
+            if m in in_train:
+                assert _layer(target) not in ("pretrained", "notebook"), f"{m} imports {target} (line {line})"
 
 
 def test_each_public_name_is_defined_once():

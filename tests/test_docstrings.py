@@ -108,9 +108,9 @@ def test_routing_layers_and_models_document_parameters_and_results_in_numpydoc()
     """CONTRIBUTING: every public function and class of routing/, layers/ and models/ (and the training entry
     point) has numpydoc sections; the reference forms (``*_reference``, the chapters' short definitions, <= 45
     lines) are exempt: their public twin documents the same arguments."""
-    from capsule_lib.train.cli import train
+    from capsule_lib.train.run import train
 
-    gaps = [] if not _missing_sections("train", train) else ["capsule_lib.train.cli.train"]
+    gaps = [] if not _missing_sections("train", train) else ["capsule_lib.train.run.train"]
     for module_name in MODULES:
         if not module_name.startswith(SECTIONED) or "._kernels." in module_name:  # kernels: private
             continue

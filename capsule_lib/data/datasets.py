@@ -1,7 +1,7 @@
-"""``get_dataset(name, root, split, ...)``: one entry point for real and generated datasets.
+"""``get_dataset(name, data_root, split, ...)``: one entry point for real and generated datasets.
 
-Real datasets live under one data root (``root`` argument, else the repository's ``data/``, else ``./data``),
-one sub-folder per dataset, e.g. ``<root>/mnist/MNIST/raw/*.gz`` (torchvision's layout; which files are there is
+Real datasets live under one data root (``data_root`` argument, else the repository's ``data/``, else ``./data``),
+one sub-folder per dataset, e.g. ``<data root>/mnist/MNIST/raw/*.gz`` (torchvision's layout; which files are there is
 decided from the files themselves by :func:`~capsule_lib.data.files.find_real_data`). Missing files are
 downloaded with torchvision when the network allows (never with ``offline=True``), through a temporary folder, so
 a failed download leaves the data root as it was; otherwise a
@@ -183,8 +183,9 @@ class DataSource:
 
     Attributes
     ----------
-    root : pathlib.Path or str or None
-        The data root (:func:`data_root` resolves ``None``).
+    data_root : pathlib.Path
+        The data root: the folder given, or where :func:`data_root` resolves ``None`` (``str`` or ``None`` may be
+        passed; the folder is resolved here, once, when the source is made, and :func:`get_dataset` reads it as is).
     offline : bool
         Never download; with ``standin=None`` a missing dataset is replaced by its generated stand-in.
     standin : bool or None
@@ -192,17 +193,20 @@ class DataSource:
         stand-in, ``False`` raise :class:`DatasetUnavailableError`, ``None`` (default) as ``offline``.
     """
 
-    root: Path | str | None = None
+    data_root: Path | str | None = None
     offline: bool = False
     standin: bool | None = None
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "data_root", data_root(self.data_root))  # the one resolution of the folder
+
     @classmethod
-    def of(cls, source: DataSource | str | os.PathLike | None, **changes: Any) -> DataSource:
-        """``source`` as a :class:`DataSource` (a plain path or ``None`` is a root, online, no stand-in),
+    def of(cls, data_root: DataSource | str | os.PathLike | None, **changes: Any) -> DataSource:
+        """``data_root`` as a :class:`DataSource` (a plain path or ``None`` is a root, online, no stand-in),
         with the fields in ``changes`` that are not ``None`` replaced."""
-        base = source if isinstance(source, DataSource) else cls(source)
+        base = data_root if isinstance(data_root, DataSource) else cls(data_root)
         changes = {k: v for k, v in changes.items() if v is not None}
-        return cls(**{"root": base.root, "offline": base.offline, "standin": base.standin, **changes})
+        return cls(**{"data_root": base.data_root, "offline": base.offline, "standin": base.standin, **changes})
 
     def get(self, name: str, split: str = "train", **kwargs: Any) -> ImageDataset:
         """:func:`get_dataset` ``(name, split)`` from this source."""
@@ -211,7 +215,7 @@ class DataSource:
 
 def get_dataset(
     name: str,
-    root: DataSource | str | os.PathLike | None = None,
+    data_root: DataSource | str | os.PathLike | None = None,
     split: str = "train",
     *,
     download: bool = True,
@@ -229,7 +233,7 @@ def get_dataset(
     ----------
     name : str
         A registered dataset (``"mnist"``, ``"smallnorb"``, ``"rendered_norb"``, ...).
-    root : DataSource or str or os.PathLike or None
+    data_root : DataSource or str or os.PathLike or None
         The data root (:func:`data_root` resolves ``None``), or a :class:`DataSource` that also carries
         ``offline`` and ``standin`` (the keyword arguments below override it when given).
     split : str
@@ -257,10 +261,10 @@ def get_dataset(
     key = name.lower().replace("-", "_")
     if key not in _REGISTRY:
         raise ValueError(f"unknown dataset {name!r}; available: {', '.join(available_datasets())}")
-    source = DataSource.of(root, offline=offline, standin=standin)
+    source = DataSource.of(data_root, offline=offline, standin=standin)
     offline = source.offline
     allow = offline if source.standin is None else bool(source.standin)
-    folder = data_root(source.root)
+    folder = source.data_root  # resolved once, when the source was made
     try:
         return _REGISTRY[key](folder, split, download and not offline, **kwargs)
     except PermissionError as err:  # an unreadable folder or file: one line, whichever reader met it

@@ -122,7 +122,7 @@ def _pick(ds: ImageDataset, axis: str, values: Sequence[int], n: int | None, see
 
 def viewpoint_sets(
     dataset: str = "smallnorb",
-    root: DataSource | str | None = None,
+    data_root: DataSource | str | None = None,
     *,
     axis: str = "azimuth",
     familiar: Sequence[int] | None = None,
@@ -141,8 +141,8 @@ def viewpoint_sets(
     dataset
         ``"smallnorb"`` (real; falls back to ``"rendered_norb"`` when missing and ``standin`` allows it, see
         :func:`~capsule_lib.data.get_dataset`) or ``"rendered_norb"``.
-    root
-        the data root, or a :class:`~capsule_lib.data.DataSource` (a chapter's ``cfg.data``: root, offline mode,
+    data_root
+        the data root, or a :class:`~capsule_lib.data.DataSource` (a chapter's ``cfg.data``: data root, offline mode,
         stand-ins allowed); ``standin``, when given, overrides the source's.
     axis, familiar
         the protocol: ``"azimuth"`` or ``"elevation"``, and the familiar indices on that axis (default: the
@@ -163,14 +163,14 @@ def viewpoint_sets(
     key = _AXES[axis][2]
     kw = {"seed": seed, "workers": workers}
     # The rendered loader renders only what the filters keep; the real loader ignores them (filtered below).
-    tr = get_dataset(dataset, root, "train", standin=standin, **{key: fam}, n=n_train, **kw)
-    va = get_dataset(dataset, root, "val", standin=standin, **{key: fam}, n=n_test, **kw)
+    tr = get_dataset(dataset, data_root, "train", standin=standin, **{key: fam}, n=n_train, **kw)
+    va = get_dataset(dataset, data_root, "val", standin=standin, **{key: fam}, n=n_test, **kw)
     tr, va = _pick(tr, axis, fam, n_train, seed), _pick(va, axis, fam, n_test, seed)
     if tr.name == "rendered_norb":  # render the two test groups separately (each with its own n)
-        te_f = get_dataset(tr.name, root, "test", **{key: fam}, n=n_test, **kw)
-        te_n = get_dataset(tr.name, root, "test", **{key: novel}, n=n_test, **kw)
+        te_f = get_dataset(tr.name, data_root, "test", **{key: fam}, n=n_test, **kw)
+        te_n = get_dataset(tr.name, data_root, "test", **{key: novel}, n=n_test, **kw)
     else:
-        te_f = te_n = get_dataset(dataset, root, "test", standin=standin, **kw)
+        te_f = te_n = get_dataset(dataset, data_root, "test", standin=standin, **kw)
     te_f, te_n = _pick(te_f, axis, fam, n_test, seed), _pick(te_n, axis, novel, n_test, seed + 1)
     for ds, what in ((te_f, f"familiar {axis}s"), (te_n, f"novel {axis}s")):
         ds.description = f"{ds.description} [test instances, {what}]"
@@ -186,7 +186,7 @@ def viewpoint_sets(
 
 def viewpoint_sweep(
     dataset: str = "smallnorb",
-    root: DataSource | str | None = None,
+    data_root: DataSource | str | None = None,
     *,
     category: int,
     instance: int,
@@ -203,7 +203,7 @@ def viewpoint_sweep(
     stand-in (only those views are rendered)."""
     filters = {"categories": [category], "instances": [instance], "elevations": list(elevations),
                "azimuths": list(azimuths), "lightings": list(lightings)}
-    ds = get_dataset(dataset, root, "test", standin=standin, seed=seed, **filters)
+    ds = get_dataset(dataset, data_root, "test", standin=standin, seed=seed, **filters)
     keep = ds.labels == category
     for key, values in (("instance", [instance]), ("elevation", elevations), ("azimuth", azimuths),
                         ("lighting", lightings)):

@@ -1,15 +1,24 @@
 """Training: the papers' recipes (:data:`~capsule_lib.train.recipes.registry.RECIPES`, one module per family), the loop
 (:mod:`~capsule_lib.train.trainer`), what a run writes (:mod:`~capsule_lib.train.checkpoint`) and the one
-entry point, :func:`train` (:mod:`~capsule_lib.train.cli`; also ``python -m capsule_lib.train <recipe>``).
+entry point, :func:`train` (:mod:`~capsule_lib.train.run`; the command line :mod:`~capsule_lib.train.cli`,
+``python -m capsule_lib.train <recipe>``) and the shipped checkpoints a run is exported to or starts from
+(:mod:`~capsule_lib.train.shipped`).
+
+Layering: ``train/`` sits below :mod:`capsule_lib.pretrained` (which re-exports the shipped checkpoints' names for
+their readers) and imports nothing from it; only the two commands, ``__main__`` (``python -m capsule_lib.train``)
+and :mod:`~capsule_lib.train.speedrun`, sit above the chapters' layer (:mod:`capsule_lib.notebook`, the one
+reader of ``CAPSULE_*``, gives them their defaults), and nothing imports them.
 
 The objectives a recipe trains with live with the losses (:mod:`capsule_lib.losses`), the loaders with the
 data (:mod:`capsule_lib.data.loaders`, :class:`~capsule_lib.data.multimnist.MultiMNISTLoader`).
 """
 
 from .checkpoint import History, RunMismatchError, load_history
-from .cli import COMPILE_MODES, hardware_string, main, shipped_recipe, train
+from .cli import main
 from .recipes import RECIPES, Recipe, check_device_available, make_recipe, recipe_config
+from .run import COMPILE_MODES, hardware_string, train
 from .runtime import TrainingInterrupted, seed_everything, select_device
+from .shipped import shipped_recipe
 from .trainer import Trainer
 
 __all__ = [

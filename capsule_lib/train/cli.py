@@ -1,258 +1,33 @@
-"""The one training entry point: :func:`train` runs any recipe of :data:`~capsule_lib.train.recipes.registry.RECIPES`.
-
-Chapters (``TRAIN = True``), the command line and the tests all train through :func:`train`::
+"""The command line: ``python -m capsule_lib.train`` parses its arguments and calls
+:func:`~capsule_lib.train.run.train`, the one training entry point::
 
     python -m capsule_lib.train capsnet --out runs/capsnet_mnist --set epochs=15 model.iterations=3
     python -m capsule_lib.train --shipped capsnet_mnist --out runs/capsnet_mnist   # the shipped model's recipe
 
-It builds the recipe's data loaders (training augmentation only), model, optimiser, schedule and objective,
-then runs :class:`~capsule_lib.train.trainer.Trainer` with checkpoints and resume in ``out_dir``. ``data_root``,
-``offline`` and ``standin`` go to :func:`~capsule_lib.data.get_dataset` (as one
-:class:`~capsule_lib.data.DataSource`): ``standin=None`` uses the generated stand-in only offline, ``True``
-whenever the real data cannot be had (the chapters), ``False`` never. This module reads no environment
-variable: ``python -m capsule_lib.train`` (``__main__``) takes the defaults of ``--data-root`` and ``--offline``
-from ``CAPSULE_DATA`` / ``CAPSULE_OFFLINE`` through :func:`capsule_lib.notebook.environment`.
-``resume=True`` continues the run in ``out_dir`` (only the same run: see :class:`~capsule_lib.train.trainer.Trainer`);
-``resume=False`` starts afresh. The test split is evaluated once, after the epoch is chosen on validation,
-and recorded in ``trainer.history.meta["test"]``. ``--export NAME`` (or :func:`capsule_lib.pretrained.export_run`)
-turns a finished run into a shipped checkpoint and its registry entry.
+``--shipped`` starts from a shipped checkpoint's recipe (:func:`~capsule_lib.train.shipped.shipped_recipe`),
+``--start-from`` from its weights, ``--export NAME`` turns the finished run into a shipped checkpoint and its
+registry entry (:func:`~capsule_lib.train.shipped.export_run`). This module reads no environment variable:
+``python -m capsule_lib.train`` (``__main__``, the command above the chapters' layer) passes the defaults of
+``--data-root`` and ``--offline`` from ``CAPSULE_DATA`` / ``CAPSULE_OFFLINE``, read by
+:func:`capsule_lib.notebook.environment`. Like the rest of ``train/`` it imports nothing from
+:mod:`capsule_lib.pretrained` or :mod:`capsule_lib.notebook`.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import platform
 import sys
-from pathlib import Path
-from typing import Any
 
 import torch
-from torch import nn
 
-from .._checks import check_choice
-from ..data.datasets import DataSource, check_labels, data_fingerprint
-from ..distributed import setup as setup_distributed
-from .recipes import RECIPES, make_recipe, recipe_config
-from .recipes.base import (
-    Recipe,
-    check_device_available,
-)
-from .runtime import select_device
-from .trainer import Trainer
+from ..data.datasets import DataSource
+from .recipes import RECIPES, make_recipe
+from .recipes.base import check_device_available
+from .run import COMPILE_MODES, train
+from .shipped import export_run, shipped_recipe
 
-__all__ = ["train", "shipped_recipe", "hardware_string", "main", "COMPILE_MODES"]
-
-#: ``train(compile=...)`` / ``--compile``: no compilation, or a ``torch.compile`` mode for the training step
-COMPILE_MODES = (None, "default", "reduce-overhead", "max-autotune")
-
-
-def hardware_string(device: torch.device) -> str:
-    """What a run's history records as its hardware: the GPU's name, or the CPU and its thread count."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads"
-
-
-def shipped_recipe(checkpoint: str, **overrides: Any) -> Recipe:
-    """The recipe a shipped checkpoint's run started with, with ``overrides`` applied:
-    ``train(shipped_recipe("capsnet_mnist"), out_dir=...)`` retrains it. Where the run was resumed with a
-    changed recipe, ``phase=k`` (an override) picks the recipe of the k-th recorded change instead
-    (``history.meta["changes"]``, whose ``from_epoch`` says when it applied)."""
-    from ..pretrained import load_pretrained_history
-
-    meta = load_pretrained_history(checkpoint).meta
-    phase = overrides.pop("phase", 0)
-    changes = meta.get("changes") or []
-    if not 0 <= phase <= len(changes):
-        raise ValueError(f"{checkpoint}: phase must be 0..{len(changes)} (its run recorded {len(changes)} change(s))")
-    config = meta["config"] if phase == 0 else changes[phase - 1]["config"]
-    return make_recipe(recipe_config(meta["recipe"], config), **overrides)
-
-
-def _start_from(model: nn.Module, recipe: Recipe, name: str) -> dict[str, Any]:
-    """Load the shipped checkpoint ``name``'s weights into ``model`` (same model configuration required);
-    returns what the run records about it."""
-    from ..pretrained import load_pretrained
-
-    shipped, entry = load_pretrained(name)
-    want = json.loads(json.dumps(recipe.config().get("model"), default=str))
-    if entry.get("config") != want:
-        raise ValueError(
-            f"start_from={name!r}: that checkpoint's model configuration differs from the recipe's "
-            f"({recipe.name}); start from a checkpoint of the same model, or train from scratch"
-        )
-    model.load_state_dict(shipped.state_dict())
-    epochs = (entry.get("training") or {}).get("epochs")
-    return {"checkpoint": name, "sha256": entry["sha256"], "epochs": epochs}
-
-
-def _check_training_data(model: nn.Module, loaders: Any) -> str | None:
-    """Refuse labels outside the model's classes, in the training, validation and test sets alike (before any
-    training: a test label outside the classes lowered the test accuracy silently, or failed after training); return
-    the training data's content fingerprint (``None`` for a training set without ``images`` and ``labels``, e.g. a
-    stream made on the fly)."""
-    ds = loaders.train_set
-    cfg = getattr(model, "config", None)
-    n_classes = getattr(cfg, "n_classes", None) or getattr(cfg, "n_objs", None)
-    splits = {"training": getattr(ds, "labels", None)}
-    for split in ("val", "test"):  # the evaluation loaders' labels (a TensorLoader's second tensor)
-        loader = getattr(loaders, split)
-        for name, each in loader.items() if isinstance(loader, dict) else [(split, loader)]:  # or {prefix: loader}
-            tensors = getattr(each, "tensors", None)
-            splits[name] = tensors[1] if tensors is not None and len(tensors) > 1 else None
-    for split, labels in splits.items():
-        if n_classes is not None and isinstance(labels, torch.Tensor) and labels.dim() == 1:
-            check_labels(labels, n_classes, f"{split} set {loaders.dataset!r}")
-    if not (hasattr(ds, "images") and hasattr(ds, "labels")):
-        return None
-    return data_fingerprint(ds.images, ds.labels)
-
-
-def train(
-    recipe: str | Recipe,
-    *,
-    out_dir: str | Path | None = None,
-    data_root: DataSource | str | None = None,
-    callbacks: tuple = (),
-    progress: bool = True,
-    test: bool = True,
-    standin: bool | None = None,
-    offline: bool | None = None,
-    resume: bool = True,
-    budget_minutes: float | None = None,
-    start_from: str | None = None,
-    compile: str | None = None,
-    **overrides: Any,
-) -> tuple[nn.Module, Trainer]:
-    """Train a recipe: the one training entry point (chapters, the command line, the tests).
-
-    Under ``torchrun`` the same call trains one process of a distributed job (:mod:`capsule_lib.distributed`):
-    ``batch_size`` stays the global batch, split over the processes; rank 0 writes ``out_dir``.
-
-    Parameters
-    ----------
-    recipe
-        A name in :data:`~capsule_lib.train.recipes.registry.RECIPES` or a
-        :class:`~capsule_lib.train.recipes.base.Recipe`.
-    out_dir
-        The run folder (``last.pt``, ``best.pt``, ``history.json``); ``None`` keeps everything in memory (no
-        checkpoints, no resume).
-    data_root
-        Where the datasets are (:func:`~capsule_lib.data.get_dataset`): a folder, or a
-        :class:`~capsule_lib.data.DataSource` (a chapter's ``cfg.data``: root, offline mode, stand-ins allowed).
-    callbacks
-        Called after every epoch with the trainer and the epoch's record (e.g. :class:`~capsule_lib.viz.LivePlot`).
-    progress
-        Show progress bars.
-    test
-        Evaluate the test split once, after the epoch is chosen on validation (``history.meta["test"]``).
-    standin
-        Passed to :func:`~capsule_lib.data.get_dataset`: ``None`` uses the generated stand-in only in offline
-        mode, ``True`` whenever the real data cannot be had (the chapters), ``False`` never.
-    offline
-        Never download a dataset (the command line's ``--offline``); default ``False`` (or the source's).
-    resume
-        Continue the run in ``out_dir`` (only the same run: see :class:`~capsule_lib.train.trainer.Trainer`);
-        ``False`` starts afresh.
-    budget_minutes
-        Stop once the run's training wall time reaches it, inside an epoch if need be (the weights reached are
-        validated and recorded as a partial epoch; a later call with a larger budget goes on from there).
-    start_from
-        A shipped checkpoint whose weights (same model configuration) the model starts from instead of its
-        initialisation; the optimiser's state and the schedule start afresh; recorded in ``meta["start_from"]``.
-    compile
-        One of :data:`COMPILE_MODES`: compile the training step with ``torch.compile`` in that mode
-        (``"reduce-overhead"`` adds CUDA graphs on a GPU, which pays off for small, launch-bound models such as
-        Efficient-CapsNet at batch 16); evaluation and checkpoints use the plain model; recorded in
-        ``meta["compile"]``. Default: the recipe's ``compile`` field where it has one (the speedrun recipes).
-    overrides
-        Recipe fields, ``model__<field>`` for the model config (see
-        :func:`~capsule_lib.train.recipes.registry.make_recipe`).
-
-    Returns
-    -------
-    tuple
-        ``(model, trainer)``: the model with its best validation weights loaded, and the
-        :class:`~capsule_lib.train.trainer.Trainer`, whose ``history`` holds the per-epoch records and, with
-        ``test``, the test accuracy of the selected epoch.
-    """
-    r = make_recipe(recipe, **overrides)
-    compile = compile if compile is not None else getattr(r, "compile", None)  # the call's, else the recipe's
-    check_choice(compile, COMPILE_MODES, "compile")
-    check_device_available(r)
-    dist = setup_distributed(select_device(r.device))  # a torchrun job, or this process alone
-    device = dist.device
-    torch.manual_seed(r.seed)
-    loaders = r.loaders(DataSource.of(data_root, offline=offline, standin=standin), device, test=test, dist=dist)
-    model = r.build_model()
-    start = _start_from(model, r, start_from) if start_from is not None else None
-    r.check_data(model, loaders)
-    fingerprint = _check_training_data(model, loaders)
-    optimizer = r.build_optimizer(model)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: r.lr_factor(step))
-    meta = {
-        "recipe": r.name,
-        "config": r.config(),
-        "hardware": hardware_string(device),
-        "torch": torch.__version__,
-        "train_images": len(loaders.train_set),
-        "dataset": loaders.dataset,
-        "generated_data": loaders.generated_data,
-        **r.describe(model),
-    }
-    if fingerprint is not None:  # part of the run's identity: a resume onto other images is refused
-        meta["data_fingerprint"] = fingerprint
-    if start is not None:
-        meta["start_from"] = start
-    if compile is not None:
-        meta["compile"] = compile
-    if getattr(r, "ema", None) is not None:
-        meta["ema"] = r.ema  # the selected and shipped weights are the moving average
-    precision = getattr(r, "matmul_precision", None) if device.type == "cuda" else None
-    if precision is not None:
-        meta["matmul_precision"] = precision  # "high": TF32 matrix products while training
-    if dist.distributed:  # recorded only for jobs of several processes
-        meta.update(world_size=dist.world_size, batch_size_per_process=r.batch_size // dist.world_size)
-    trainer = Trainer(
-        model,
-        r.build_objective(),
-        optimizer,
-        scheduler,
-        scheduler_step=r.scheduler_step,
-        device=device,
-        amp=r.amp,
-        out_dir=out_dir,
-        seed=r.seed,
-        callbacks=(*callbacks, *r.training_callbacks(budget_minutes)),
-        progress=progress,
-        meta=meta,
-        keep_epochs=r.keep_epochs,
-        dist=dist,
-        ema=getattr(r, "ema", None),
-    )
-    if compile is not None:  # the training step only; evaluation and checkpoints use the plain model
-        trainer.net = torch.compile(trainer.net, mode=compile)
-    with _matmul_precision(precision):
-        trainer.fit(loaders.train, loaders.val, r.epochs, resume=resume, budget_minutes=budget_minutes)
-        trainer.finish(loaders.test)  # best validation weights; the test split is read once, now
-    return model, trainer
-
-
-@contextlib.contextmanager
-def _matmul_precision(precision: str | None):
-    """``torch.set_float32_matmul_precision(precision)`` while a run trains, the previous setting restored
-    afterwards; ``None``: nothing."""
-    if precision is None:
-        yield
-        return
-    previous = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision(precision)
-    try:
-        yield
-    finally:
-        torch.set_float32_matmul_precision(previous)
+__all__ = ["main"]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -356,7 +131,5 @@ def main(argv: list[str] | None = None, *, data_root: str | None = None, offline
         return
     print(json.dumps({"best": trainer.history.best("val_acc"), "test": trainer.history.meta.get("test")}, default=str))
     if a.export:
-        from ..pretrained import export_run
-
         entry = export_run(a.out, a.export, data_root=DataSource(a.data_root, a.offline))
         print(json.dumps({k: entry[k] for k in ("file", "sha256", "metrics")}, indent=1))

@@ -9,7 +9,7 @@ Every run gets a cap: the time left, shared among the runs still to go in propor
 (a run that ends early leaves its time to the next ones); a reserve for loading the data and exporting is taken off
 the cap (the recipe's ``reserve_minutes``), the rest is the run's training budget (``train(..., budget_minutes=)``:
 the speedrun recipes fit their number of epochs to it). Runs start afresh (a timed run is not resumed). Each finished
-run is exported with :func:`~capsule_lib.pretrained.export_run` (fp16 weights, sha256, history, the metrics of the
+run is exported with :func:`~capsule_lib.train.shipped.export_run` (fp16 weights, sha256, history, the metrics of the
 fp16 weights) into ``OUT/checkpoints`` as ``<recipe>_<tag>`` (a registry of its own: ``OUT/checkpoints/registry.json``).
 
 ``OUT/speedrun.json`` (rewritten after every run, so a stopped command keeps what finished): the machine and
@@ -20,6 +20,11 @@ and the wall time at which validation accuracy first reached each of the recipe'
 
 ``--quick``: tiny subsets, two epochs, no compilation, generated stand-ins where the data is missing: a check that
 the command works (the unit tests run it on the CPU), not a measurement.
+
+Layering: a command, like ``python -m capsule_lib.train`` (``__main__``): the top of the library, above
+:mod:`capsule_lib.notebook`, which gives it the environment's defaults (``CAPSULE_DATA``, ``CAPSULE_OFFLINE``) when
+it runs as ``python -m``; nothing imports it. It trains through :func:`~capsule_lib.train.run.train` and exports
+through :mod:`capsule_lib.train.shipped`, not :mod:`capsule_lib.pretrained`.
 """
 
 from __future__ import annotations
@@ -38,9 +43,10 @@ import torch
 from ..cost import machine_info
 from ..data.datasets import DataSource
 from .checkpoint import load_history
-from .cli import train
 from .recipes.registry import RECIPES, make_recipe
 from .recipes.speedrun import SPEEDRUNS
+from .run import train
+from .shipped import export_run
 
 __all__ = ["run_speedrun", "main", "QUICK"]
 
@@ -72,8 +78,6 @@ def _one_run(
     name: str, out: Path, source: DataSource, device: str, budget: float, tag: str, quick: bool, overrides: dict
 ) -> dict[str, Any]:
     """Train, export and summarise one speedrun recipe."""
-    from ..pretrained import export_run
-
     cls = RECIPES[name]
     settings: dict[str, Any] = {"device": device}
     if quick:
@@ -244,13 +248,13 @@ def main(argv: list[str] | None = None, *, data_root: str | None = None, offline
             p.error(f"--set wants KEY=VALUE, got {kv!r}")
         key, value = kv.split("=", 1)
         overrides[key] = value  # parsed (JSON) and checked by make_recipe, for each recipe
-    root = a.data_root or (str(data_root) if data_root else None)
+    a.data_root = a.data_root or (str(data_root) if data_root else None)
     result = run_speedrun(
         names,
         a.minutes,
         a.out,
         device=a.device,
-        data_root=root,
+        data_root=a.data_root,
         offline=offline if a.offline is None else a.offline,
         quick=a.quick,
         tag=a.tag,

@@ -3,7 +3,7 @@ family (``mnist``, ``viewpoints``, ``sequences``, ``cifar``, ``comparison``; wha
 the speedrun recipes (``speedrun``: the same networks trained for accuracy per GPU minute).
 
 A recipe says *what* to train (data, model, objective, optimiser, schedule, augmentation); the one entry point
-that trains any of them is :func:`capsule_lib.train.cli.train` (also the command line,
+that trains any of them is :func:`capsule_lib.train.run.train` (also the command line,
 ``python -m capsule_lib.train <recipe> --set key=value``). Recipes are looked up by name in :data:`RECIPES`
 and built with overrides by :func:`make_recipe`; ``model.<field>`` overrides reach the model config.
 

@@ -95,25 +95,32 @@ class Recipe:
         return torch.optim.Adam(model.parameters(), lr=self.lr, eps=getattr(self, "adam_eps", 1e-8))
 
     def loaders(
-        self, data: DataSource | str | None, device: torch.device, *, test: bool = True, dist: DistInfo | None = None
+        self,
+        data_root: DataSource | str | None,
+        device: torch.device,
+        *,
+        test: bool = True,
+        dist: DistInfo | None = None,
     ) -> Loaders:
         """Training (augmented, shuffled), validation and test loaders; the test loader is ``None`` unless
-        ``test``. ``data``: a data root or a :class:`~capsule_lib.data.DataSource` (root, offline, stand-ins),
+        ``test``. ``data_root``: a data root or a :class:`~capsule_lib.data.DataSource` (data root, offline, stand-ins),
         passed to :func:`~capsule_lib.data.get_dataset`. In a distributed job (``dist``) every loader is this
         rank's shard and the training batch is this rank's share of the recipe's (global) ``batch_size``.
         A family builds its loaders in :meth:`make_loaders`; the number of training batches per epoch is kept for
         the schedules laid out over the run (``_steps_per_epoch``)."""
-        out = self.make_loaders(data, device, test, _shard(self, dist))
+        out = self.make_loaders(data_root, device, test, _shard(self, dist))
         self._steps_per_epoch = len(out.train)
         return out
 
-    def make_loaders(self, data: DataSource | str | None, device: torch.device, test: bool, shard: dict) -> Loaders:
+    def make_loaders(
+        self, data_root: DataSource | str | None, device: torch.device, test: bool, shard: dict
+    ) -> Loaders:
         """The loaders of :meth:`loaders`, given this rank's ``shard`` (``batch_size``: its training batch;
         ``rank``: its loader arguments; ``eval``: those of its evaluation loaders). Here: an image dataset's
         train / val / test splits."""
-        tr = get_dataset(self.dataset, data, "train")
-        va = get_dataset(self.dataset, data, "val")
-        te = get_dataset(self.dataset, data, "test") if test else None
+        tr = get_dataset(self.dataset, data_root, "train")
+        va = get_dataset(self.dataset, data_root, "val")
+        te = get_dataset(self.dataset, data_root, "test") if test else None
         if self.train_subset:
             tr = tr.subset(self.train_subset)
         if self.eval_subset:
@@ -148,10 +155,10 @@ class Recipe:
         """Callbacks the recipe adds to a run's (``cb(trainer, record)`` after every epoch); none by default."""
         return ()
 
-    def evaluation_sets(self, data: DataSource | str | None = None) -> dict[str, Any]:
+    def evaluation_sets(self, data_root: DataSource | str | None = None) -> dict[str, Any]:
         """The datasets a shipped checkpoint of this recipe is evaluated on, by metric prefix (``"val"``,
-        ``"test"``): what :func:`~capsule_lib.pretrained.export_run` records in the registry."""
-        return {split: get_dataset(self.dataset, data, split) for split in ("val", "test")}
+        ``"test"``): what :func:`~capsule_lib.train.shipped.export_run` records in the registry."""
+        return {split: get_dataset(self.dataset, data_root, split) for split in ("val", "test")}
 
     def check_data(self, model: nn.Module, loaders: Loaders) -> None:
         """Refuse data the model cannot take (one line naming the mismatch)."""

@@ -69,11 +69,11 @@ class TsaiCifarRecipe(Recipe):
     def has_augmentation(self) -> bool:
         return bool(self.crop_padding) or self.flip
 
-    def evaluation_sets(self, data: DataSource | str | None = None) -> dict[str, Any]:
+    def evaluation_sets(self, data_root: DataSource | str | None = None) -> dict[str, Any]:
         """``val`` and ``test``, plus ``test_exact`` when the test split carries an ``exact`` mask (a copy of
         CIFAR-10 some of whose test images were recovered from a lossy source: only those marked exact are the
         original images, so that accuracy is the one to quote)."""
-        sets = super().evaluation_sets(data)
+        sets = super().evaluation_sets(data_root)
         exact = sets["test"].extra.get("exact")
         if exact is not None and not bool(exact.all()):
             sets["test_exact"] = sets["test"].subset(torch.nonzero(exact).squeeze(1))

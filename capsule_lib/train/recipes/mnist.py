@@ -140,12 +140,14 @@ class MultiMNISTRecipe(Recipe):
     val_pairs: int = 5000
     test_pairs: int = 10000
 
-    def make_loaders(self, data: DataSource | str | None, device: torch.device, test: bool, shard: dict) -> Loaders:
+    def make_loaders(
+        self, data_root: DataSource | str | None, device: torch.device, test: bool, shard: dict
+    ) -> Loaders:
         ev = shard["eval"]
-        tr = get_dataset(self.dataset, data, "train")
+        tr = get_dataset(self.dataset, data_root, "train")
         if self.train_subset:
             tr = tr.subset(self.train_subset)
-        va = get_dataset(self.dataset, data, "val")
+        va = get_dataset(self.dataset, data_root, "val")
         train = MultiMNISTLoader(
             tr, self.pairs_per_epoch, shard["batch_size"], self.variant, seed=self.seed, device=device, **shard["rank"]
         )
@@ -154,7 +156,7 @@ class MultiMNISTRecipe(Recipe):
         )
         test_loader = None
         if test:
-            te = get_dataset(self.dataset, data, "test")
+            te = get_dataset(self.dataset, data_root, "test")
             test_loader = MultiMNISTLoader(
                 te,
                 self.test_pairs,
@@ -171,10 +173,10 @@ class MultiMNISTRecipe(Recipe):
     def check_data(self, model: nn.Module, loaders: Loaders) -> None:
         return None  # pairs are built at the model's size
 
-    def evaluation_sets(self, data: DataSource | str | None = None) -> dict[str, Any]:
+    def evaluation_sets(self, data_root: DataSource | str | None = None) -> dict[str, Any]:
         """The validation and test pairs of the run's own evaluation loaders (labels ``[n, 2]``; a shipped checkpoint
         counts an image right when both digits are among its two highest scores)."""
-        loaders = self.make_loaders(data, torch.device("cpu"), True, _shard(self, None))
+        loaders = self.make_loaders(data_root, torch.device("cpu"), True, _shard(self, None))
         return {"val": loaders.val.pairs(), "test": loaders.test.pairs()}
 
 

@@ -62,7 +62,9 @@ class HeinsenSequenceRecipe(Recipe):
         m = self.model
         return marker_sequences(n, seed, n_markers=m.n_classes, vocab=m.vocab)
 
-    def make_loaders(self, data: DataSource | str | None, device: torch.device, test: bool, shard: dict) -> Loaders:
+    def make_loaders(
+        self, data_root: DataSource | str | None, device: torch.device, test: bool, shard: dict
+    ) -> Loaders:
         if self.dataset != "marker_sequences":
             raise ValueError(f"{self.name}: dataset must be 'marker_sequences' (generated), got {self.dataset!r}")
         ev = shard["eval"]
@@ -78,7 +80,7 @@ class HeinsenSequenceRecipe(Recipe):
             tests = TensorLoader([te.tokens, te.labels], 512, device=device, **ev)
         return Loaders(train, val, tests, tr, "marker_sequences (GENERATED)", True)
 
-    def evaluation_sets(self, data: DataSource | str | None = None) -> dict[str, Any]:
+    def evaluation_sets(self, data_root: DataSource | str | None = None) -> dict[str, Any]:
         return {"val": self.sequences("val"), "test": self.sequences("test")}
 
     def check_data(self, model: nn.Module, loaders: Loaders) -> None:

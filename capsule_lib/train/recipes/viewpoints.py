@@ -65,12 +65,12 @@ class ViewpointRecipe(Recipe):
     lr: float = 3e-3
     lr_decay: float = 0.85  # x per epoch
 
-    def viewpoint_data(self, data: DataSource | str | None = None) -> ViewpointSets:
+    def viewpoint_data(self, data_root: DataSource | str | None = None) -> ViewpointSets:
         """The protocol's four sets (:class:`~capsule_lib.data.viewpoints.ViewpointSets`)."""
         n_test = self.eval_subset or self.test_images
         return viewpoint_sets(
             self.dataset,
-            data,
+            data_root,
             axis=self.axis,
             familiar=self.familiar,
             size=self.image_size,
@@ -90,9 +90,11 @@ class ViewpointRecipe(Recipe):
     def has_augmentation(self) -> bool:
         return True
 
-    def make_loaders(self, data: DataSource | str | None, device: torch.device, test: bool, shard: dict) -> Loaders:
+    def make_loaders(
+        self, data_root: DataSource | str | None, device: torch.device, test: bool, shard: dict
+    ) -> Loaders:
         ev = shard["eval"]
-        sets = self.viewpoint_data(data)
+        sets = self.viewpoint_data(data_root)
         train = TensorLoader.from_dataset(
             sets.train,
             shard["batch_size"],
@@ -114,8 +116,8 @@ class ViewpointRecipe(Recipe):
         name = f"{sets.name} ({self.axis} protocol)"
         return Loaders(train, val, tests, sets.train, name, sets.generated)
 
-    def evaluation_sets(self, data: DataSource | str | None = None) -> dict[str, Any]:
-        sets = self.viewpoint_data(data)
+    def evaluation_sets(self, data_root: DataSource | str | None = None) -> dict[str, Any]:
+        sets = self.viewpoint_data(data_root)
         return {"val": sets.val, "test_familiar": sets.familiar, "test_novel": sets.novel}
 
     def check_data(self, model: nn.Module, loaders: Loaders) -> None:
