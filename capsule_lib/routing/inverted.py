@@ -43,8 +43,8 @@ from torch import nn
 
 from .._checks import check_choice, check_iterations, check_module_input, check_nonempty, check_tensor
 from ..types import RoutingTrace
-from ._common import autocast_outputs
-from ._kernels.inverted import _RENORM_EPS, _acc_dtype, _attend_matrix
+from ._common import autocast_outputs, use_kernel
+from ._kernels.inverted import _RENORM_EPS, _acc_dtype, _attend_blocks, _AttendMatrix
 
 __all__ = [
     "PoseNorm",
@@ -208,6 +208,46 @@ def _attend(votes: torch.Tensor, prev_pose: torch.Tensor):
     r = r / (r.sum(dim=-1, keepdim=True) + _RENORM_EPS)  # official renormalisation (a no-op up to rounding)
     s = torch.einsum("...ij,...ijae->...jae", r.to(votes.dtype), votes)  # [B, ..., J, s, s]
     return s.flatten(-2), r, a  # [B, ..., J, d]
+
+
+def _attend_matrix_unfused(P: torch.Tensor, W: torch.Tensor, Q: torch.Tensor):
+    """Same contract as :func:`_attend_matrix` (and ``_AttendMatrix``), written with ordinary differentiable ops on
+    the full votes, copied once to parent-major: the plain update (on CUDA and under ``torch.compile``, which fuses
+    the elementwise steps)."""
+    I, p, s, _ = P.shape
+    M = W.shape[-1]
+    d = s * s
+    V = torch.bmm(P.reshape(I, p * s, s), W.reshape(I, s, s * M))  # [I, p*a, e*M]
+    V = V.view(I, p, s, s, M).permute(1, 4, 0, 2, 3).reshape(p * M, I, d)  # [p*M, I, d]  parent-major
+    a = torch.bmm(V, Q.reshape(p * M, d, 1)).view(p, M, I)  # [p, M, I]  <V_im, P_m^prev>
+    a = a.to(_acc_dtype(V)) * (1.0 / math.sqrt(d))  # / sqrt(d); fp32 (fp64 for fp64 votes)
+    r = torch.softmax(a, dim=1)  # [p, M, I], over the parents m
+    r = r / (r.sum(dim=1, keepdim=True) + _RENORM_EPS)  # official renormalisation (a no-op up to rounding)
+    s_sum = torch.bmm(r.to(V.dtype).reshape(p * M, 1, I), V).view(p, M, d)  # [p, M, d]
+    return s_sum.transpose(1, 2), r.permute(2, 0, 1), a.permute(2, 0, 1)  # [p, d, M], [I, p, M] x2
+
+
+def _attend_matrix(P: torch.Tensor, W: torch.Tensor, Q: torch.Tensor, blocks: tuple[int, int] | None = None):
+    """One attention update for matrix poses, ``(P [I, p, s, s], W [I, s, s, M], Q [p, M, d]) -> (s [p, d, M],
+    r [I, p, M], a [I, p, M])``: votes ``V[i, p, m] = P[i, p] . W[i, :, :, m]`` (``p`` = batch x positions),
+    ``a = <V, Q>/sqrt(d)``, ``r = softmax_m(a)`` (renormalised, sums to 1 over ``M``), ``s = sum_i r V`` in the
+    votes' dtype (``r``, ``a`` in fp32, fp64 for fp64). Where :func:`~capsule_lib.routing._common.use_kernel` allows
+    it (the CPU, eager) the kernel ``_AttendMatrix`` (``routing/_kernels/inverted.py``) forms the votes in
+    ``blocks = (positions, children)`` (default ``_attend_blocks``), never whole; on CUDA and under
+    ``torch.compile`` the plain :func:`_attend_matrix_unfused` runs."""
+    dtype = P.dtype
+    dev = P.device.type
+    if torch.is_autocast_enabled(dev) and dtype != torch.float64:
+        dtype = torch.get_autocast_dtype(dev)  # what the votes' matmul would produce under autocast
+    P, W, Q = P.to(dtype), W.to(dtype), Q.to(dtype)
+    if not use_kernel(P, dtypes=None, autocast=True):  # CUDA, torch.compile: the plain, vectorised update
+        return _attend_matrix_unfused(P, W, Q)
+    I, p, s, _ = P.shape
+    M = W.shape[-1]
+    if blocks is None:
+        blocks = _attend_blocks(I, p, M, s * s, P.element_size())
+    pc, ic = blocks
+    return _AttendMatrix.apply(P, W, Q, pc, ic)
 
 
 class PoseNorm(NamedTuple):
