@@ -21,8 +21,7 @@ One routing **update** ``L(P_in, P_out_prev)`` (the layer's ``forward``)::
 Nothing is detached; there is no bias and no squash; ``P_prev`` is the post-LayerNorm output of the previous
 update of the same layer. How updates of different layers are interleaved (the concurrent/Jacobi and the
 sequential schedules) is the model's business: see :class:`capsule_lib.models.inverted.CapsModel`.
-The attention update never holds the votes of a whole layer: ``_AttendMatrix`` forms them in cache-sized
-blocks of (positions, children), in the forward and again in the backward (see its docstring).
+On the CPU the attention update never holds the votes of a whole layer (:func:`_attend_matrix`).
 
 CONV layers route each output position ``(h, w)`` from its own ``k x k`` window of children (valid windows,
 no padding, ``h_out = (H - k) // stride + 1``); the softmax runs over the output types at that position
@@ -211,9 +210,8 @@ def _attend(votes: torch.Tensor, prev_pose: torch.Tensor):
 
 
 def _attend_matrix_unfused(P: torch.Tensor, W: torch.Tensor, Q: torch.Tensor):
-    """Same contract as :func:`_attend_matrix` (and ``_AttendMatrix``), written with ordinary differentiable ops on
-    the full votes, copied once to parent-major: the plain update (on CUDA and under ``torch.compile``, which fuses
-    the elementwise steps)."""
+    """:func:`_attend_matrix`'s plain update (on CUDA and under ``torch.compile``, which fuses the elementwise
+    steps): ordinary differentiable ops on the full votes, copied once to parent-major."""
     I, p, s, _ = P.shape
     M = W.shape[-1]
     d = s * s
@@ -232,22 +230,18 @@ def _attend_matrix(P: torch.Tensor, W: torch.Tensor, Q: torch.Tensor, blocks: tu
     r [I, p, M], a [I, p, M])``: votes ``V[i, p, m] = P[i, p] . W[i, :, :, m]`` (``p`` = batch x positions),
     ``a = <V, Q>/sqrt(d)``, ``r = softmax_m(a)`` (renormalised, sums to 1 over ``M``), ``s = sum_i r V`` in the
     votes' dtype (``r``, ``a`` in fp32, fp64 for fp64). Where :func:`~capsule_lib.routing._common.use_kernel` allows
-    it (the CPU, eager) the kernel ``_AttendMatrix`` (``routing/_kernels/inverted.py``) forms the votes in
-    ``blocks = (positions, children)`` (default ``_attend_blocks``), never whole; on CUDA and under
-    ``torch.compile`` the plain :func:`_attend_matrix_unfused` runs."""
-    dtype = P.dtype
-    dev = P.device.type
+    it (the CPU, eager) the kernel ``_AttendMatrix`` forms the votes in cache-sized ``blocks = (positions, children)``
+    (default ``_attend_blocks``), never whole, in the forward and again in the backward; else the plain update runs."""
+    dtype, dev = P.dtype, P.device.type
     if torch.is_autocast_enabled(dev) and dtype != torch.float64:
         dtype = torch.get_autocast_dtype(dev)  # what the votes' matmul would produce under autocast
     P, W, Q = P.to(dtype), W.to(dtype), Q.to(dtype)
     if not use_kernel(P, dtypes=None, autocast=True):  # CUDA, torch.compile: the plain, vectorised update
         return _attend_matrix_unfused(P, W, Q)
-    I, p, s, _ = P.shape
-    M = W.shape[-1]
     if blocks is None:
-        blocks = _attend_blocks(I, p, M, s * s, P.element_size())
-    pc, ic = blocks
-    return _AttendMatrix.apply(P, W, Q, pc, ic)
+        I, p, s, _ = P.shape
+        blocks = _attend_blocks(I, p, W.shape[-1], s * s, P.element_size())
+    return _AttendMatrix.apply(P, W, Q, *blocks)
 
 
 class PoseNorm(NamedTuple):
@@ -294,12 +288,7 @@ class PoseNorm(NamedTuple):
 
 
 def _one_step_trace(r: torch.Tensor, a: torch.Tensor, out: torch.Tensor, **extra) -> RoutingTrace:
-    trace = RoutingTrace("inverted")
-    trace.coefficients.append(r)
-    trace.agreements.append(a)
-    trace.outputs.append(out)
-    trace.extra.update(extra)
-    return trace
+    return RoutingTrace("inverted", coefficients=[r], agreements=[a], outputs=[out], extra=dict(extra))
 
 
 def _normed_update(
@@ -448,9 +437,7 @@ def inverted_conv_update(
         a = a.transpose(0, 1).view(B, h, w, N * K * K, M)
     out = (norm or PoseNorm())(s_sum, poses.dtype)  # [B, h, w, M, d]
     out = out.permute(0, 3, 1, 2, 4).contiguous()  # [B, M, h, w, d]
-    if return_routing:
-        return out, _one_step_trace(r, a, out)
-    return out
+    return (out, _one_step_trace(r, a, out)) if return_routing else out
 
 
 # -------------------------------------------------------------------------------------------- modules
