@@ -141,6 +141,117 @@ def test_train_sits_below_pretrained_and_only_the_commands_above_it():
                 assert _layer(target) not in ("pretrained", "notebook"), f"{m} imports {target} (line {line})"
 
 
+def _import_graph(lib: Path = LIB) -> dict[str, dict[str, int]]:
+    """``{module: {imported module: line}}`` over every module of the package at ``lib``: module-level and
+    function-level (lazy) imports, relative and absolute. ``from X import name`` is an edge to the module ``X.name``
+    when there is one, else to ``X`` (its ``__init__``). Importing ``a.b.c`` also runs ``a/__init__`` and
+    ``a/b/__init__``, but those implicit edges are left out: a package's ``__init__`` re-exports its modules, so they
+    would make every package a cycle of its own."""
+    root, top = lib.parent, lib.name
+    modules: dict[str, tuple[Path, list[str]]] = {}  # module -> (its file, its package's parts)
+    for path in sorted(lib.rglob("*.py")):
+        parts = list(path.with_suffix("").relative_to(root).parts)
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = (path, parts[:-1])
+    graph: dict[str, dict[str, int]] = {m: {} for m in modules}
+    for module, (path, package) in modules.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = []
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(package[: len(package) - node.level + 1] + ([base] if base else []))
+                if base == top or base.startswith(top + "."):
+                    targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names if a.name == top or a.name.startswith(top + ".")]
+            for target in targets:
+                while target not in modules:  # a name imported from a module: that module
+                    target = target.rpartition(".")[0]
+                if target != module:
+                    graph[module].setdefault(target, node.lineno)
+    return graph
+
+
+def _import_cycles(graph: dict[str, dict[str, int]]) -> list[str]:
+    """Each import cycle of ``graph``, one per strongly connected component (Tarjan), written out as
+    ``a (line n) -> b (line m) -> a``: a shortest cycle through the component's first module."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    components: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while not component or component[-1] != v:
+                component.append(stack.pop())
+            if len(component) > 1:
+                components.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    cycles = []
+    for component in components:
+        start, members = component[0], set(component)
+        paths, seen = [[start]], {start}  # breadth first from start back to it, inside the component
+        while paths:
+            path = paths.pop(0)
+            nxt = [w for w in graph[path[-1]] if w in members]
+            if start in nxt:
+                path.append(start)
+                break
+            for w in nxt:
+                if w not in seen:
+                    seen.add(w)
+                    paths.append([*path, w])
+        cycles.append(" -> ".join(f"{a} (line {graph[a][b]})" for a, b in zip(path, path[1:])) + f" -> {start}")
+    return cycles
+
+
+def test_no_import_cycles():
+    """No module imports itself back through other modules, at module level or inside a function (a lazy import
+    hides a cycle, it does not remove it). A kernel in ``routing/_kernels`` takes what it needs from its algorithm
+    as arguments (#48: ``_kernels/em.py`` imported ``_e_step``, ``_m_step`` back from ``routing/em.py``)."""
+    cycles = _import_cycles(_import_graph())
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_the_cycle_check_finds_a_lazy_cycle(tmp_path):
+    """The check sees function-level and relative imports: EM's old circle, rebuilt in a throwaway package."""
+    lib = tmp_path / "pkg"
+    (lib / "routing" / "_kernels").mkdir(parents=True)
+    for name in ("__init__.py", "routing/__init__.py", "routing/_kernels/__init__.py"):
+        (lib / name).write_text("")
+    (lib / "routing" / "em.py").write_text("def em_routing():\n    from ._kernels.em import kernel\n")
+    (lib / "routing" / "_kernels" / "em.py").write_text("from ..em import _m_step\n")
+    assert _import_cycles(_import_graph(lib)) == [
+        "pkg.routing._kernels.em (line 1) -> pkg.routing.em (line 2) -> pkg.routing._kernels.em"
+    ]
+
+
+def test_kernels_import_nothing_from_the_routing_package():
+    """``routing/_kernels/*.py`` never choose themselves (no ``use_kernel``: the algorithm module calls it) and take
+    what they share with their algorithm as arguments, so they import nothing from ``capsule_lib.routing``."""
+    graph = _import_graph()
+    found = [
+        f"{module} imports {target} (line {line})"
+        for module, targets in graph.items()
+        if module.startswith("capsule_lib.routing._kernels.")
+        for target, line in targets.items()
+        if target.startswith("capsule_lib.routing")
+    ]
+    assert not found, found
+
+
 def test_each_public_name_is_defined_once():
     """One concept, one home: no two modules define a public class or function of the same name."""
     seen: dict[str, list[str]] = {}

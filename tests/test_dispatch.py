@@ -10,7 +10,7 @@ from torch.profiler import ProfilerActivity, profile
 
 import capsule_lib.routing._common as common
 from capsule_lib.layers import ConvCapsules
-from capsule_lib.routing import dynamic, em, inverted, self_attention
+from capsule_lib.routing import dynamic, em, heinsen_2019, inverted, self_attention
 from capsule_lib.routing._kernels import em as em_kernel
 from capsule_lib.routing._kernels import heinsen as heinsen_kernel
 from capsule_lib.routing._kernels import inverted as inverted_kernel
@@ -133,3 +133,120 @@ def test_a_recipe_can_compile_its_training_step(tmp_path, monkeypatch):
     assert trainer.history.meta["compile"] == "default"
     with pytest.raises(ValueError, match=r"compile must be one of \(None, 'default', 'reduce-overhead'"):
         train("efficient", compile="fast", data_root=str(tmp_path), offline=True, **run)
+
+
+# ------------------------------------------------------------- the algorithm module chooses, through use_kernel
+def _record_kernels(monkeypatch) -> list[str]:
+    """Every kernel that runs from now on, by name (each still runs)."""
+    seen: list[str] = []
+    for cls in (
+        dynamic._CapsuleVotes,
+        dynamic._FusedRouting,
+        em_kernel._EMRoutingFunction,
+        inverted_kernel._AttendMatrix,
+        self_attention_kernel._FusedSelfAttention,
+    ):
+        real = cls.apply
+        monkeypatch.setattr(cls, "apply", lambda *a, _c=cls, _r=real: seen.append(_c.__name__) or _r(*a))
+    real_moments = heinsen_kernel.moments_routing
+    monkeypatch.setattr(
+        heinsen_kernel, "moments_routing", lambda *a: seen.append("moments_routing") or real_moments(*a)
+    )
+    return seen
+
+
+def _shared_heinsen():
+    """Heinsen 2019 weights shared by every input (first size 1): where its moments kernel applies."""
+    return [torch.rand(1, 3, 4, 4), torch.rand(1, 3, 4, 4), torch.rand(1, 3), torch.rand(1, 3)]
+
+
+#: per algorithm module: one call on the CPU, in float32, without a trace, and the kernels it runs there
+KERNEL_CALLS = {
+    "dynamic": (
+        dynamic,
+        lambda: dynamic.DynamicRouting(12, 4, 8, 16)(torch.rand(2, 12, 8, requires_grad=True)).sum().backward(),
+        ["_CapsuleVotes", "_FusedRouting"],
+    ),
+    "em": (em, lambda: em.EMRouting(12, 4)(torch.rand(2, 12, 16), torch.rand(2, 12)), ["_EMRoutingFunction"]),
+    "heinsen_2019": (
+        heinsen_2019,
+        lambda: generative_matrix_routing(torch.rand(2, 9), torch.rand(2, 9, 4, 4), *_shared_heinsen()),
+        ["moments_routing"],
+    ),
+    "inverted": (
+        inverted,
+        lambda: inverted.InvertedFCCapsules(10, 4, 16)(torch.rand(2, 10, 16), torch.rand(2, 4, 16)),
+        ["_AttendMatrix"],
+    ),
+    "self_attention": (
+        self_attention,
+        lambda: self_attention.SelfAttentionRouting(12, 4, 8, 16)(torch.rand(2, 12, 8)),
+        ["_FusedSelfAttention"],
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", KERNEL_CALLS)
+def test_each_kernel_is_chosen_by_use_kernel_in_its_algorithm_module(kind, monkeypatch):
+    """The algorithm module's ``use_kernel`` alone decides: refused, no kernel runs on the CPU; allowed, its kernels
+    run even where the real rule would refuse them (the CUDA rule). No kernel decides for itself (#48)."""
+    module, call, kernels = KERNEL_CALLS[kind]
+    seen = _record_kernels(monkeypatch)
+    call()
+    assert sorted(set(seen)) == kernels  # the real rule on the CPU: the kernels run
+    seen.clear()
+    monkeypatch.setattr(module, "use_kernel", lambda *a, **k: False)
+    call()
+    assert seen == []
+    monkeypatch.setattr(common, "KERNEL_DEVICES", ())
+    monkeypatch.setattr(module, "use_kernel", lambda *a, **k: True)
+    call()
+    assert sorted(set(seen)) == kernels
+
+
+def _heinsen_path(monkeypatch, *, dtype=torch.float32, shared=True, trace=False, autocast=False, compiling=False):
+    """Which path ``method="auto"`` takes for one Heinsen 2019 call: ``"moments"`` or ``"votes"``."""
+    seen = _record_kernels(monkeypatch)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: compiling)
+    params = _shared_heinsen() if shared else [torch.rand(9, *p.shape[1:]) for p in _shared_heinsen()]
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        generative_matrix_routing(torch.rand(2, 9), torch.rand(2, 9, 4, 4, dtype=dtype), *params, return_routing=trace)
+    return "moments" if seen else "votes"
+
+
+def test_heinsen_auto_takes_the_moments_kernel_exactly_where_it_did(monkeypatch):
+    """``method="auto"`` goes through use_kernel with the outcome it had before (#48): the moments kernel on the CPU
+    for any dtype, under autocast (the routing runs with autocast off) and while ``torch.compile`` traces (plain tensor
+    code: ``use_kernel(compiling=True)``); the votes path with a trace, with per-input weights and off the CPU."""
+    assert _heinsen_path(monkeypatch) == "moments"
+    for dtype in (torch.float64, torch.bfloat16, torch.float16):
+        assert _heinsen_path(monkeypatch, dtype=dtype) == "moments", dtype
+    assert _heinsen_path(monkeypatch, autocast=True) == "moments"
+    assert _heinsen_path(monkeypatch, compiling=True) == "moments"
+    assert _heinsen_path(monkeypatch, trace=True) == "votes"
+    assert _heinsen_path(monkeypatch, shared=False) == "votes"
+    monkeypatch.setattr(common, "KERNEL_DEVICES", ())
+    assert _heinsen_path(monkeypatch) == "votes"
+    assert _heinsen_path(monkeypatch, compiling=True) == "votes"
+
+
+def test_inverted_attention_takes_its_kernel_under_autocast_and_not_while_compiling(monkeypatch):
+    """Inverted attention's choice, now in routing/inverted.py: the kernel on the CPU for any dtype and under autocast
+    (it casts its inputs itself) and with a trace (it returns ``r`` and ``a``); the plain update while
+    ``torch.compile`` traces."""
+    seen = _record_kernels(monkeypatch)
+    P, W, Q = torch.rand(5, 4, 2, 2), torch.rand(5, 2, 2, 3), torch.rand(4, 3, 4)
+    for dtype in (torch.float32, torch.float64, torch.bfloat16):
+        inverted._attend_matrix(P.to(dtype), W.to(dtype), Q.to(dtype))
+        assert seen == ["_AttendMatrix"], dtype
+        seen.clear()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        inverted._attend_matrix(P, W, Q)
+    assert seen == ["_AttendMatrix"]
+    seen.clear()
+    inverted.InvertedFCCapsules(10, 4, 16)(torch.rand(2, 10, 16), torch.rand(2, 4, 16), return_routing=True)
+    assert seen == ["_AttendMatrix"]
+    seen.clear()
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    inverted._attend_matrix(P, W, Q)
+    assert seen == []

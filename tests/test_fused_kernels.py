@@ -20,6 +20,7 @@ from capsule_lib.routing._kernels.self_attention import _FusedSelfAttention
 from capsule_lib.routing.dynamic import _CapsuleVotes, dynamic_routing
 from capsule_lib.routing.em import em_routing
 from capsule_lib.routing.heinsen_2019 import generative_matrix_routing
+from capsule_lib.routing.inverted import _attend_matrix_unfused
 from capsule_lib.routing.self_attention import self_attention_routing, self_attention_votes
 
 F64 = torch.float64
@@ -142,7 +143,7 @@ def test_inverted_attention_kernel(scales, seed):
     weights = [_normal(g, p, s * s, M), _normal(g, I, p, M), _normal(g, I, p, M)]
     _check(
         lambda xs: inverted_kernel._AttendMatrix.apply(*xs, 4, 7),
-        lambda xs: inverted_kernel._attend_matrix_unfused(*xs),
+        lambda xs: _attend_matrix_unfused(*xs),
         [P, W, Q],
         weights,
     )

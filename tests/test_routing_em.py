@@ -704,13 +704,14 @@ def test_trace_path_matches_previous_implementation_float64(shape, quirk, norm_c
 
 def test_fast_function_passes_gradcheck():
     from capsule_lib.routing._kernels.em import _EMRoutingFunction
+    from capsule_lib.routing.em import _e_step, _m_step
 
     V, a, bu, ba = _leaves64((3, 5, 2, 4), seed=3)  # child-major [N, I=5, J=2, D=4]
     V = V.detach().transpose(1, 2).contiguous().requires_grad_()  # parent-major [N, J, I, D], as the function takes
     for quirk, scale in ((False, 0.4), (True, 1.0)):
 
         def fn(V_, a_, u_, b_, quirk=quirk, scale=scale):
-            return _EMRoutingFunction.apply(V_, a_, u_, b_, (0.7, 1.3, 2.0), quirk, scale, 1e-8)
+            return _EMRoutingFunction.apply(V_, a_, u_, b_, (0.7, 1.3, 2.0), quirk, scale, 1e-8, _m_step, _e_step)
 
         assert torch.autograd.gradcheck(fn, (V, a, bu, ba), eps=1e-6, atol=1e-7, rtol=1e-5)
 

@@ -644,7 +644,7 @@ def test_fused_fc_update_matches_votes_path_float64(monkeypatch, block_bytes):
 
 def test_fused_attention_gradcheck_and_partial_gradients():
     """gradcheck of the fused Function with uneven blocks, and gradients that reach it only through r or a."""
-    from capsule_lib.routing._kernels.inverted import _attend_matrix, _attend_matrix_unfused
+    from capsule_lib.routing.inverted import _attend_matrix, _attend_matrix_unfused
 
     torch.manual_seed(34)
     I, p, s, M = 5, 4, 2, 3
@@ -665,7 +665,7 @@ def test_fused_attention_gradcheck_and_partial_gradients():
 
 
 def test_fused_attention_bf16_autocast_matches_unfused_dtypes():
-    from capsule_lib.routing._kernels.inverted import _attend_matrix, _attend_matrix_unfused
+    from capsule_lib.routing.inverted import _attend_matrix, _attend_matrix_unfused
 
     torch.manual_seed(35)
     P = torch.randn(6, 5, 4, 4, requires_grad=True)

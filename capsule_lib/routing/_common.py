@@ -119,29 +119,37 @@ def use_kernel(
     trace: bool = False,
     dtypes: tuple[torch.dtype, ...] | None = (torch.float32, torch.float64),
     autocast: bool = False,
+    compiling: bool = False,
 ) -> bool:
     """The one rule by which a routing replaces its plain path with a hand-written kernel. A kernel is used only
 
     * on a device of :data:`KERNEL_DEVICES` (the CPU; measured there, and slower on a GPU);
     * without a trace (``return_routing=True``: the trace's tensors come from the plain path);
-    * not while ``torch.compile`` traces (it compiles the plain path and fuses it itself);
+    * not while ``torch.compile`` traces (it compiles the plain path and fuses it itself) unless ``compiling`` (the
+      kernel is plain differentiable tensor code, which ``torch.compile`` traces like the plain path);
     * with every tensor of one dtype in ``dtypes`` (``None``: any; the kernel upcasts itself);
     * outside autocast on that device unless ``autocast`` (the kernel handles autocast itself); otherwise the plain
       path's products would run in half precision and the kernel's not.
 
-    Each kernel is tested equal to its plain path in float64 (values and gradients, mixed-scale inputs:
-    ``tests/test_fused_kernels.py``).
+    The algorithm module calls it and picks its kernel (``routing/<algorithm>.py``); the kernels in ``_kernels/``
+    never choose themselves. Each kernel is tested equal to its plain path in float64 (values and gradients,
+    mixed-scale inputs: ``tests/test_fused_kernels.py``).
 
     Parameters
     ----------
     \\*tensors : torch.Tensor
         The kernel's tensor inputs (at least one); the first one's device and dtype decide.
     trace : bool, optional
-        Whether a trace is asked for (``return_routing=True``); True refuses the kernel (default False).
+        Whether a trace is asked for (``return_routing=True``); True refuses the kernel (default False). A kernel
+        that returns the trace's tensors itself (inverted attention's ``_AttendMatrix``: ``r`` and ``a``) passes
+        False.
     dtypes : tuple[torch.dtype, ...] or None, optional
         The dtypes the kernel accepts, all tensors sharing one (default float32 and float64); ``None``: any.
     autocast : bool, optional
         Whether the kernel handles autocast itself (default False: refused while autocast is on).
+    compiling : bool, optional
+        Whether the kernel may run while ``torch.compile`` traces, being plain tensor code without a custom autograd
+        function (default False: refused while compiling; Heinsen's moments path passes True).
 
     Returns
     -------
@@ -149,7 +157,7 @@ def use_kernel(
         True if the kernel may replace the plain path.
     """
     t0 = tensors[0]
-    if trace or torch.compiler.is_compiling() or not kernel_device(t0):
+    if trace or (not compiling and torch.compiler.is_compiling()) or not kernel_device(t0):
         return False
     if not autocast and torch.is_autocast_enabled(t0.device.type):
         return False

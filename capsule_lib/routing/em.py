@@ -69,6 +69,7 @@ from torch import nn
 from .._checks import check_activations, check_iterations, check_module_input, check_poses, check_tensor
 from ..types import Routed, RoutingTrace
 from ._common import RoutingProtocol, require_activations, split_trace, use_kernel
+from ._kernels.em import _EMRoutingFunction
 
 __all__ = [
     "em_routing_reference",
@@ -268,9 +269,7 @@ def em_routing(
         V, a = V.view(-1, J, I, D), a.reshape(-1, I)  # [N, J, I, D], [N, I]
         opts = (tuple(lams), normalize_over_outputs, scale, eps)
         if use_kernel(V, trace=return_routing, dtypes=None, autocast=True):  # the blocked kernel (the CPU)
-            from ._kernels.em import _EMRoutingFunction  # the CPU kernel (it imports this module's steps)
-
-            (mu, a_out), trace = _EMRoutingFunction.apply(V, a, bu, ba, *opts), None
+            (mu, a_out), trace = _EMRoutingFunction.apply(V, a, bu, ba, *opts, _m_step, _e_step), None  # our steps
         else:
             (mu, a_out), trace = _em_routing_autograd(V, a, bu, ba, *opts, return_routing)
     mu, a_out = mu.view(*lead, J, D).to(votes.dtype), a_out.view(*lead, J).to(votes.dtype)

@@ -44,10 +44,10 @@ from ._common import (
     check_one_or,
     compute_dtype,
     fields_repr,
-    kernel_device,
     no_autocast,
     require_activations,
     split_trace,
+    use_kernel,
 )
 
 __all__ = [
@@ -194,7 +194,7 @@ def generative_matrix_routing(
         ``W``, ``B`` and the betas are shared by all inputs, first size 1, and without a trace) runs the same
         loop on weighted moments of the inputs, in float64, without forming the votes (much faster and smaller
         for many inputs on the CPU; ``routing/_kernels/heinsen.py``); ``"auto"`` (default) picks ``"moments"`` when
-        it applies on the CPU, ``"votes"`` elsewhere.
+        it applies and :func:`~capsule_lib.routing._common.use_kernel` allows it (the CPU), ``"votes"`` elsewhere.
     return_routing : bool, optional
         Also return a :class:`RoutingTrace` (default False).
 
@@ -238,12 +238,15 @@ def generative_matrix_routing(
 
 
 def _choose_method(method: str, mu_inp: torch.Tensor, params: tuple[torch.Tensor, ...], trace: bool) -> str:
-    """The one rule for the moments kernel: ``"auto"`` takes it where it was measured faster, on a device of
-    :data:`~capsule_lib.routing._common.KERNEL_DEVICES` (the CPU), when every parameter is shared by all inputs
-    (first size 1) and no trace is asked for; ``"moments"`` elsewhere is refused in one line."""
+    """``method`` resolved: ``"auto"`` takes the moments kernel where it exists, every parameter shared by all inputs
+    (first size 1), and :func:`~capsule_lib.routing._common.use_kernel` allows it (the CPU, no trace); any dtype
+    (the kernel upcasts to float64 itself), under autocast (the routing runs with autocast off) and while
+    ``torch.compile`` traces (plain tensor code). ``"votes"`` and ``"moments"`` are the caller's override;
+    ``"moments"`` where it does not apply is refused in one line."""
     shared = all(p.shape[0] == 1 for p in params)
     if method == "auto":
-        return "moments" if shared and not trace and kernel_device(mu_inp) else "votes"
+        kernel = use_kernel(mu_inp, trace=trace, dtypes=None, autocast=True, compiling=True)
+        return "moments" if shared and kernel else "votes"
     if method == "moments" and not (shared and not trace):
         raise ValueError(
             "method='moments' needs W, B, beta_use and beta_ign shared by all inputs (first size 1) "

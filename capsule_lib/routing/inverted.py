@@ -21,8 +21,7 @@ One routing **update** ``L(P_in, P_out_prev)`` (the layer's ``forward``)::
 Nothing is detached; there is no bias and no squash; ``P_prev`` is the post-LayerNorm output of the previous
 update of the same layer. How updates of different layers are interleaved (the concurrent/Jacobi and the
 sequential schedules) is the model's business: see :class:`capsule_lib.models.inverted.CapsModel`.
-The attention update never holds the votes of a whole layer: ``_AttendMatrix`` forms them in cache-sized
-blocks of (positions, children), in the forward and again in the backward (see its docstring).
+On the CPU the attention update never holds the votes of a whole layer (:func:`_attend_matrix`).
 
 CONV layers route each output position ``(h, w)`` from its own ``k x k`` window of children (valid windows,
 no padding, ``h_out = (H - k) // stride + 1``); the softmax runs over the output types at that position
@@ -43,8 +42,8 @@ from torch import nn
 
 from .._checks import check_choice, check_iterations, check_module_input, check_nonempty, check_tensor
 from ..types import Routed, RoutingTrace
-from ._common import RoutingProtocol, autocast_outputs, refuse_activations, split_trace
-from ._kernels.inverted import _RENORM_EPS, _acc_dtype, _attend_matrix
+from ._common import RoutingProtocol, autocast_outputs, refuse_activations, split_trace, use_kernel
+from ._kernels.inverted import _RENORM_EPS, _acc_dtype, _attend_blocks, _AttendMatrix
 
 __all__ = [
     "PoseNorm",
@@ -210,6 +209,41 @@ def _attend(votes: torch.Tensor, prev_pose: torch.Tensor):
     return s.flatten(-2), r, a  # [B, ..., J, d]
 
 
+def _attend_matrix_unfused(P: torch.Tensor, W: torch.Tensor, Q: torch.Tensor):
+    """:func:`_attend_matrix`'s plain update (on CUDA and under ``torch.compile``, which fuses the elementwise
+    steps): ordinary differentiable ops on the full votes, copied once to parent-major."""
+    I, p, s, _ = P.shape
+    M = W.shape[-1]
+    d = s * s
+    V = torch.bmm(P.reshape(I, p * s, s), W.reshape(I, s, s * M))  # [I, p*a, e*M]
+    V = V.view(I, p, s, s, M).permute(1, 4, 0, 2, 3).reshape(p * M, I, d)  # [p*M, I, d]  parent-major
+    a = torch.bmm(V, Q.reshape(p * M, d, 1)).view(p, M, I)  # [p, M, I]  <V_im, P_m^prev>
+    a = a.to(_acc_dtype(V)) * (1.0 / math.sqrt(d))  # / sqrt(d); fp32 (fp64 for fp64 votes)
+    r = torch.softmax(a, dim=1)  # [p, M, I], over the parents m
+    r = r / (r.sum(dim=1, keepdim=True) + _RENORM_EPS)  # official renormalisation (a no-op up to rounding)
+    s_sum = torch.bmm(r.to(V.dtype).reshape(p * M, 1, I), V).view(p, M, d)  # [p, M, d]
+    return s_sum.transpose(1, 2), r.permute(2, 0, 1), a.permute(2, 0, 1)  # [p, d, M], [I, p, M] x2
+
+
+def _attend_matrix(P: torch.Tensor, W: torch.Tensor, Q: torch.Tensor, blocks: tuple[int, int] | None = None):
+    """One attention update for matrix poses, ``(P [I, p, s, s], W [I, s, s, M], Q [p, M, d]) -> (s [p, d, M],
+    r [I, p, M], a [I, p, M])``: votes ``V[i, p, m] = P[i, p] . W[i, :, :, m]`` (``p`` = batch x positions),
+    ``a = <V, Q>/sqrt(d)``, ``r = softmax_m(a)`` (renormalised, sums to 1 over ``M``), ``s = sum_i r V`` in the
+    votes' dtype (``r``, ``a`` in fp32, fp64 for fp64). Where :func:`~capsule_lib.routing._common.use_kernel` allows
+    it (the CPU, eager) the kernel ``_AttendMatrix`` forms the votes in cache-sized ``blocks = (positions, children)``
+    (default ``_attend_blocks``), never whole, in the forward and again in the backward; else the plain update runs."""
+    dtype, dev = P.dtype, P.device.type
+    if torch.is_autocast_enabled(dev) and dtype != torch.float64:
+        dtype = torch.get_autocast_dtype(dev)  # what the votes' matmul would produce under autocast
+    P, W, Q = P.to(dtype), W.to(dtype), Q.to(dtype)
+    if not use_kernel(P, dtypes=None, autocast=True):  # CUDA, torch.compile: the plain, vectorised update
+        return _attend_matrix_unfused(P, W, Q)
+    if blocks is None:
+        I, p, s, _ = P.shape
+        blocks = _attend_blocks(I, p, W.shape[-1], s * s, P.element_size())
+    return _AttendMatrix.apply(P, W, Q, *blocks)
+
+
 class PoseNorm(NamedTuple):
     """The ``LayerNorm_d(Dropout(s))`` that ends every inverted-attention update, as the functional forms take it
     (a layer passes its own: :meth:`of`). Calling it on ``s [..., d]`` computes in fp32 (fp64 for fp64) and casts
@@ -254,12 +288,7 @@ class PoseNorm(NamedTuple):
 
 
 def _one_step_trace(r: torch.Tensor, a: torch.Tensor, out: torch.Tensor, **extra) -> RoutingTrace:
-    trace = RoutingTrace("inverted")
-    trace.coefficients.append(r)
-    trace.agreements.append(a)
-    trace.outputs.append(out)
-    trace.extra.update(extra)
-    return trace
+    return RoutingTrace("inverted", coefficients=[r], agreements=[a], outputs=[out], extra=dict(extra))
 
 
 def _normed_update(
@@ -408,9 +437,7 @@ def inverted_conv_update(
         a = a.transpose(0, 1).view(B, h, w, N * K * K, M)
     out = (norm or PoseNorm())(s_sum, poses.dtype)  # [B, h, w, M, d]
     out = out.permute(0, 3, 1, 2, 4).contiguous()  # [B, M, h, w, d]
-    if return_routing:
-        return out, _one_step_trace(r, a, out)
-    return out
+    return (out, _one_step_trace(r, a, out)) if return_routing else out
 
 
 # -------------------------------------------------------------------------------------------- modules
@@ -443,8 +470,7 @@ class InvertedFCCapsules(RoutingProtocol, nn.Module):
         super().__init__()
         s = _side(pose_dim)
         self.n_inp, self.n_out, self.pose_dim, self.side = n_inp, n_out, pose_dim, s
-        self.iterations = check_iterations(iterations)
-        self.dropout = dropout
+        self.iterations, self.dropout = check_iterations(iterations), dropout
         self.init_std = math.sqrt(n_out / (s * n_inp))
         self.weight = nn.Parameter(torch.randn(n_inp, s, s, n_out) * self.init_std)
         self.norm = nn.LayerNorm(pose_dim, eps=eps)
@@ -460,14 +486,12 @@ class InvertedFCCapsules(RoutingProtocol, nn.Module):
         return cls(n_inp, n_out, d, iterations=iterations)
 
     def _routed(self, poses, activations, iterations, return_routing) -> Routed:
-        """The protocol's :meth:`route`: ``iterations`` updates (default: the layer's), the first uniform, each from the
-        previous output, as in :func:`inverted_routing_reference`; no activations; the trace is the last update's. (A
-        network of layers interleaves their updates itself, calling :meth:`forward`:
-        :class:`~capsule_lib.models.inverted.CapsModel`.)"""
+        """The protocol's :meth:`route`: ``iterations`` updates, the first uniform, each from the previous output (as
+        :func:`inverted_routing_reference`); no activations; the last update's trace. (Networks of layers interleave
+        their updates, calling :meth:`forward`: :class:`~capsule_lib.models.inverted.CapsModel`.)"""
         refuse_activations(activations, self)
-        T = self.iterations if iterations is None else check_iterations(iterations)
         P, trace = None, None
-        for _ in range(T):
+        for _ in range(self.iterations if iterations is None else check_iterations(iterations)):
             P, trace = split_trace(self(poses, P, return_routing=return_routing), return_routing)
         return Routed(P, None, trace)  # [B, n_out, d]
 

@@ -2,15 +2,14 @@
 autograd path in float64, values and gradients, in ``tests/test_fused_kernels.py`` and ``tests/test_routing_em.py``).
 
 ``_EMRoutingFunction`` runs the same M- and E-steps as the readable
-``routing.em._em_routing_autograd`` (it imports them), over cache-sized blocks of the independent
-routings, with a hand-derived backward.
+``routing.em._em_routing_autograd`` (``routing.em`` passes them in, ``m_step`` and ``e_step``: this module does not
+import the routing module that imports it), over cache-sized blocks of the independent routings, with a hand-derived
+backward.
 """
 
 from __future__ import annotations
 
 import torch
-
-from ..em import _e_step, _m_step
 
 __all__: list[str] = []
 
@@ -30,7 +29,8 @@ def _block_rows(n_rows: int, row_size: int) -> int:
 
 class _EMRoutingFunction(torch.autograd.Function):
     """Procedure 1 on ``V [N, J, I, D]`` (contiguous), ``a [N, I]``, ``bu, ba [J]`` -> ``(mu [N, J, D],
-    a_out [N, J])``, with a hand-derived backward.
+    a_out [N, J])``, with a hand-derived backward. ``m_step`` and ``e_step`` are ``routing.em``'s ``_m_step`` and
+    ``_e_step``, the steps the plain path runs (so both give the same bits in the forward).
 
     Both passes walk over blocks of the ``N`` independent routings (conv positions x batch) so that the
     votes-sized temporaries (``V - mu`` and its square) are cache-sized and reused, and the forward keeps only
@@ -53,7 +53,7 @@ class _EMRoutingFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, V, a, bu, ba, lams, normalize_over_outputs, scale, eps):
+    def forward(ctx, V, a, bu, ba, lams, normalize_over_outputs, scale, eps, m_step, e_step):
         N, J, I, D = V.shape
         T = len(lams)
         n_blk = _block_rows(N, J * I * D)
@@ -66,12 +66,12 @@ class _EMRoutingFunction(torch.autograd.Function):
             R = Vb.new_full((n, J, I), 1.0 / J)  # [n, J, I]
             saved = []  # per iteration: (R, c, mass, mu, sigma2, logit)
             for t, lam in enumerate(lams):
-                c, mass, mu, sq, sigma2, log_sigma2, _, logit = _m_step(
+                c, mass, mu, sq, sigma2, log_sigma2, _, logit = m_step(
                     R, ab, Vb, bu_, ba, lam, normalize_over_outputs, scale, eps, sq_out=e[:n]
                 )
                 saved.append((R, c, mass, mu, sigma2, logit))
                 if t < T - 1:
-                    _, R = _e_step(sq, sigma2, log_sigma2, logit)  # [n, J, I]
+                    _, R = e_step(sq, sigma2, log_sigma2, logit)  # [n, J, I]
             blocks.append(saved)
             mus.append(mu)
             logits.append(logit)
@@ -184,4 +184,4 @@ class _EMRoutingFunction(torch.autograd.Function):
             torch.sum(g_aR, dim=-2, out=g_a[blk])  # [n, I]  g_a = sum_t,j g_R' R
         g_ba = -g_cost_sum  # [J]  logit = lam (ba - cost)
         g_bu = g_cost_mass_sum * (D * scale)  # [J]  cost = sum_d (bu + ...) mass scale
-        return g_V, g_a, g_bu, g_ba, None, None, None, None
+        return g_V, g_a, g_bu, g_ba, None, None, None, None, None, None

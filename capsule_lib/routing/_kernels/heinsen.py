@@ -1,8 +1,9 @@
 """Heinsen (2019) routing's CPU kernel: the moments path of
 :func:`~capsule_lib.routing.heinsen_2019.generative_matrix_routing` (``method="moments"``, chosen by ``method="auto"``
-on a device of :data:`~capsule_lib.routing._common.KERNEL_DEVICES` when the weights are shared by every input and no
-trace is asked for). Tested equal to :func:`~capsule_lib.routing.heinsen_2019.generative_matrix_routing_reference`
-in float64, values and gradients (``tests/test_routing_heinsen.py``).
+in ``heinsen_2019`` when the weights are shared by every input and :func:`~capsule_lib.routing._common.use_kernel`
+allows it: the CPU, no trace). Tested equal to
+:func:`~capsule_lib.routing.heinsen_2019.generative_matrix_routing_reference` in float64,
+values and gradients (``tests/test_routing_heinsen.py``).
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
-"""Inverted dot-product attention routing's CPU kernel (chosen by :func:`~capsule_lib.routing._common.use_kernel`;
-tested equal to the unfused update in float64, values and gradients, in ``tests/test_fused_kernels.py`` and
-``tests/test_routing_inverted.py``).
+"""Inverted dot-product attention routing's CPU kernel (chosen in :mod:`capsule_lib.routing.inverted` by
+:func:`~capsule_lib.routing._common.use_kernel`; tested equal to the unfused update in float64, values and gradients,
+in ``tests/test_fused_kernels.py`` and ``tests/test_routing_inverted.py``).
 
 ``_AttendMatrix`` is one attention update for matrix poses, ``(P, W, Q) -> (s, r, a)``, that forms the votes in
 cache-sized blocks of positions and children and never holds them whole, in the forward and again in the backward.
-``_attend_matrix`` (at the end) is the one place that chooses between it and the plain update
-``_attend_matrix_unfused``; :mod:`capsule_lib.routing.inverted`'s layers call it.
+``routing.inverted._attend_matrix`` chooses between it and the plain update ``routing.inverted._attend_matrix_unfused``
+(its block sizes from ``_attend_blocks``).
 """
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ import math
 
 import torch
 from torch.autograd.function import once_differentiable
-
-from .._common import use_kernel
 
 __all__: list[str] = []
 
@@ -146,42 +144,3 @@ class _AttendMatrix(torch.autograd.Function):
                     gP[i0:i1, p0:p1] = torch.bmm(gV, Wf[i0:i1].transpose(1, 2)).view(nb, mb, s, s)  # [ic,pc,a,x]
                     gW[i0:i1] += torch.bmm(Pb.transpose(1, 2), gV)  # [ic, x, e*M]
         return gP, gW.view(W.shape).to(W.dtype), gQ.transpose(1, 2).to(Q.dtype), None, None
-
-
-# ----------------------------------------------------- the plain update and the one place that chooses
-def _attend_matrix_unfused(P: torch.Tensor, W: torch.Tensor, Q: torch.Tensor):
-    """Same contract as ``_AttendMatrix``, written with ordinary differentiable ops on the full votes,
-    copied once to parent-major (the path used under ``torch.compile``, which fuses the elementwise steps)."""
-    I, p, s, _ = P.shape
-    M = W.shape[-1]
-    d = s * s
-    V = torch.bmm(P.reshape(I, p * s, s), W.reshape(I, s, s * M))  # [I, p*a, e*M]
-    V = V.view(I, p, s, s, M).permute(1, 4, 0, 2, 3).reshape(p * M, I, d)  # [p*M, I, d]  parent-major
-    a = torch.bmm(V, Q.reshape(p * M, d, 1)).view(p, M, I)  # [p, M, I]  <V_im, P_m^prev>
-    a = a.to(_acc_dtype(V)) * (1.0 / math.sqrt(d))  # / sqrt(d); fp32 (fp64 for fp64 votes)
-    r = torch.softmax(a, dim=1)  # [p, M, I], over the parents m
-    r = r / (r.sum(dim=1, keepdim=True) + _RENORM_EPS)  # official renormalisation (a no-op up to rounding)
-    s_sum = torch.bmm(r.to(V.dtype).reshape(p * M, 1, I), V).view(p, M, d)  # [p, M, d]
-    return s_sum.transpose(1, 2), r.permute(2, 0, 1), a.permute(2, 0, 1)  # [p, d, M], [I, p, M] x2
-
-
-def _attend_matrix(P: torch.Tensor, W: torch.Tensor, Q: torch.Tensor, blocks: tuple[int, int] | None = None):
-    """One attention update for matrix poses, ``(P [I, p, s, s], W [I, s, s, M], Q [p, M, d]) -> (s [p, d, M],
-    r [I, p, M], a [I, p, M])``: votes ``V[i, p, m] = P[i, p] . W[i, :, :, m]`` (``p`` = batch x positions),
-    ``a = <V, Q>/sqrt(d)``, ``r = softmax_m(a)`` (renormalised, sums to 1 over ``M``), ``s = sum_i r V`` in the
-    votes' dtype (``r``, ``a`` in fp32, fp64 for fp64). On the CPU ``_AttendMatrix`` forms the votes in
-    ``blocks = (positions, children)`` (default ``_attend_blocks``), never whole; on CUDA and under
-    ``torch.compile`` the unfused version runs (:func:`~capsule_lib.routing._common.use_kernel`)."""
-    dtype = P.dtype
-    dev = P.device.type
-    if torch.is_autocast_enabled(dev) and dtype != torch.float64:
-        dtype = torch.get_autocast_dtype(dev)  # what the votes' matmul would produce under autocast
-    P, W, Q = P.to(dtype), W.to(dtype), Q.to(dtype)
-    if not use_kernel(P, dtypes=None, autocast=True):  # CUDA, torch.compile: the plain, vectorised update
-        return _attend_matrix_unfused(P, W, Q)
-    I, p, s, _ = P.shape
-    M = W.shape[-1]
-    if blocks is None:
-        blocks = _attend_blocks(I, p, M, s * s, P.element_size())
-    pc, ic = blocks
-    return _AttendMatrix.apply(P, W, Q, pc, ic)
