@@ -21,7 +21,7 @@ One routing **update** ``L(P_in, P_out_prev)`` (the layer's ``forward``)::
 Nothing is detached; there is no bias and no squash; ``P_prev`` is the post-LayerNorm output of the previous
 update of the same layer. How updates of different layers are interleaved (the concurrent/Jacobi and the
 sequential schedules) is the model's business: see :class:`capsule_lib.models.inverted.CapsModel`.
-On the CPU the attention update never holds the votes of a whole layer (:func:`_attend_matrix`).
+On the CPU the attention update never holds the votes of a whole layer (``_attend_matrix``).
 
 CONV layers route each output position ``(h, w)`` from its own ``k x k`` window of children (valid windows,
 no padding, ``h_out = (H - k) // stride + 1``); the softmax runs over the output types at that position
