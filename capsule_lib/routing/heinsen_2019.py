@@ -194,7 +194,7 @@ def generative_matrix_routing(
         ``W``, ``B`` and the betas are shared by all inputs, first size 1, and without a trace) runs the same
         loop on weighted moments of the inputs, in float64, without forming the votes (much faster and smaller
         for many inputs on the CPU; ``routing/_kernels/heinsen.py``); ``"auto"`` (default) picks ``"moments"`` when
-        it applies and :func:`~capsule_lib.routing._common.use_kernel` allows it (the CPU), ``"votes"`` elsewhere.
+        it applies and ``routing._common.use_kernel`` allows it (the CPU), ``"votes"`` elsewhere.
     return_routing : bool, optional
         Also return a :class:`RoutingTrace` (default False).
 
@@ -239,7 +239,7 @@ def generative_matrix_routing(
 
 def _choose_method(method: str, mu_inp: torch.Tensor, params: tuple[torch.Tensor, ...], trace: bool) -> str:
     """``method`` resolved: ``"auto"`` takes the moments kernel where it exists, every parameter shared by all inputs
-    (first size 1), and :func:`~capsule_lib.routing._common.use_kernel` allows it (the CPU, no trace); any dtype
+    (first size 1), and ``routing._common.use_kernel`` allows it (the CPU, no trace); any dtype
     (the kernel upcasts to float64 itself), under autocast (the routing runs with autocast off) and while
     ``torch.compile`` traces (plain tensor code). ``"votes"`` and ``"moments"`` are the caller's override;
     ``"moments"`` where it does not apply is refused in one line."""

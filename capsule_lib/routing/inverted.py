@@ -229,7 +229,7 @@ def _attend_matrix(P: torch.Tensor, W: torch.Tensor, Q: torch.Tensor, blocks: tu
     """One attention update for matrix poses, ``(P [I, p, s, s], W [I, s, s, M], Q [p, M, d]) -> (s [p, d, M],
     r [I, p, M], a [I, p, M])``: votes ``V[i, p, m] = P[i, p] . W[i, :, :, m]`` (``p`` = batch x positions),
     ``a = <V, Q>/sqrt(d)``, ``r = softmax_m(a)`` (renormalised, sums to 1 over ``M``), ``s = sum_i r V`` in the
-    votes' dtype (``r``, ``a`` in fp32, fp64 for fp64). Where :func:`~capsule_lib.routing._common.use_kernel` allows
+    votes' dtype (``r``, ``a`` in fp32, fp64 for fp64). Where ``routing._common.use_kernel`` allows
     it (the CPU, eager) the kernel ``_AttendMatrix`` forms the votes in cache-sized ``blocks = (positions, children)``
     (default ``_attend_blocks``), never whole, in the forward and again in the backward; else the plain update runs."""
     dtype, dev = P.dtype, P.device.type
