@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .routing.kinds import DEFAULT_ITERATIONS, ROUTING_KINDS, build_routing
+from .routing.kinds import DEFAULT_ITERATIONS, ROUTING_KINDS, routing_kind
 
 __all__ = [
     "scaling_summary",
@@ -144,8 +144,8 @@ def routing_layer(
     ``n_inp`` to ``n_out`` capsules of size ``d``, with ``iterations``): ``make_loss()`` runs the layer's ``route``,
     votes included, on fixed random inputs (``batch`` examples; activations where the kind takes them) and returns a
     scalar to backpropagate (the sum of squares of the output poses and activations)."""
-    m = build_routing(kind, n_inp, n_out, d, iterations)  # ValueError for an unknown kind
-    spec = ROUTING_KINDS[kind]
+    spec = routing_kind(kind)  # ValueError for an unknown kind
+    m = spec.build(n_inp, n_out, d, iterations)
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(batch, n_inp, d, generator=g).requires_grad_()  # [B, n_inp, d]
     a = spec.input_activations(torch.randn(batch, n_inp, generator=g))  # [B, n_inp] where the kind takes them
@@ -177,7 +177,7 @@ def routing_scaling(
         raise ValueError(f"amp must be None or 'bf16', got {amp!r}")
     rows = []
     for kind in kinds:
-        T = None if DEFAULT_ITERATIONS[kind] is None else iterations
+        T = None if routing_kind(kind).iterations is None else iterations  # ValueError for an unknown kind
         for n_inp, n_out in sizes:
             m, loss = routing_layer(kind, n_inp, n_out, d, batch, iterations=T)
             if amp == "bf16":

@@ -32,7 +32,7 @@ from .heinsen_2022 import EfficientVectorRouting
 from .inverted import InvertedFCCapsules
 from .self_attention import SelfAttentionRouting
 
-__all__ = ["RoutingKind", "ROUTING_KINDS", "DEFAULT_ITERATIONS", "register_routing", "build_routing"]
+__all__ = ["RoutingKind", "ROUTING_KINDS", "DEFAULT_ITERATIONS", "register_routing", "routing_kind", "build_routing"]
 
 
 @dataclass(frozen=True)
@@ -158,6 +158,22 @@ def build_routing(kind: str, n_inp: int, n_out: int, d: int, iterations: int | N
     torch.nn.Module
         The kind's layer (``ROUTING_KINDS[kind].layer``), called through its ``route``.
     """
-    if kind not in ROUTING_KINDS:
-        raise ValueError(f"unknown routing kind {kind!r}; kinds: {', '.join(ROUTING_KINDS)}")
-    return ROUTING_KINDS[kind].build(n_inp, n_out, d, iterations)
+    return routing_kind(kind).build(n_inp, n_out, d, iterations)
+
+
+def routing_kind(name: str) -> RoutingKind:
+    """The registry entry of ``name`` (ValueError naming the registered kinds if there is none).
+
+    Parameters
+    ----------
+    name : str
+        A routing kind's name.
+
+    Returns
+    -------
+    RoutingKind
+        ``ROUTING_KINDS[name]``.
+    """
+    if name not in ROUTING_KINDS:
+        raise ValueError(f"unknown routing kind {name!r}; kinds: {', '.join(ROUTING_KINDS)}")
+    return ROUTING_KINDS[name]
