@@ -33,19 +33,19 @@ from .train.shipped import (
     sha256_file,
 )
 
-__all__ = [
+__all__ = [  # for a reader first (the module docstring's order), then the re-exported rest of train.shipped
+    "load_pretrained",
+    "load_pretrained_history",
+    "registry",
+    "export_run",
+    "load_heinsen_2019",
+    "HEINSEN_2019_FILE",
+    "build_model",
     "CHECKPOINT_DIR",
     "ChecksumMismatchError",
     "config_sha256",
-    "registry",
-    "sha256_file",
-    "load_pretrained",
-    "export_run",
-    "load_pretrained_history",
     "export_checkpoint",
-    "build_model",
-    "load_heinsen_2019",
-    "HEINSEN_2019_FILE",
+    "sha256_file",
 ]
 
 

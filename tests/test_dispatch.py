@@ -41,6 +41,16 @@ def test_kernels_are_chosen_for_the_cpu_only():
         assert not common.use_kernel(x) and common.use_kernel(x, autocast=True)
 
 
+#: every hand-written kernel's autograd function
+KERNEL_CLASSES = (
+    dynamic._CapsuleVotes,
+    dynamic._FusedRouting,
+    em_kernel._EMRoutingFunction,
+    inverted_kernel._AttendMatrix,
+    self_attention_kernel._FusedSelfAttention,
+)
+
+
 def _forbid(monkeypatch, cls):
     def refuse(*a, **k):
         raise AssertionError(f"{cls.__name__} ran on the CUDA path")
@@ -50,13 +60,7 @@ def _forbid(monkeypatch, cls):
 
 def test_no_fused_kernel_runs_on_the_cuda_path(cuda_rule, monkeypatch):
     """Every kernel class refuses to run; every routing still computes forward and backward (its plain path)."""
-    for cls in (
-        dynamic._CapsuleVotes,
-        dynamic._FusedRouting,
-        em_kernel._EMRoutingFunction,
-        inverted_kernel._AttendMatrix,
-        self_attention_kernel._FusedSelfAttention,
-    ):
+    for cls in KERNEL_CLASSES:
         _forbid(monkeypatch, cls)
     u = torch.rand(2, 12, 8, requires_grad=True)
     dynamic.DynamicRouting(12, 4, 8, 16)(u).sum().backward()
@@ -75,15 +79,7 @@ def test_no_fused_kernel_runs_on_the_cuda_path(cuda_rule, monkeypatch):
 
 def test_the_kernels_run_on_the_cpu(monkeypatch):
     """The converse: on the CPU the same calls take the kernels (the rule is not vacuous)."""
-    seen = []
-    for cls in (
-        dynamic._CapsuleVotes,
-        dynamic._FusedRouting,
-        em_kernel._EMRoutingFunction,
-        self_attention_kernel._FusedSelfAttention,
-    ):
-        real = cls.apply
-        monkeypatch.setattr(cls, "apply", lambda *a, _c=cls, _r=real: seen.append(_c.__name__) or _r(*a))
+    seen = _record_kernels(monkeypatch)
     u = torch.rand(2, 12, 8, requires_grad=True)
     dynamic.DynamicRouting(12, 4, 8, 16)(u).sum().backward()
     self_attention.SelfAttentionRouting(12, 4, 8, 16)(u).sum().backward()
@@ -139,13 +135,7 @@ def test_a_recipe_can_compile_its_training_step(tmp_path, monkeypatch):
 def _record_kernels(monkeypatch) -> list[str]:
     """Every kernel that runs from now on, by name (each still runs)."""
     seen: list[str] = []
-    for cls in (
-        dynamic._CapsuleVotes,
-        dynamic._FusedRouting,
-        em_kernel._EMRoutingFunction,
-        inverted_kernel._AttendMatrix,
-        self_attention_kernel._FusedSelfAttention,
-    ):
+    for cls in KERNEL_CLASSES:
         real = cls.apply
         monkeypatch.setattr(cls, "apply", lambda *a, _c=cls, _r=real: seen.append(_c.__name__) or _r(*a))
     real_moments = heinsen_kernel.moments_routing
