@@ -50,7 +50,8 @@ __all__ = [
     "export_run",
 ]
 
-#: the shipped checkpoints' folder, ``capsule_lib/checkpoints`` (``registry.json``, ``<name>.pt``, ``.history.json``)
+# the shipped checkpoints' folder, capsule_lib/checkpoints (registry.json, <name>.pt, .history.json); a plain comment:
+# a documented value would print this machine's absolute path on the API page
 CHECKPOINT_DIR = Path(__file__).resolve().parents[1] / "checkpoints"
 
 
