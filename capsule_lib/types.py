@@ -2,7 +2,8 @@
 
 This module is at the bottom of the library: it imports nothing from ``capsule_lib``.
 
-* :class:`Routed`: what every routing layer's :meth:`route` returns (the routing protocol).
+* :class:`Routed`: what every routing layer's :meth:`~capsule_lib.routing._common.RoutingProtocol.route` returns
+  (the routing protocol).
 * :class:`RoutingTrace`: what every routing algorithm returns with ``return_routing=True``.
 * :class:`CapsuleOutput`: what every capsule classifier returns.
 * :class:`ImageContract`: what images a model reads (``model.input_contract``).
@@ -17,7 +18,16 @@ from typing import Any, Literal, NamedTuple
 
 import torch
 
-__all__ = ["Routed", "RoutingTrace", "CapsuleOutput", "ImageContract", "ScoreKind", "SCORE_KINDS", "TRUNC_NORMAL_STD"]
+__all__ = [
+    "Routed",
+    "RoutingTrace",
+    "CapsuleOutput",
+    "ImageContract",
+    "ScoreKind",
+    "SCORE_KINDS",
+    "COUPLINGS",
+    "TRUNC_NORMAL_STD",
+]
 
 #: Standard deviation of a standard normal truncated to [-2, 2] (Keras' ``VarianceScaling`` "truncated_normal").
 TRUNC_NORMAL_STD = 0.87962566103423978
@@ -26,6 +36,9 @@ ScoreKind = Literal["lengths", "activations", "logits"]
 #: The kinds of :attr:`CapsuleOutput.scores`; capsule lengths in [0, 1) (CapsNet, Efficient-CapsNet),
 #: activations in (0, 1) (EM), or unnormalised logits (Heinsen, inverted attention, the CNN baseline).
 SCORE_KINDS: tuple[str, ...] = ("lengths", "activations", "logits")
+#: The couplings a routing layer can route with (``layer.route(..., couplings=)``): its algorithm's (``"routed"``), or
+#: Paik et al.'s (2019) baselines, fixed in one pass: all equal (``"uniform"``) or drawn at random (``"random"``).
+COUPLINGS: tuple[str, ...] = ("routed", "uniform", "random")
 
 
 class Routed(NamedTuple):

@@ -119,7 +119,7 @@ def test_the_protocol_is_the_paper_shaped_call_in_float64(kind):
 def test_a_kind_is_refused_twice_or_without_the_protocol():
     with pytest.raises(ValueError, match="'dynamic' is already registered"):
         register_routing(ROUTING_KINDS["dynamic"])
-    with pytest.raises(ValueError, match=r"Linear lacks the routing protocol's fully_connected and route"):
+    with pytest.raises(ValueError, match=r"Linear lacks the routing protocol's fully_connected, route and _coupled"):
         register_routing(RoutingKind("linear", nn.Linear, None, "not a routing"))
     assert "linear" not in ROUTING_KINDS
 
@@ -143,6 +143,10 @@ class UniformRouting(RoutingProtocol, nn.Module):
         v = squash_hinton(torch.einsum("bij,bije->bje", c, votes))  # [B, J, d]
         trace = RoutingTrace("uniform", coefficients=[c], outputs=[v]) if return_routing else None
         return Routed(v, v.norm(dim=-1), trace)
+
+    def _coupled(self, poses, activations, R) -> Routed:  # behind route(..., couplings="random")
+        v = squash_hinton(torch.einsum("bij,bid,ijde->bje", R, poses, self.weight))  # [B, J, d]
+        return Routed(v, v.norm(dim=-1), None)
 
 
 @pytest.fixture

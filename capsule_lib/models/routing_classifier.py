@@ -37,7 +37,7 @@ from torch import nn
 
 from .._checks import check_choice, check_iterations, check_model_input
 from ..routing.kinds import DEFAULT_ITERATIONS, ROUTING_KINDS
-from ..types import CapsuleOutput, ImageContract
+from ..types import COUPLINGS, CapsuleOutput, ImageContract
 
 __all__ = ["RoutingClassifierConfig", "RoutingClassifier"]
 
@@ -65,6 +65,9 @@ class RoutingClassifierConfig:
         Primary capsule types on the grid left by a 3x3 stride-2 convolution (default 16).
     caps_dim : int
         Values per capsule, a square: EM and inverted routing use them as matrices (default 16).
+    couplings : str
+        ``"routed"`` (default): the routing's own couplings; ``"uniform"`` or ``"random"``: Paik et al.'s fixed
+        couplings in one pass (:meth:`~capsule_lib.routing._common.RoutingProtocol.route`; ``iterations`` unused).
     """
 
     routing: str = "dynamic"
@@ -75,6 +78,7 @@ class RoutingClassifierConfig:
     stem_channels: tuple[int, int] = (64, 128)
     primary_types: int = 16
     caps_dim: int = 16
+    couplings: str = "routed"
 
     def __post_init__(self) -> None:
         self.stem_channels = tuple(self.stem_channels)  # a config read back from JSON holds lists
@@ -83,6 +87,7 @@ class RoutingClassifierConfig:
             check_iterations(self.iterations, "iterations (None: the routing's default)")
         if DEFAULT_ITERATIONS[self.routing] is None and self.iterations is not None:
             raise ValueError(f"{self.routing} routing has no iterations (leave iterations=None)")
+        check_choice(self.couplings, COUPLINGS, "couplings")
         if int(self.caps_dim**0.5) ** 2 != self.caps_dim:
             raise ValueError(f"caps_dim must be a square (EM and inverted routing use matrices), got {self.caps_dim}")
 
@@ -150,7 +155,7 @@ class RoutingClassifier(nn.Module):
         )
         self.primary = nn.Conv2d(c2, T * (d + 1), 3, stride=2, padding=1)  # d pose values + 1 activation per type
         self.kind = ROUTING_KINDS[cfg.routing]
-        self.routing = self.kind.build(N, K, d, cfg.iterations)
+        self.routing = self.kind.build(N, K, d, cfg.iterations, cfg.couplings)
         # a routing whose outputs have no activations (heinsen_2022, inverted): one linear readout shared by the classes
         self.readout = nn.Linear(d, 1) if self.kind.scores is None else None
 
@@ -179,7 +184,13 @@ class RoutingClassifier(nn.Module):
         h = h.permute(0, 1, 3, 4, 2).reshape(B, T * g * g, d + 1)  # [B, N, d+1]
         return h[..., :d], h[..., d]  # [B, N, d], [B, N]
 
-    def forward(self, x: torch.Tensor, return_routing: bool = False, iterations: int | None = None) -> CapsuleOutput:
+    def forward(
+        self,
+        x: torch.Tensor,
+        return_routing: bool = False,
+        iterations: int | None = None,
+        couplings: str | None = None,
+    ) -> CapsuleOutput:
         """Images -> class capsules.
 
         Parameters
@@ -191,6 +202,8 @@ class RoutingClassifier(nn.Module):
         iterations : int, optional
             Routing iterations for this call, >= 1, passed to the routing layer for this call only (nothing about
             the layer changes); ``None`` (default) uses the config's. ``self_attention`` refuses a number.
+        couplings : str, optional
+            Couplings for this call (``"routed"``, ``"uniform"``, ``"random"``); ``None`` (default): the config's.
 
         Returns
         -------
@@ -204,7 +217,8 @@ class RoutingClassifier(nn.Module):
         T = None if iterations is None else check_iterations(iterations)
         poses, logits = self.primary_capsules(x)  # [B, N, d], [B, N]
         u = poses if kind.squash is None else kind.squash(poses)  # [B, N, d]
-        r = self.routing.route(u, kind.input_activations(logits), iterations=T, return_routing=return_routing)
+        a = kind.input_activations(logits)  # [B, N] or None
+        r = self.routing.route(u, a, iterations=T, return_routing=return_routing, couplings=couplings)
         if self.readout is None:
             return CapsuleOutput(r.activations, kind.scores, r.poses, trace=r.trace)  # [B, K], [B, K, d]
         return CapsuleOutput(self.readout(r.poses).squeeze(-1), "logits", r.poses, trace=r.trace)  # [B, K]

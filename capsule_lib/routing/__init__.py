@@ -5,6 +5,7 @@ Every algorithm's layer is built and called alike (:mod:`capsule_lib.routing.kin
     layer = build_routing("em", n_inp, n_out, d)              # ROUTING_KINDS["em"].layer.fully_connected(...)
     routed = layer.route(poses, activations, iterations=None, return_routing=False)   # a types.Routed
     routed.poses [B, n_out, d], routed.activations [B, n_out] or None, routed.trace
+    layer.route(poses, activations, couplings="uniform")       # or "random": Paik et al.'s baselines, one pass
 
 Each module opens with its algorithm's reference form (what the chapter shows), then the paper-shaped functional
 form, then the layer, whose ``forward`` is the paper's own layer call (what the paper's models use) and whose
@@ -24,6 +25,7 @@ module                 algorithm                                     main entry 
 =====================  ============================================  ==============================
 """
 
+from ._common import fixed_couplings
 from .dynamic import DynamicRouting, capsule_votes, dynamic_routing
 from .em import EMRouting, EMRoutingBase, em_routing, inverse_temperature_schedule, matrix_votes
 from .heinsen_2019 import GenerativeMatrixRouting, generative_matrix_routing, heinsen_votes
@@ -39,6 +41,7 @@ from .inverted import (
 from .self_attention import FCCapsules, SelfAttentionRouting, self_attention_routing, self_attention_votes
 
 __all__ = [
+    "fixed_couplings",
     "dynamic_routing",
     "DynamicRouting",
     "capsule_votes",

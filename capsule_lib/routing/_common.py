@@ -6,17 +6,22 @@ from typing import Any
 
 import torch
 
-from .._checks import check_tensor
-from ..types import Routed, RoutingTrace
+from .._checks import check_choice, check_tensor
+from ..types import COUPLINGS, Routed, RoutingTrace
 
 
 class RoutingProtocol:
     """The routing protocol, the one way every registered routing layer is called (:mod:`capsule_lib.routing.kinds`).
 
     A layer mixes this in before ``nn.Module`` and implements ``_routed(poses, activations, iterations,
-    return_routing) -> Routed`` (with :func:`refuse_activations` or :func:`require_activations`) and the classmethod
-    ``fully_connected(n_inp, n_out, d, iterations)``, the registry's constructor.
+    return_routing) -> Routed`` (with ``refuse_activations`` or ``require_activations``), the classmethod
+    ``fully_connected(n_inp, n_out, d, iterations)``, the registry's constructor, and ``_coupled(poses, activations,
+    R) -> Routed``: one pass of its algorithm with the couplings ``R [B, n_inp, n_out]`` given (no trace) instead of
+    found by agreement, in plain tensor code (the ``"uniform"`` and ``"random"`` couplings).
     """
+
+    #: the layer's couplings when a call names none (one of :data:`COUPLINGS`; set by the registry's ``build``)
+    couplings: str = "routed"
 
     def route(
         self,
@@ -25,6 +30,7 @@ class RoutingProtocol:
         *,
         iterations: int | None = None,
         return_routing: bool = False,
+        couplings: str | None = None,
     ) -> Routed:
         """Route ``n_inp`` input capsules to the layer's ``n_out`` output capsules.
 
@@ -42,14 +48,63 @@ class RoutingProtocol:
             iterate refuses a number.
         return_routing : bool, optional
             Also record the :class:`~capsule_lib.types.RoutingTrace` (default False).
+        couplings : str or None, optional
+            ``"routed"``: the algorithm's couplings; ``"uniform"``: every coupling ``1 / n_out``; ``"random"``: each
+            child's couplings drawn uniformly in ``(0, 1)`` (torch's generator) and divided by their sum; both in one
+            pass, with nothing else of the algorithm changed (for an iterative algorithm ``"uniform"`` is its first
+            iteration; for self-attention routing it replaces the softmax of the agreements, the log prior stays).
+            ``None`` (default): the layer's :attr:`couplings`.
 
         Returns
         -------
         Routed
             ``poses [B, n_out, d_out]``, ``activations [B, n_out]`` on the scale of the entry's ``scores`` (``None``
-            for an algorithm whose outputs have none), and the trace (``None`` without ``return_routing``).
+            for an algorithm whose outputs have none), and the trace (``None`` without ``return_routing``; with fixed
+            couplings a one-pass trace of them, the outputs and activations).
         """
-        return self._routed(poses, activations, iterations, return_routing)
+        mode = check_choice(self.couplings if couplings is None else couplings, COUPLINGS, "couplings")
+        if mode == "routed":
+            return self._routed(poses, activations, iterations, return_routing)
+        if iterations is not None:
+            raise ValueError(f"couplings={mode!r} route in one pass: pass iterations=None")
+        n_out = getattr(self, "n_out", -1)
+        if n_out < 1 or poses.dim() != 3:
+            raise ValueError(f"couplings={mode!r} need a fixed n_out and poses [B, n_inp, d], got {tuple(poses.shape)}")
+        R = fixed_couplings(mode, poses.shape[0], poses.shape[1], n_out, poses)  # [B, n_inp, n_out]
+        routed = self._coupled(poses, activations, R)
+        if not return_routing:
+            return routed
+        acts = [] if routed.activations is None else [routed.activations]
+        name = getattr(self, "algorithm", type(self).__name__)
+        trace = RoutingTrace(name, coefficients=[R], outputs=[routed.poses], activations=acts)
+        trace.extra["couplings"] = mode
+        return routed._replace(trace=trace)
+
+
+def fixed_couplings(mode: str, batch: int, n_inp: int, n_out: int, like: torch.Tensor) -> torch.Tensor:
+    """Couplings that no agreement chose, ``[batch, n_inp, n_out]``, summing to 1 over the parents (the last axis).
+
+    Parameters
+    ----------
+    mode : str
+        ``"uniform"``: every coupling ``1 / n_out``; ``"random"``: uniform draws in ``(0, 1)`` divided by each
+        child's sum (a fresh draw per call, from torch's generator on ``like``'s device).
+    batch, n_inp, n_out : int
+        The shape.
+    like : torch.Tensor
+        Gives the device and the floating dtype (float32 for half precision).
+
+    Returns
+    -------
+    torch.Tensor
+        ``[batch, n_inp, n_out]``.
+    """
+    check_choice(mode, COUPLINGS[1:], "fixed couplings")
+    dtype = torch.promote_types(like.dtype, torch.float32)
+    if mode == "uniform":
+        return torch.full((batch, n_inp, n_out), 1.0 / n_out, dtype=dtype, device=like.device)
+    draw = torch.rand(batch, n_inp, n_out, dtype=dtype, device=like.device).clamp_min_(torch.finfo(dtype).tiny)
+    return draw / draw.sum(-1, keepdim=True)
 
 
 def fields_repr(module: torch.nn.Module, *names: str) -> str:

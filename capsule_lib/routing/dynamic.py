@@ -392,6 +392,16 @@ class DynamicRouting(RoutingProtocol, nn.Module):
         v, trace = split_trace(self(poses, return_routing=return_routing, iterations=iterations), return_routing)
         return Routed(v, capsule_lengths(v), trace)  # [B, n_out, d_out], [B, n_out]
 
+    def _coupled(self, poses, activations, R) -> Routed:
+        """The protocol's fixed couplings ``R [B, n_inp, n_out]``: one weighted sum of the votes, squashed."""
+        refuse_activations(activations, self)
+        u = self.votes(poses)  # [B, i, j, e]
+        s = torch.einsum("bij,bije->bje", R.to(u.dtype), u)  # [B, j, e]
+        if self.bias is not None:
+            s = s + self.bias.to(s.dtype)
+        v = squash(s, self.squash_kind)  # [B, j, e]
+        return Routed(v, capsule_lengths(v), None)
+
     def extra_repr(self) -> str:
         return fields_repr(
             self, "n_inp", "n_out", "d_inp", "d_out", "iterations", "coupling", "leaky", "squash_kind", "detach"

@@ -567,5 +567,21 @@ class EMRouting(RoutingProtocol, EMRoutingBase):
         (mu, a_out), trace = split_trace(self(poses, a_in, return_routing, iterations), return_routing)
         return Routed(mu, a_out, trace)  # [B, n_out, P*P], [B, n_out]
 
+    def _coupled(self, poses, activations, R) -> Routed:
+        """The protocol's fixed couplings ``R [B, n_inp, n_out]``: one M-step (the first iteration's inverse
+        temperature), in float32 or float64."""
+        a_in = require_activations(activations, self, "probabilities in [0, 1]")
+        cdt = torch.promote_types(poses.dtype, torch.float32)
+        V = self.votes(poses).to(cdt).transpose(1, 2).contiguous()  # [B, j, i, d]
+        I, J = V.shape[2], V.shape[1]
+        scale = J / I if self.normalize_costs else 1.0
+        lam = self.inverse_temperatures(1)[0]
+        bu, ba = self.beta_u.to(cdt).unsqueeze(-1), self.beta_a.to(cdt)  # [J, 1], [J]
+        R = R.to(cdt).transpose(1, 2).contiguous()  # [B, j, i]
+        *_, mu, _, _, _, _, logit = _m_step(
+            R, a_in.to(cdt).unsqueeze(1), V, bu, ba, lam, self.normalize_over_outputs, scale, self.eps
+        )
+        return Routed(mu.to(poses.dtype), torch.sigmoid(logit).to(poses.dtype), None)  # [B, j, d], [B, j]
+
     def extra_repr(self) -> str:
         return f"n_inp={self.n_inp}, n_out={self.n_out}, pose_size={self.pose_size}, " + self._repr()

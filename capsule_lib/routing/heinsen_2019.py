@@ -499,6 +499,18 @@ class GenerativeMatrixRouting(RoutingProtocol, nn.Module):
         (a_out, mu_out, _), trace = split_trace(out, return_routing)  # [..., n_out], [..., n_out, d_cov, d_out]
         return Routed(mu_out.flatten(-2), a_out, trace)  # [..., n_out, d_cov * d_out], [..., n_out]
 
+    def _coupled(self, poses, activations, R) -> Routed:
+        """The protocol's fixed couplings ``R [B, n_inp, n_out]``: one D-step and M-step."""
+        a_inp = require_activations(activations, self, "logits")
+        mu_inp = poses.unflatten(-1, (self.d_cov, self.d_inp))  # [B, i, c, d]
+        W, B, b_use, b_ign = self.expanded_parameters(None, mu_inp.shape[-3])
+        V = heinsen_votes(mu_inp, W, B)  # [B, i, j, c, e]
+        D_use = torch.sigmoid(a_inp).unsqueeze(-1) * R.to(V.dtype)  # [B, i, j] data used
+        D_ign = torch.sigmoid(a_inp).unsqueeze(-1) - D_use  # [B, i, j] data ignored
+        a_out = (b_use * D_use).sum(-2) - (b_ign * D_ign).sum(-2)  # [B, j]
+        mu_out = torch.einsum("bij,bijce->bjce", D_use, V) / (D_use.sum(-2) + self.eps)[..., None, None]
+        return Routed(mu_out.flatten(-2), a_out, None)  # [B, j, c * e], [B, j]
+
     def extra_repr(self) -> str:
         return fields_repr(
             self, "d_cov", "d_inp", "d_out", "n_inp", "n_out", "iterations", "single_beta", "p_model", "eps", "method"

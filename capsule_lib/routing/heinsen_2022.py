@@ -488,5 +488,19 @@ class EfficientVectorRouting(RoutingProtocol, nn.Module):
         x_out, trace = split_trace(self(poses, return_routing=return_routing, iterations=iterations), return_routing)
         return Routed(x_out, None, trace)  # [B, n_out, d_out]
 
+    def _coupled(self, poses, activations, R) -> Routed:
+        """The protocol's fixed couplings ``R [B, n_inp, n_out]``: one D-step and M-step (the E-step's weights
+        ``W_G1``, ``W_G2``, ``B_G2``, ``W_S``, ``B_S`` are not used)."""
+        refuse_activations(activations, self)
+        w, (b_use, b_ign) = VectorRoutingWeights.of(self), self.betas(poses)
+        I, D = poses.shape[-2:]
+        x = poses * I**-0.5  # [B, i, d] x~
+        f = torch.sigmoid(torch.einsum("bid,id->bi", x, w.W_A.expand(I, D)) + w.B_A.expand(I)).unsqueeze(-1)
+        V = torch.einsum("bid,jd,de->bije", x, w.W_F1, w.W_F2) + w.B_F2  # [B, i, j, e]
+        D_use = f * R.to(V.dtype)  # [B, i, j]
+        phi = b_use * D_use - b_ign * (f - D_use)  # [B, i, j]
+        x_out = torch.einsum("bij,bije->bje", phi, V)  # [B, j, e]
+        return Routed(_normalize(x_out, 1e-5) if self.normalize else x_out, None, None)
+
     def extra_repr(self) -> str:
         return fields_repr(self, "n_inp", "n_out", "d_inp", "d_out", "iterations", "normalize", "memory_efficient")

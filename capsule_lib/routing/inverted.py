@@ -46,18 +46,10 @@ from ._common import RoutingProtocol, autocast_outputs, refuse_activations, spli
 from ._kernels.inverted import _RENORM_EPS, _acc_dtype, _attend_blocks, _AttendMatrix
 
 __all__ = [
-    "PoseNorm",
-    "inverted_routing_reference",
-    "fc_matrix_votes",
-    "conv_windows",
-    "conv_matrix_votes",
-    "inverted_attention_update",
-    "inverted_fc_update",
-    "inverted_conv_update",
-    "InvertedFCCapsules",
-    "InvertedConvCapsules",
-    "EXPANSIONS",
-]
+    "PoseNorm", "inverted_routing_reference", "fc_matrix_votes", "conv_windows", "conv_matrix_votes",
+    "inverted_attention_update", "inverted_fc_update", "inverted_conv_update", "InvertedFCCapsules",
+    "InvertedConvCapsules", "EXPANSIONS",
+]  # fmt: skip
 
 EXPANSIONS = ("unfold", "official_bug")
 
@@ -453,7 +445,7 @@ class InvertedFCCapsules(RoutingProtocol, nn.Module):
     pose_dim : int, optional
         Pose size ``d = s*s``, a square (default 16); ``norm`` = ``LayerNorm(d)`` (gamma 1, beta 0).
     iterations : int, optional
-        Number of updates :meth:`route` runs, >= 1 (default 2).
+        Number of updates ``route`` runs, >= 1 (default 2).
     dropout, eps : float, optional
         Dropout probability before the LayerNorm, in training (``dropout``, default 0.0); LayerNorm's ``eps`` (1e-5)."""
 
@@ -494,6 +486,12 @@ class InvertedFCCapsules(RoutingProtocol, nn.Module):
         for _ in range(self.iterations if iterations is None else check_iterations(iterations)):
             P, trace = split_trace(self(poses, P, return_routing=return_routing), return_routing)
         return Routed(P, None, trace)  # [B, n_out, d]
+
+    def _coupled(self, poses, activations, R) -> Routed:
+        """The protocol's fixed couplings ``R [B, n_inp, n_out]``: one update's sum of votes, LayerNorm-ed."""
+        refuse_activations(activations, self)
+        V = self.votes(poses)  # [B, i, j, d]
+        return Routed(PoseNorm.of(self)(torch.einsum("bij,bijd->bjd", R.to(V.dtype), V), poses.dtype), None, None)
 
     def forward(self, P_in: torch.Tensor, P_out_prev: torch.Tensor | None = None, return_routing: bool = False):
         """One update: :func:`inverted_fc_update` with the layer's weights.

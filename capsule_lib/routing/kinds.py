@@ -4,14 +4,15 @@ traces and :mod:`capsule_lib.cost` use.
 Every registered layer follows one protocol::
 
     layer = kind.layer.fully_connected(n_inp, n_out, d, iterations)     # n_inp -> n_out capsules of size d
-    routed = layer.route(poses, activations=None, *, iterations=None, return_routing=False)
+    routed = layer.route(poses, activations=None, *, iterations=None, return_routing=False, couplings=None)
     routed.poses [B, n_out, d], routed.activations [B, n_out] or None, routed.trace   # a types.Routed
 
 ``poses`` are ``[B, n_inp, d]`` (matrix capsules flattened), ``activations`` ``[B, n_inp]`` on the scale the entry's
 :attr:`RoutingKind.activations` names (``None`` for an algorithm that takes none). Code that runs any routing
 (:class:`~capsule_lib.models.routing_classifier.RoutingClassifier`, :func:`capsule_lib.cost.routing_layer`) reads
 what differs from the entry, never from the name. Adding an algorithm: one module in ``routing/`` whose layer has
-``fully_connected`` and ``route``, and one :func:`register_routing` line below.
+``fully_connected``, ``route`` (the protocol's ``_routed`` and ``_coupled`` behind it), and one
+:func:`register_routing` line below.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from typing import Literal
 import torch
 from torch import nn
 
+from .._checks import check_choice
 from ..functional import squash_efficient, squash_hinton
+from ..types import COUPLINGS
 from .dynamic import DynamicRouting
 from .em import EMRouting
 from .heinsen_2019 import GenerativeMatrixRouting
@@ -76,13 +79,18 @@ class RoutingKind:
             return None
         return torch.sigmoid(logits) if self.activations == "probabilities" else logits
 
-    def build(self, n_inp: int, n_out: int, d: int, iterations: int | None = None) -> nn.Module:
+    def build(
+        self, n_inp: int, n_out: int, d: int, iterations: int | None = None, couplings: str = "routed"
+    ) -> nn.Module:
         """A fully connected layer from ``n_inp`` to ``n_out`` capsules of size ``d`` (see :func:`build_routing`)."""
         if self.iterations is None and iterations is not None:
             raise ValueError(f"{self.name} routing has no iterations (pass iterations=None)")
         if self.square and math.isqrt(d) ** 2 != d:
             raise ValueError(f"{self.name} routes matrix capsules: d must be a square (4 x 4 = 16), got {d}")
-        return self.layer.fully_connected(n_inp, n_out, d, self.iterations if iterations is None else iterations)
+        check_choice(couplings, COUPLINGS, "couplings")
+        layer = self.layer.fully_connected(n_inp, n_out, d, self.iterations if iterations is None else iterations)
+        layer.couplings = couplings
+        return layer
 
 
 #: every routing algorithm of the library, by name (:func:`register_routing` adds one)
@@ -104,10 +112,12 @@ def register_routing(kind: RoutingKind) -> RoutingKind:
     """
     if kind.name in ROUTING_KINDS:
         raise ValueError(f"routing kind {kind.name!r} is already registered")
-    missing = [m for m in ("fully_connected", "route") if not callable(getattr(kind.layer, m, None))]
+    missing = [m for m in ("fully_connected", "route", "_coupled") if not callable(getattr(kind.layer, m, None))]
     if missing:
-        raise ValueError(f"{kind.layer.__name__} lacks the routing protocol's {' and '.join(missing)}")
+        names = ", ".join(missing[:-1]) + (" and " if len(missing) > 1 else "") + missing[-1]
+        raise ValueError(f"{kind.layer.__name__} lacks the routing protocol's {names}")
     ROUTING_KINDS[kind.name] = kind
+    kind.layer.algorithm = kind.name  # the name of its fixed-coupling traces (the protocol's ``route``)
     return kind
 
 
@@ -138,7 +148,9 @@ class _DefaultIterations(Mapping):
 DEFAULT_ITERATIONS: Mapping[str, int | None] = _DefaultIterations()
 
 
-def build_routing(kind: str, n_inp: int, n_out: int, d: int, iterations: int | None = None) -> nn.Module:
+def build_routing(
+    kind: str, n_inp: int, n_out: int, d: int, iterations: int | None = None, couplings: str = "routed"
+) -> nn.Module:
     """A fully connected routing layer of ``kind`` from ``n_inp`` to ``n_out`` capsules of size ``d``.
 
     Parameters
@@ -152,13 +164,16 @@ def build_routing(kind: str, n_inp: int, n_out: int, d: int, iterations: int | N
     iterations : int or None, optional
         Routing iterations; ``None`` (default): the kind's :data:`DEFAULT_ITERATIONS`. A kind that does not iterate
         refuses a number.
+    couplings : str, optional
+        The layer's couplings (:data:`~capsule_lib.types.COUPLINGS`): ``"routed"`` (default, the algorithm's),
+        ``"uniform"`` or ``"random"`` (Paik et al.'s baselines: fixed couplings, one pass; ``iterations`` unused).
 
     Returns
     -------
     torch.nn.Module
         The kind's layer (``ROUTING_KINDS[kind].layer``), called through its ``route``.
     """
-    return routing_kind(kind).build(n_inp, n_out, d, iterations)
+    return routing_kind(kind).build(n_inp, n_out, d, iterations, couplings)
 
 
 def routing_kind(name: str) -> RoutingKind:

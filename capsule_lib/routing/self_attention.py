@@ -337,6 +337,14 @@ class SelfAttentionRouting(RoutingProtocol, nn.Module):
         v, trace = split_trace(self(poses, return_routing=return_routing), return_routing)
         return Routed(v, capsule_lengths(v), trace)  # [B, n_out, d_out], [B, n_out]
 
+    def _coupled(self, poses, activations, R) -> Routed:
+        """The protocol's fixed couplings ``R [B, n_inp, n_out]`` in place of the softmax; the log prior is kept."""
+        refuse_activations(activations, self)
+        u = self.votes(poses)  # [B, i, j, e]
+        s = torch.einsum("bij,bije->bje", R.to(u.dtype) + self.prior().to(u.dtype), u)  # [B, j, e]
+        v = squash_efficient(s, eps=self.eps)  # [B, j, e]
+        return Routed(v, capsule_lengths(v), None)
+
     def extra_repr(self) -> str:
         return fields_repr(self, "n_inp", "n_out", "d_inp", "d_out", "eps", "init")
 
