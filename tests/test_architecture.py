@@ -37,6 +37,7 @@ LAYERS = [
     "evaluation",
     "attacks",
     "robustness",
+    "critique",  # what routing does to a trained network, measured (the critics' questions)
     "cost",
     "distributed",
     "train.runtime",

@@ -1,0 +1,206 @@
+"""What routing does to a trained network, measured: the critics' questions (the chapter "Do capsules need
+routing?").
+
+Paik, Kwak & Kim (2019) report that routing mostly polarises the couplings without changing the prediction;
+Mitterreiter, Koch, Giesen & Laue (2023) that the couplings stay close to uniform and barely depend on the image (no
+dynamic parse tree) and that few parent capsules are used. Two measurements, on any classifier whose ``forward``
+takes ``iterations=`` and ``return_routing=`` (:class:`~capsule_lib.models.routing_classifier.RoutingClassifier`):
+
+* :func:`coupling_stats`: how concentrated each child's couplings are (normalised entropy, largest share), how much
+  they vary from image to image (coefficient of variation over the images), and how many parents are alive;
+* :func:`routing_changes`: the same network routed for ``T = 1, 2, ...`` iterations at test time: how often the
+  prediction changes with ``T``, and the couplings' statistics per ``T`` (polarisation).
+
+Both read the couplings ``[N, n_inp, n_out]`` of the last routing iteration from the trace
+(:attr:`~capsule_lib.types.RoutingTrace.coefficients`, summing to 1 over the parents).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ._checks import check_iterations, float_images, module_device
+
+__all__ = ["CouplingStats", "coupling_stats", "RoutingChanges", "routing_changes"]
+
+
+@dataclass(frozen=True)
+class CouplingStats:
+    """What a set of couplings says about the parse tree (see :func:`coupling_stats`).
+
+    Attributes
+    ----------
+    entropy : float
+        Mean over images and children of the entropy of a child's couplings over the parents, divided by
+        ``log(n_out)``: 1 = uniform (the child commits to no parent), 0 = all to one parent.
+    max_share : float
+        Mean over images and children of a child's largest coupling, in ``[1 / n_out, 1]``.
+    variation : float
+        How much the couplings depend on the image: the standard deviation over the images of each ``c_ij``,
+        averaged over the pairs and divided by the mean coupling ``1 / n_out`` (0: the same couplings for every
+        image, a static routing).
+    alive : float or None
+        The fraction of parents whose activity exceeds ``threshold`` in at least ``min_share`` of the images;
+        ``None`` when no activities were given.
+    """
+
+    entropy: float
+    max_share: float
+    variation: float
+    alive: float | None = None
+
+
+def coupling_stats(
+    couplings: torch.Tensor,
+    activity: torch.Tensor | None = None,
+    threshold: float = 0.5,
+    min_share: float = 0.01,
+) -> CouplingStats:
+    """Statistics of couplings ``[N, n_inp, n_out]`` (summing to 1 over the parents) and, optionally, parent
+    activities ``[N, n_out]``.
+
+    Parameters
+    ----------
+    couplings : torch.Tensor
+        ``[N, n_inp, n_out]``, one routing's couplings per image (``N >= 2`` for ``variation``).
+    activity : torch.Tensor or None, optional
+        ``[N, n_out]``, each parent's activity on the scale ``threshold`` is given in (capsule lengths,
+        probabilities); ``None`` (default): ``alive`` is ``None``.
+    threshold : float, optional
+        The activity above which a parent counts as active on an image (default 0.5).
+    min_share : float, optional
+        The share of images on which a parent must be active to count as alive (default 0.01).
+
+    Returns
+    -------
+    CouplingStats
+        ``entropy``, ``max_share``, ``variation`` and ``alive``.
+    """
+    if couplings.dim() != 3 or couplings.shape[0] < 2 or couplings.shape[2] < 2:
+        raise ValueError(f"couplings must be [N >= 2, n_inp, n_out >= 2], got {tuple(couplings.shape)}")
+    c = couplings.detach().double()  # [N, i, j]
+    J = c.shape[2]
+    if not torch.allclose(c.sum(-1), torch.ones_like(c[..., 0]), atol=1e-4):
+        raise ValueError("couplings must sum to 1 over the parents (the last axis)")
+    ent = -(c * c.clamp_min(1e-30).log()).sum(-1) / math.log(J)  # [N, i] normalised entropy
+    alive = None
+    if activity is not None:
+        if activity.shape != (c.shape[0], J):
+            raise ValueError(f"activity must be [N={c.shape[0]}, n_out={J}], got {tuple(activity.shape)}")
+        alive = ((activity.detach() > threshold).double().mean(0) >= min_share).double().mean().item()
+    return CouplingStats(
+        entropy=ent.mean().item(),
+        max_share=c.amax(-1).mean().item(),
+        variation=(c.std(0).mean() * J).item(),
+        alive=alive,
+    )
+
+
+@dataclass(frozen=True)
+class RoutingChanges:
+    """A trained network routed for each of ``iterations`` at test time (see :func:`routing_changes`).
+
+    Attributes
+    ----------
+    iterations : tuple of int
+        The numbers of routing iterations ``T`` tried.
+    default : int
+        The network's own ``T`` (what it was trained with).
+    predictions : torch.Tensor
+        ``[len(iterations), N]``, the predicted class for each ``T``.
+    changed_from_first : tuple of float
+        Per ``T``: the fraction of images whose prediction differs from ``T = 1``'s (the uniform couplings' pass).
+    changed_from_default : tuple of float
+        Per ``T``: the fraction whose prediction differs from the network's own ``T``'s.
+    accuracy : tuple of float or None
+        Per ``T``: the accuracy, when labels were given.
+    stats : tuple of CouplingStats
+        Per ``T``: :func:`coupling_stats` of the last iteration's couplings (with the class scores as activity when
+        they are lengths or probabilities).
+    """
+
+    iterations: tuple[int, ...]
+    default: int
+    predictions: torch.Tensor
+    changed_from_first: tuple[float, ...]
+    changed_from_default: tuple[float, ...]
+    accuracy: tuple[float, ...] | None
+    stats: tuple[CouplingStats, ...]
+
+
+@torch.no_grad()
+def routing_changes(
+    model: nn.Module,
+    images: torch.Tensor,
+    labels: torch.Tensor | None = None,
+    iterations: Sequence[int] = tuple(range(1, 11)),
+    batch_size: int = 250,
+) -> RoutingChanges:
+    """Route ``images`` through ``model`` with each number of iterations in ``iterations`` (eval mode; the model is
+    given back in its mode).
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        A classifier whose ``forward(x, return_routing=True, iterations=T)`` returns a
+        :class:`~capsule_lib.types.CapsuleOutput` with a trace, and whose ``routing_iterations`` (the config's) is
+        its own ``T`` (:class:`~capsule_lib.models.routing_classifier.RoutingClassifier` with an iterative routing).
+    images : torch.Tensor
+        ``[N, C, H, W]``, ``uint8`` or floats in [0, 1], ``N >= 2``.
+    labels : torch.Tensor or None, optional
+        ``[N]`` class indices, for the accuracy per ``T`` (default ``None``).
+    iterations : Sequence[int], optional
+        The ``T`` to try, each >= 1 and including 1 (default 1..10).
+    batch_size : int, optional
+        Images per forward pass (default 250).
+
+    Returns
+    -------
+    RoutingChanges
+    """
+    config = getattr(model, "config", None)
+    default = getattr(config, "routing_iterations", None)
+    if default is None:
+        raise ValueError(f"{type(model).__name__} has no routing iterations to sweep (an iterative routing's model)")
+    if getattr(config, "couplings", "routed") != "routed":
+        raise ValueError(f"{type(model).__name__} routes with fixed couplings ({config.couplings}): nothing to sweep")
+    its = tuple(check_iterations(t) for t in iterations)
+    if 1 not in its:
+        raise ValueError(f"iterations must include 1 (the uniform pass), got {its}")
+    if images.shape[0] < 2:
+        raise ValueError(f"need at least 2 images, got {images.shape[0]}")
+    was_training, device = model.training, module_device(model)
+    model.eval()
+    try:
+        preds, stats = [], []
+        for T in sorted(set(its) | {default}):
+            p, c, act = [], [], []
+            for k in range(0, images.shape[0], batch_size):
+                x = float_images(images[k : k + batch_size]).to(device)
+                out = model(x, return_routing=True, iterations=T)
+                p.append(out.scores.argmax(-1).cpu())
+                c.append(out.trace.coefficients[-1].reshape(x.shape[0], -1, out.scores.shape[-1]).cpu())
+                act.append(out.scores.cpu())
+            scores = torch.cat(act)
+            active = scores if out.kind in ("lengths", "activations") else None
+            preds.append((T, torch.cat(p)))
+            stats.append((T, coupling_stats(torch.cat(c), active)))
+    finally:
+        model.train(was_training)
+    by_t, st = dict(preds), dict(stats)
+    first, own = by_t[1], by_t[default]
+    P = torch.stack([by_t[T] for T in its])  # [len(its), N]
+    return RoutingChanges(
+        iterations=its,
+        default=default,
+        predictions=P,
+        changed_from_first=tuple((P[k] != first).double().mean().item() for k in range(len(its))),
+        changed_from_default=tuple((P[k] != own).double().mean().item() for k in range(len(its))),
+        accuracy=None if labels is None else tuple((P[k] == labels).double().mean().item() for k in range(len(its))),
+        stats=tuple(st[T] for T in its),
+    )
