@@ -52,6 +52,26 @@ def one_thread():
     torch.set_num_threads(n)
 
 
+@pytest.fixture
+def adam_steps():
+    """``steps(model, x, y, n=15) -> losses``: ``n`` Adam steps (lr 3e-3) of the model's paper loss
+    (:class:`~capsule_lib.losses.ScoreObjective`) on one batch, for the tests that a model trains at all."""
+    from capsule_lib.losses import ScoreObjective
+
+    def steps(model, x, y, n=15):
+        objective, opt = ScoreObjective(), torch.optim.Adam(model.parameters(), lr=3e-3)
+        losses = []
+        for _ in range(n):
+            step = objective(model, (x, y), True)
+            opt.zero_grad()
+            step.loss.backward()
+            opt.step()
+            losses.append(step.loss.item())
+        return losses
+
+    return steps
+
+
 @pytest.fixture(scope="module")
 def tiny_capsnet():
     """The viz tests' CapsNet (eval mode, seed 0): 2 primary capsule types on a 6x6 grid (28 -> 20 -> 6),

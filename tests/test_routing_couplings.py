@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from capsule_lib.losses import ScoreObjective
 from capsule_lib.models.routing_classifier import RoutingClassifier, RoutingClassifierConfig
 from capsule_lib.routing import fixed_couplings
 from capsule_lib.routing.kinds import ROUTING_KINDS, build_routing
@@ -140,7 +139,7 @@ def test_bad_couplings_are_refused_in_one_line():
 
 
 @pytest.mark.parametrize("mode", ["uniform", "random"])
-def test_the_comparison_network_trains_with_fixed_couplings(mode):
+def test_the_comparison_network_trains_with_fixed_couplings(mode, adam_steps):
     """Paik et al.'s protocol: the same network with its routing's couplings fixed (a few Adam steps on a tiny
     batch: the loss falls and the routing layer's weights move)."""
     torch.manual_seed(0)
@@ -149,14 +148,7 @@ def test_the_comparison_network_trains_with_fixed_couplings(mode):
     assert model.routing.couplings == mode
     x, y = torch.rand(8, 1, 28, 28), torch.arange(8) % 10
     before = model.routing.weight.detach().clone()
-    objective, opt = ScoreObjective(), torch.optim.Adam(model.parameters(), lr=3e-3)
-    losses = []
-    for _ in range(15):
-        step = objective(model, (x, y), True)
-        opt.zero_grad()
-        step.loss.backward()
-        opt.step()
-        losses.append(step.loss.item())
+    losses = adam_steps(model, x, y)
     assert losses[-1] < 0.7 * losses[0], losses
     assert not torch.equal(before, model.routing.weight)
     with pytest.raises(ValueError, match="route in one pass"):

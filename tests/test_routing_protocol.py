@@ -8,7 +8,6 @@ import torch
 from torch import nn
 
 from capsule_lib.functional import capsule_lengths, squash_hinton
-from capsule_lib.losses import ScoreObjective
 from capsule_lib.models import RoutingClassifier, RoutingClassifierConfig
 from capsule_lib.routing._common import RoutingProtocol
 from capsule_lib.routing.kinds import DEFAULT_ITERATIONS, ROUTING_KINDS, RoutingKind, build_routing, register_routing
@@ -159,7 +158,7 @@ def uniform_kind():
     del ROUTING_KINDS["uniform"]
 
 
-def test_a_new_routing_is_one_class_and_one_registry_line(uniform_kind):
+def test_a_new_routing_is_one_class_and_one_registry_line(uniform_kind, adam_steps):
     """The toy above, registered with one line (the fixture), trains through the comparison network, which no line
     of this test or of the library had to change for it."""
     assert ROUTING_KINDS["uniform"] is uniform_kind and DEFAULT_ITERATIONS["uniform"] is None
@@ -170,14 +169,7 @@ def test_a_new_routing_is_one_class_and_one_registry_line(uniform_kind):
     out = model(x, return_routing=True)
     assert out.kind == "lengths" and out.scores.shape == (8, 10) and out.trace.algorithm == "uniform"
     torch.testing.assert_close(out.trace.coefficients[0].sum(-1), torch.ones(8, 144))
-    objective, opt = ScoreObjective(), torch.optim.Adam(model.parameters(), lr=3e-3)
     before = [p.detach().clone() for p in model.parameters()]
-    losses = []
-    for _ in range(15):
-        step = objective(model, (x, y), True)
-        opt.zero_grad()
-        step.loss.backward()
-        opt.step()
-        losses.append(step.loss.item())
+    losses = adam_steps(model, x, y)
     assert losses[-1] < 0.7 * losses[0], losses
     assert all(not torch.equal(p, q) for p, q in zip(before, model.parameters()))
