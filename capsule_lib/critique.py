@@ -20,13 +20,26 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
 from ._checks import check_iterations, float_images, module_device
+from .routing.kinds import ROUTING_KINDS
 
-__all__ = ["CouplingStats", "coupling_stats", "RoutingChanges", "routing_changes"]
+__all__ = [
+    "CouplingStats",
+    "coupling_stats",
+    "alive_share",
+    "RoutingChanges",
+    "routing_changes",
+    "ImageRouting",
+    "image_routing",
+    "gradient_by_layer",
+    "LayerRouting",
+    "routing_by_layer",
+]
 
 
 @dataclass(frozen=True)
@@ -92,7 +105,7 @@ def coupling_stats(
     if activity is not None:
         if activity.shape != (c.shape[0], J):
             raise ValueError(f"activity must be [N={c.shape[0]}, n_out={J}], got {tuple(activity.shape)}")
-        alive = ((activity.detach() > threshold).double().mean(0) >= min_share).double().mean().item()
+        alive = alive_share(activity, threshold, min_share)
     return CouplingStats(
         entropy=ent.mean().item(),
         max_share=c.amax(-1).mean().item(),
@@ -204,3 +217,179 @@ def routing_changes(
         accuracy=None if labels is None else tuple((P[k] == labels).double().mean().item() for k in range(len(its))),
         stats=tuple(st[T] for T in its),
     )
+
+
+def alive_share(activity: torch.Tensor, threshold: float = 0.5, min_share: float = 0.01) -> float:
+    """The fraction of parents ``activity [N, P]`` (on a [0, 1] scale) calls alive: active (``> threshold``) on at
+    least ``min_share`` of the ``N`` images. A parent never active is a starved ("dead") capsule."""
+    if activity.dim() != 2 or activity.shape[0] < 1:
+        raise ValueError(f"activity must be [N >= 1, n_parents], got {tuple(activity.shape)}")
+    return ((activity.detach() > threshold).double().mean(0) >= min_share).double().mean().item()
+
+
+@dataclass(frozen=True)
+class LayerRouting:
+    """One routing layer of a network at one number of iterations (see :func:`routing_by_layer`).
+
+    Attributes
+    ----------
+    layer : str
+        The layer's name in the network's traces (e.g. ``"conv_caps1"``, or its index).
+    depth : int
+        Its position among the network's routing layers, 1 = nearest the image.
+    iterations : int
+        The routing iterations it ran for.
+    n_out : int
+        The parents each child chooses among (per position for convolutional capsules).
+    stats : CouplingStats
+        :func:`coupling_stats` of the last iteration's couplings, ``alive`` over every parent (types x positions).
+    """
+
+    layer: str
+    depth: int
+    iterations: int
+    n_out: int
+    stats: CouplingStats
+
+
+@torch.no_grad()
+def routing_by_layer(
+    model: nn.Module,
+    images: torch.Tensor,
+    iterations: Sequence[int] = (1, 2, 3),
+    threshold: float = 0.5,
+    batch_size: int = 100,
+) -> list[LayerRouting]:
+    """Every routing layer of a multi-layer capsule network, routed for each of ``iterations``: how concentrated and
+    how image-dependent its couplings are and how many of its parents are ever active (Mitterreiter et al. 2023's
+    questions: is there a parse tree, and do capsules starve as the network gets deeper?).
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        A network whose ``forward(x, return_routing=True, iterations=T)`` puts one
+        :class:`~capsule_lib.types.RoutingTrace` per routing layer in ``extra["traces"]`` (a dict by layer name or a
+        list, image side first), each with couplings ``[B, ..., n_inp, n_out]`` and output activations
+        (:class:`~capsule_lib.models.EMCapsNet`, :class:`~capsule_lib.models.SmallNORBClassifier`).
+    images : torch.Tensor
+        ``[N, C, H, W]``, ``uint8`` or floats in [0, 1], ``N >= 2``.
+    iterations : Sequence[int], optional
+        The ``T`` to route with (default 1, 2, 3).
+    threshold : float, optional
+        Activity (probability scale) above which a parent counts as active on an image (default 0.5).
+    batch_size : int, optional
+        Images per forward pass (default 100).
+
+    Returns
+    -------
+    list of LayerRouting
+        One per layer and ``T``, by ``T`` then depth.
+    """
+    its = tuple(check_iterations(t) for t in iterations)
+    if images.shape[0] < 2:
+        raise ValueError(f"need at least 2 images, got {images.shape[0]}")
+    was_training, device = model.training, module_device(model)
+    model.eval()
+    out = []
+    try:
+        for T in its:
+            coef: dict[str, list] = {}
+            act: dict[str, list] = {}
+            for k in range(0, images.shape[0], batch_size):
+                x = float_images(images[k : k + batch_size]).to(device)
+                traces = (model(x, return_routing=True, iterations=T).extra or {}).get("traces")
+                if not traces:
+                    raise ValueError(f"{type(model).__name__} gives no per-layer traces in extra['traces']")
+                named = (
+                    traces.items()
+                    if isinstance(traces, dict)
+                    else ((f"layer {i + 1}", t) for i, t in enumerate(traces))
+                )
+                for name, tr in named:
+                    c, a = tr.coefficients[-1], tr.activations[-1]
+                    a = torch.sigmoid(a) if ROUTING_KINDS[tr.algorithm].scores == "logits" else a  # logits: p
+                    coef.setdefault(str(name), []).append(c.reshape(x.shape[0], -1, c.shape[-1]).cpu())
+                    act.setdefault(str(name), []).append(a.reshape(x.shape[0], -1).cpu())
+            for depth, name in enumerate(coef, start=1):
+                c = torch.cat(coef[name])  # [N, children (x positions), n_out]
+                st = coupling_stats(c)
+                st = CouplingStats(st.entropy, st.max_share, st.variation, alive_share(torch.cat(act[name]), threshold))
+                out.append(LayerRouting(name, depth, T, c.shape[-1], st))
+    finally:
+        model.train(was_training)
+    return out
+
+
+@dataclass(frozen=True)
+class ImageRouting:
+    """One image routed by one network for each of ``iterations`` (see :func:`image_routing`).
+
+    Attributes
+    ----------
+    iterations : tuple of int
+        The numbers of routing iterations ``T``.
+    scores : torch.Tensor
+        ``[len(iterations), K]``, the class scores for each ``T``, of kind ``score_kind``.
+    score_kind : str
+        ``"lengths"``, ``"activations"`` or ``"logits"``.
+    couplings : torch.Tensor
+        ``[len(iterations), n_inp, K]``, the couplings of the last iteration for each ``T``.
+    entropy : tuple of float
+        Per ``T``: the children's mean normalised coupling entropy (1: uniform).
+    """
+
+    iterations: tuple[int, ...]
+    scores: torch.Tensor
+    score_kind: str
+    couplings: torch.Tensor
+    entropy: tuple[float, ...]
+
+    @property
+    def predictions(self) -> list[int]:
+        """The predicted class for each ``T``."""
+        return self.scores.argmax(-1).tolist()
+
+
+@torch.no_grad()
+def image_routing(
+    model: nn.Module, image: torch.Tensor, iterations: Sequence[int] = tuple(range(1, 11))
+) -> ImageRouting:
+    """Route one ``image [C, H, W]`` through ``model`` (as for :func:`routing_changes`) with each of ``iterations``:
+    the class scores and the couplings per ``T`` (what the chapter's iteration explorer draws)."""
+    its = tuple(check_iterations(t) for t in iterations)
+    was_training, device = model.training, module_device(model)
+    model.eval()
+    try:
+        x = float_images(image.unsqueeze(0)).to(device)  # [1, C, H, W]
+        outs = [model(x, return_routing=True, iterations=T) for T in its]
+    finally:
+        model.train(was_training)
+    K = outs[0].scores.shape[-1]
+    c = torch.stack([o.trace.coefficients[-1].reshape(-1, K).double().cpu() for o in outs])  # [T, n_inp, K]
+    ent = -(c * c.clamp_min(1e-30).log()).sum(-1).mean(-1) / math.log(K)  # [T]
+    return ImageRouting(its, torch.stack([o.scores[0].cpu() for o in outs]), outs[0].kind, c, tuple(ent.tolist()))
+
+
+def gradient_by_layer(
+    model: nn.Module, objective: Any, images: torch.Tensor, labels: torch.Tensor, layers: Sequence[str]
+) -> dict[str, float]:
+    """The root-mean-square gradient of the loss with respect to the weights of each submodule named in ``layers``
+    (``model.get_submodule`` names, image side first), on one batch in training mode: how much learning signal
+    reaches each depth (Mitterreiter et al.'s vanishing gradient). ``objective(model, (x, y), True)`` gives the
+    loss (:class:`~capsule_lib.losses.ScoreObjective`); the model's gradients are cleared afterwards."""
+    was_training, device = model.training, module_device(model)
+    model.train()
+    try:
+        model.zero_grad()
+        x = float_images(images).to(device)
+        objective(model, (x, labels.to(device)), True).loss.backward()
+        out = {}
+        for name in layers:
+            g = [p.grad.detach().flatten() for p in model.get_submodule(name).parameters() if p.grad is not None]
+            if not g:
+                raise ValueError(f"layer {name!r} received no gradient")
+            out[name] = torch.cat(g).double().pow(2).mean().sqrt().item()
+    finally:
+        model.zero_grad()
+        model.train(was_training)
+    return out

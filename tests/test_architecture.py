@@ -37,7 +37,6 @@ LAYERS = [
     "evaluation",
     "attacks",
     "robustness",
-    "critique",  # what routing does to a trained network, measured (the critics' questions)
     "cost",
     "distributed",
     "train.runtime",
@@ -51,6 +50,8 @@ LAYERS = [
     "train",  # train/__init__: re-exports; everything of train/ above sits below pretrained
     "pretrained",  # the readers' door to the shipped checkpoints (re-exports train.shipped), the author's weights
     "comparison",
+    "critique",  # the critics' questions: what routing does to a trained network, measured
+    "routing_critique",  # the critics' chapter on the comparison network: its runs, their records, the verdicts
     "report",
     "published",
     "results",
@@ -523,7 +524,7 @@ def test_shipped_checkpoints_recipes_train_through_the_one_entry_point(name, tmp
     config, recorded = dict(meta["config"]), {**shipped["config"], **smoke}
     # a model field added after the export is recorded now with the default the exported run had implicitly
     later = set(config["model"]) - set(recorded["model"])
-    assert later <= {"couplings"} and all(config["model"][k] == "routed" for k in later), later
+    assert later <= {"couplings", "head"} and all(config["model"][k] in ("routed", "routing") for k in later), later
     config["model"] = {k: v for k, v in config["model"].items() if k not in later}
     assert config == recorded
     assert meta["parameters"] == shipped["parameters"]

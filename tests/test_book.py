@@ -45,6 +45,10 @@ REQUIRED_BIB = [
     "krizhevsky2009learning",
     "lecun2004learning",
     "tieleman2013affnist",
+    "paik2019capsule",
+    "gu2020improving",
+    "byerly2021norouting",
+    "mitterreiter2023why",
     "socher2013recursive",
     "he2016deep",
     "kingma2015adam",
@@ -231,6 +235,7 @@ TRAIN_RUNS = {
     "heinsen_routing": dict(cpu=["heinsen_norb_seed0", "baseline_cnn_norb48_seed0"]),
     "tsai_inverted": dict(cpu=["tsai_cifar10_cpu_seed0", "baseline_backbone_cifar10_cpu_seed0"]),
     "routing_compared": dict(budget="contestants"),
+    "routing_critique": dict(critique=True),
 }
 
 
@@ -246,6 +251,11 @@ def test_parameters_cell_says_what_training_costs(path):
         assert not said and "trains nothing" in src(cell), f"{nb_id(path)}: add it to TRAIN_RUNS"
         return
     kw = dict(TRAIN_RUNS[path.stem])
+    if kw.pop("critique", False):  # its runs are recorded, not shipped: the cost comes from their records
+        from capsule_lib.routing_critique import retrain_cost as critique_cost
+
+        assert said == [f"# TRAIN = True costs {critique_cost()}"], f"{nb_id(path)}: {said}"
+        return
     if kw.get("budget") == "contestants":
         kw["budget"] = [shipped_name(n, d) for d in ("mnist", "norb") for n in CONTESTANTS]
     epochs = int(re.search(r"^EPOCHS: int = (\d+)", src(cell), re.M).group(1))

@@ -108,6 +108,10 @@ EXPLORERS = [
         steps=2,
         readout_pattern=r"^update {value}: -> [\w-]+: p=\d\.\d\d; routing to it: max ",
     ),
+    # the critique chapter's explorer: a trained network routed again at test time with more iterations
+    ExplorerCase(
+        "routing_critique.ipynb", slider="iterations", steps=3, readout_pattern=r"^prediction at T = {value}: \d+;"
+    ),
 ]
 
 RUN_TIMEOUT_S = 600  # running a whole chapter in smoke mode on a busy 2-core machine

@@ -36,10 +36,15 @@ import torch
 from torch import nn
 
 from .._checks import check_choice, check_iterations, check_model_input
+from ..functional import squash
+from ..layers.routing_free import HomogeneousVectorCapsules, SharedTransformCapsules
 from ..routing.kinds import DEFAULT_ITERATIONS, ROUTING_KINDS
 from ..types import COUPLINGS, CapsuleOutput, ImageContract
 
-__all__ = ["RoutingClassifierConfig", "RoutingClassifier"]
+__all__ = ["HEADS", "RoutingClassifierConfig", "RoutingClassifier"]
+
+#: the layers a :class:`RoutingClassifier` can put between its primary and class capsules (``config.head``)
+HEADS: tuple[str, ...] = ("routing", "hvc", "shared_transform")
 
 
 @dataclass
@@ -68,6 +73,13 @@ class RoutingClassifierConfig:
     couplings : str
         ``"routed"`` (default): the routing's own couplings; ``"uniform"`` or ``"random"``: Paik et al.'s fixed
         couplings in one pass (:meth:`~capsule_lib.routing._common.RoutingProtocol.route`; ``iterations`` unused).
+    head : str
+        The layer between the primary and the class capsules: ``"routing"`` (default: ``routing`` with
+        ``couplings``), or one of the critics' routing-free layers (:mod:`capsule_lib.layers.routing_free`; then
+        ``routing`` is not read, and ``iterations`` and ``couplings`` must keep their defaults): ``"hvc"``,
+        homogeneous vector capsules on the unsquashed primaries, their lengths as logits, cross-entropy (Byerly et
+        al. 2021); ``"shared_transform"``, one transform per primary type on the squashed primaries, couplings
+        ``1 / n_out``, squash, lengths, margin loss (Gu & Tresp 2020's AffCapsNets).
     """
 
     routing: str = "dynamic"
@@ -79,6 +91,7 @@ class RoutingClassifierConfig:
     primary_types: int = 16
     caps_dim: int = 16
     couplings: str = "routed"
+    head: str = "routing"
 
     def __post_init__(self) -> None:
         self.stem_channels = tuple(self.stem_channels)  # a config read back from JSON holds lists
@@ -88,6 +101,9 @@ class RoutingClassifierConfig:
         if DEFAULT_ITERATIONS[self.routing] is None and self.iterations is not None:
             raise ValueError(f"{self.routing} routing has no iterations (leave iterations=None)")
         check_choice(self.couplings, COUPLINGS, "couplings")
+        check_choice(self.head, HEADS, "head")
+        if self.head != "routing" and (self.iterations is not None or self.couplings != "routed"):
+            raise ValueError(f"head {self.head!r} routes nothing: leave iterations=None and couplings='routed'")
         if int(self.caps_dim**0.5) ** 2 != self.caps_dim:
             raise ValueError(f"caps_dim must be a square (EM and inverted routing use matrices), got {self.caps_dim}")
 
@@ -105,6 +121,8 @@ class RoutingClassifierConfig:
 
     @property
     def routing_iterations(self) -> int | None:
+        if self.head != "routing":
+            return None
         return DEFAULT_ITERATIONS[self.routing] if self.iterations is None else self.iterations
 
     def with_routing(self, routing: str, **overrides) -> RoutingClassifierConfig:
@@ -155,9 +173,14 @@ class RoutingClassifier(nn.Module):
         )
         self.primary = nn.Conv2d(c2, T * (d + 1), 3, stride=2, padding=1)  # d pose values + 1 activation per type
         self.kind = ROUTING_KINDS[cfg.routing]
-        self.routing = self.kind.build(N, K, d, cfg.iterations, cfg.couplings)
+        self.head = None  # a routing-free layer (config.head), else None
+        if cfg.head == "hvc":
+            self.head = HomogeneousVectorCapsules(N, K, d)
+        elif cfg.head == "shared_transform":
+            self.head = SharedTransformCapsules(T, cfg.grid**2, K, d, d)
+        self.routing = self.kind.build(N, K, d, cfg.iterations, cfg.couplings) if self.head is None else None
         # a routing whose outputs have no activations (heinsen_2022, inverted): one linear readout shared by the classes
-        self.readout = nn.Linear(d, 1) if self.kind.scores is None else None
+        self.readout = nn.Linear(d, 1) if self.kind.scores is None and self.head is None else None
 
     @property
     def input_contract(self) -> ImageContract:
@@ -216,9 +239,21 @@ class RoutingClassifier(nn.Module):
         kind = self.kind
         T = None if iterations is None else check_iterations(iterations)
         poses, logits = self.primary_capsules(x)  # [B, N, d], [B, N]
+        if self.head is not None:
+            return self._routing_free(poses, return_routing, iterations, couplings)
         u = poses if kind.squash is None else kind.squash(poses)  # [B, N, d]
         a = kind.input_activations(logits)  # [B, N] or None
         r = self.routing.route(u, a, iterations=T, return_routing=return_routing, couplings=couplings)
         if self.readout is None:
             return CapsuleOutput(r.activations, kind.scores, r.poses, trace=r.trace)  # [B, K], [B, K, d]
         return CapsuleOutput(self.readout(r.poses).squeeze(-1), "logits", r.poses, trace=r.trace)  # [B, K]
+
+    def _routing_free(self, poses: torch.Tensor, return_routing: bool, iterations, couplings) -> CapsuleOutput:
+        """The routing-free heads: primaries ``[B, N, d]`` -> class capsules ``[B, K, d]`` and their scores."""
+        if return_routing or iterations is not None or couplings not in (None, "routed"):
+            raise ValueError(f"head {self.config.head!r} has no routing: no trace, iterations or couplings to set")
+        if self.config.head == "hvc":
+            v = self.head(poses)  # [B, K, d] on the unsquashed primaries
+            return CapsuleOutput(self.head.scores(v), "logits", v)  # lengths read as logits (the authors')
+        v = self.head(squash(poses, "hinton"))  # [B, K, d], as dynamic routing's primaries
+        return CapsuleOutput(self.head.scores(v), "lengths", v)

@@ -22,9 +22,11 @@ from ..analysis import (
     grid_geometry,
     pose_projection,
 )
+from ..critique import image_routing
 from ..functional import capsule_lengths
 from ..types import RoutingTrace
 from .capsules import perturb_poses, plot_perturbation, plot_routing_step
+from .critique import plot_image_routing
 from .em import EM_LAMBDA_SCALES, em_readout, plot_em_state
 from .heinsen import credit_readout, plot_class_credits, plot_viewpoint_state
 from .inverted import attention_readout, plot_attention_maps
@@ -38,6 +40,7 @@ __all__ = [
     "pose_trajectory_explorer",
     "class_credit_explorer",
     "attention_explorer",
+    "iteration_explorer",
 ]
 
 
@@ -310,3 +313,47 @@ def attention_explorer(
         return f"update {iteration}: " + attention_readout(maps[iteration - 1], probs[iteration - 1], classes, k)
 
     return explorer(controls, draw, readout)
+
+
+def iteration_explorer(
+    models: dict[str, torch.nn.Module],
+    images: torch.Tensor,
+    max_iterations: int = 10,
+    grid: tuple[int, int, int] = (16, 6, 6),
+    classes: Sequence[str] | None = None,
+) -> Explorer:
+    """The chapter "Do capsules need routing?"'s explorer: pick a network (``"network"``), an image (``"image"``)
+    and the routing iterations used at test time (``"iterations"``, 1 to ``max_iterations``); each network and image
+    is routed once for every ``T`` (:func:`~capsule_lib.critique.image_routing`, cached).
+
+    Static twins: :func:`~capsule_lib.viz.critique.plot_image_routing` (one ``T``) and
+    :func:`~capsule_lib.viz.critique.plot_image_iterations` (all of them)."""
+    its = tuple(range(1, max_iterations + 1))
+
+    @functools.lru_cache(maxsize=64)
+    def routed(network: str, image: int):
+        return image_routing(models[network], images[image], its)
+
+    controls = {
+        "network": W.Dropdown(options=list(models), description="network"),
+        "image": W.IntSlider(value=0, min=0, max=images.shape[0] - 1, description="image", continuous_update=False),
+        "iterations": W.IntSlider(
+            value=1, min=1, max=max_iterations, description="iterations", continuous_update=False
+        ),
+    }
+
+    def readout(network: str, image: int, iterations: int) -> str:
+        r = routed(network, image)
+        changed = sum(p != r.predictions[0] for p in r.predictions)
+        return (
+            f"prediction at T = {iterations}: {r.predictions[iterations - 1]}; it differs from T = 1's at "
+            f"{changed} of {len(its)} values of T"
+        )
+
+    return explorer(
+        controls,
+        lambda network, image, iterations: plot_image_routing(
+            images[image], routed(network, image), iterations - 1, grid=grid, classes=classes
+        ),
+        readout,
+    )

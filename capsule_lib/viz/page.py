@@ -32,8 +32,10 @@ from ..analysis import (
     grid_geometry,
     pose_projection,
 )
+from ..critique import ImageRouting
 from ..types import RoutingTrace
 from .capsules import perturb_poses, plot_routing_step
+from .critique import plot_image_routing
 from .data import to_display
 from .em import EM_LAMBDA_SCALES, plot_em_state
 from .heinsen import plot_viewpoint_state
@@ -52,6 +54,7 @@ __all__ = [
     "pose_page_explorer",
     "attention_page_explorer",
     "adversarial_page_explorer",
+    "iteration_page_explorer",
 ]
 
 #: the CSS class of every page-mode explorer (the page checks of the book build look for it)
@@ -370,4 +373,38 @@ def adversarial_page_explorer(
         frame_title="each model's adversarial copy and its prediction (red: wrong)",
         caption=f"{len(attacks)} x {len(eps)} figures computed when this page was built; the sliders choose one in "
         "your browser (no kernel needed).",
+    )
+
+
+def iteration_page_explorer(
+    image: torch.Tensor,
+    routings: dict[str, ImageRouting],
+    grid: tuple[int, int, int] = (16, 6, 6),
+    classes: Sequence[str] | None = None,
+    dpi: int = 80,
+) -> W.VBox:
+    """The test-time iteration explorer of the chapter "Do capsules need routing?" in page mode: for one ``image``,
+    each network of ``routings`` (label -> :func:`~capsule_lib.critique.image_routing` of the image) at each of its
+    iterations, drawn by :func:`~capsule_lib.viz.critique.plot_image_routing` and chosen by two sliders in the
+    browser (every network must have been routed with the same iterations)."""
+    its = {r.iterations for r in routings.values()}
+    if len(its) != 1:
+        raise ValueError(f"every network must be routed with the same iterations, got {sorted(its)}")
+    (T,) = its
+    labels = list(routings)
+    frames = [
+        [
+            figure_png(plot_image_routing(image, routings[name], k, grid=grid, classes=classes), dpi)
+            for k in range(len(T))
+        ]
+        for name in labels
+    ]
+    return page_explorer(
+        frames,
+        rows=("network", labels),
+        cols=("iterations", [str(t) for t in T]),
+        initial=(0, 0),
+        caption=f"{len(labels)} x {len(T)} figures computed when this page was built; the sliders choose one in your "
+        "browser (no kernel needed).",
+        frame_title="routing at test time",
     )

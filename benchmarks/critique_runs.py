@@ -1,0 +1,74 @@
+"""Train the runs of the chapter "Do capsules need routing?" (:func:`capsule_lib.routing_critique.critique_runs`)
+and record what each reached: ``runs/critique/<name>/result.json`` per run, then (``--collect``) one
+``capsule_lib/checkpoints/critique_runs.json`` (shipped with the checkpoints) that the chapter reads.
+
+Several workers can share the queue (each claims a run by creating ``<name>.claim``); a run whose ``result.json``
+exists is skipped. Every run: one torch thread, the protocol of :data:`capsule_lib.routing_critique.CRITIQUE_BUDGET`,
+trained and evaluated by :func:`capsule_lib.routing_critique.train_run` (what the chapter calls with ``TRAIN`` on).
+
+    python benchmarks/critique_runs.py --data-root $CAPSULE_DATA          # one worker (start two on two cores)
+    python benchmarks/critique_runs.py --collect
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from capsule_lib.cost import machine_info
+from capsule_lib.routing_critique import CRITIQUE_RECORDS, critique_runs, train_run
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = CRITIQUE_RECORDS  # capsule_lib/checkpoints/critique_runs.json: shipped with the checkpoints
+
+
+def worker(data_root: str | None, only: str | None) -> None:
+    torch.set_num_threads(1)
+    base = ROOT / "runs" / "critique"
+    base.mkdir(parents=True, exist_ok=True)
+    runs = sorted(critique_runs(), key=lambda r: (r.seed, r.dataset != "mnist"))  # a whole seed first
+    for run in runs:
+        if only and only not in run.name:
+            continue
+        out = base / run.name
+        if (out / "result.json").exists():
+            continue
+        try:
+            os.mkdir(base / f"{run.name}.claim")
+        except FileExistsError:
+            continue
+        rec = train_run(run, data_root, out_dir=out)
+        (out / "result.json").write_text(json.dumps(rec, indent=1))
+        print(
+            f"{run.name}: test {rec.get('test_acc', rec.get('test_novel_acc')):.4f} in {rec['total_seconds']:.0f} s",
+            flush=True,
+        )
+
+
+def collect() -> None:
+    base = ROOT / "runs" / "critique"
+    rows = [json.loads(p.read_text()) for p in sorted(base.glob("*/result.json"))]
+    planned = {r.name for r in critique_runs()}
+    rows = [r for r in rows if r["name"] in planned]
+    machine = machine_info("cpu")
+    out = {
+        "machine": machine,
+        "protocol": "capsule_lib.critique.CRITIQUE_BUDGET",
+        "rows": rows,
+        "missing": sorted(planned - {r["name"] for r in rows}),
+    }
+    RESULTS.write_text(json.dumps(out, indent=1))
+    print(f"{len(rows)} runs -> {RESULTS.relative_to(ROOT)}; missing {len(out['missing'])}")
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data-root", default=os.environ.get("CAPSULE_DATA"))
+    ap.add_argument("--only", help="train only the runs whose name contains this")
+    ap.add_argument("--collect", action="store_true", help="write capsule_lib/checkpoints/critique_runs.json")
+    a = ap.parse_args()
+    collect() if a.collect else worker(a.data_root, a.only)

@@ -1,0 +1,281 @@
+"""The chapter "Do capsules need routing?" on the library side: the routing-free heads of the comparison network,
+the runs' protocol, the parse-tree measurements of multi-layer networks and the two-standard-error reading of the
+runs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from capsule_lib.critique import (
+    CouplingStats,
+    LayerRouting,
+    RoutingChanges,
+    alive_share,
+    routing_by_layer,
+)
+from capsule_lib.layers.routing_free import SharedTransformCapsules
+from capsule_lib.models import EMCapsNet, EMCapsNetConfig, SmallNORBClassifier, SmallNORBConfig
+from capsule_lib.models.routing_classifier import RoutingClassifier, RoutingClassifierConfig
+from capsule_lib.routing.kinds import ROUTING_KINDS
+from capsule_lib.routing_critique import (
+    CRITIQUE_BUDGET,
+    CritiqueRun,
+    Measured,
+    config_key,
+    coupling_rows,
+    critique_runs,
+    measured,
+    summarise,
+    train_run,
+    versus,
+)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _net(**kw) -> RoutingClassifier:
+    torch.manual_seed(0)
+    return RoutingClassifier(RoutingClassifierConfig(stem_channels=(8, 16), primary_types=4, **kw))
+
+
+@pytest.mark.parametrize("head, kind", [("hvc", "logits"), ("shared_transform", "lengths")])
+def test_routing_free_heads_give_class_capsules_and_a_gradient_for_every_parameter(head, kind, adam_steps):
+    model = _net(head=head)
+    assert model.routing is None and model.config.routing_iterations is None
+    x, y = torch.rand(5, 1, 28, 28), torch.arange(5)
+    out = model(x)
+    assert out.kind == kind and out.scores.shape == (5, 10) and out.poses.shape == (5, 10, 16)
+    assert torch.isfinite(out.scores).all()
+    model.zero_grad()
+    from capsule_lib.losses import ScoreObjective
+
+    ScoreObjective()(model, (x, y), True).loss.backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+    losses = adam_steps(model, x, y)
+    assert losses[-1] < losses[0]
+
+
+def test_the_shared_transform_head_is_the_layer_on_the_squashed_primaries():
+    model = _net(head="shared_transform").eval()
+    x = torch.rand(3, 1, 28, 28)
+    poses, _ = model.primary_capsules(x)
+    assert isinstance(model.head, SharedTransformCapsules)
+    torch.testing.assert_close(model(x).poses, model.head(model.kind.squash(poses)))
+
+
+def test_routing_free_heads_refuse_routing_settings_in_one_line():
+    with pytest.raises(ValueError, match="head 'hvc' routes nothing"):
+        RoutingClassifierConfig(head="hvc", couplings="uniform")
+    with pytest.raises(ValueError, match="head 'hvc' routes nothing"):
+        RoutingClassifierConfig(head="hvc", iterations=2)
+    with pytest.raises(ValueError, match="head"):
+        RoutingClassifierConfig(head="capsules")
+    with pytest.raises(ValueError, match="has no routing"):
+        _net(head="hvc")(torch.rand(2, 1, 28, 28), iterations=3)
+
+
+def test_the_runs_cover_every_routing_with_both_baselines_and_the_heads_once():
+    runs = critique_runs()
+    names = [r.name for r in runs]
+    assert len(names) == len(set(names))
+    per_seed_and_set = len(ROUTING_KINDS) * 3 + 2  # routed, uniform, random; dynamic at 2 and 5 iterations
+    assert len(runs) == 2 * 2 * per_seed_and_set + 2 * 2  # two datasets, two seeds; two heads on MNIST, two seeds
+    assert {config_key(vars(r)) for r in runs if r.head != "routing"} == {"hvc", "shared_transform"}
+
+
+def test_a_runs_recipe_carries_its_couplings_iterations_head_seed_and_the_budget():
+    r = CritiqueRun("mnist", "em", "random", seed=1).recipe()
+    assert (r.model.routing, r.model.couplings, r.seed) == ("em", "random", 1)
+    assert (r.epochs, r.train_subset) == (CRITIQUE_BUDGET["mnist"]["epochs"], CRITIQUE_BUDGET["mnist"]["train_subset"])
+    r = CritiqueRun("norb", "dynamic", iterations=5).recipe()
+    assert r.model.iterations == 5 and r.model.n_classes == 5 and r.epochs == CRITIQUE_BUDGET["norb"]["epochs"]
+    assert r.dataset == "rendered_norb"  # the generated viewpoint set, as the comparison's runs
+    r = CritiqueRun("mnist", "dynamic", head="hvc").recipe()
+    assert r.model.head == "hvc" and r.build_model().routing is None
+    assert CritiqueRun("mnist", "dynamic", iterations=2, seed=1).name == "critique_mnist_dynamic_routed_T2_seed1"
+
+
+def test_measured_adds_the_seed_spread_and_the_binomial_error():
+    m = measured([0.90, 0.92], 10_000)
+    want = math.sqrt(0.0002 / 2 + 0.91 * 0.09 / 10_000 / 2)
+    assert m.mean == pytest.approx(0.91) and m.se == pytest.approx(want) and m.values == (0.90, 0.92)
+    assert measured([0.5], 100).se == pytest.approx(0.05)  # one seed: the binomial error alone
+    assert str(measured([0.9, 0.9], 10**12)).startswith("90.00 ± 0.00")
+
+
+def test_versus_is_the_two_standard_error_rule():
+    a, b = measured([0.95, 0.95], 10**9), measured([0.90, 0.90], 10**9)
+    assert versus(a, b) == "higher" and versus(b, a) == "lower"
+    assert versus(measured([0.90, 0.92], 10_000), measured([0.91, 0.91], 10_000)) == "within noise"
+
+
+def _row(kind, couplings, seed, **metrics):
+    return dict(dataset="mnist", kind=kind, couplings=couplings, seed=seed, iterations=None, head="routing", **metrics)
+
+
+def test_summarise_groups_the_seeds_and_coupling_rows_read_them():
+    rows = [
+        _row(k, c, s, test_acc=acc + 0.001 * s, affine_acc=0.5)
+        for k in ROUTING_KINDS
+        for c, acc in (("routed", 0.99), ("uniform", 0.90), ("random", 0.99))
+        for s in (0, 1)
+    ]
+    summary = summarise(rows, "mnist")
+    assert summary["em_routed"]["test_acc"].values == (0.99, 0.991)
+    table = coupling_rows(summary, "test_acc")
+    assert len(table) == len(ROUTING_KINDS) and all(r[4:] == ["higher", "within noise"] for r in table)
+    assert summarise(rows, "norb") == {}
+
+
+def test_alive_share_counts_parents_active_on_enough_images():
+    act = torch.zeros(100, 4)
+    act[:, 0], act[:2, 1] = 0.9, 0.9
+    assert alive_share(act) == 0.5 and alive_share(act, min_share=0.05) == 0.25
+    with pytest.raises(ValueError, match=r"activity must be \[N >= 1, n_parents\]"):
+        alive_share(torch.ones(3))
+
+
+@pytest.mark.parametrize(
+    "make, x",
+    [
+        (
+            lambda: EMCapsNet(
+                EMCapsNetConfig(
+                    in_channels=2,
+                    image_size=20,
+                    conv_channels=8,
+                    primary_types=4,
+                    caps1_types=4,
+                    caps2_types=4,
+                    n_classes=5,
+                )
+            ),
+            torch.rand(4, 2, 20, 20),
+        ),
+        (
+            lambda: SmallNORBClassifier(SmallNORBConfig(n_parts=4, d_chns=8, image_size=48, iterations=2)),
+            torch.rand(4, 2, 48, 48),
+        ),
+    ],
+)
+def test_the_parse_tree_of_every_layer_starts_uniform_and_is_measured_per_depth(make, x):
+    torch.manual_seed(0)
+    model = make().train()
+    layers = routing_by_layer(model, x, iterations=(1, 3), batch_size=3)
+    assert model.training  # given back in its mode
+    depths = sorted({r.depth for r in layers})
+    assert depths == list(range(1, len(depths) + 1)) and len(depths) >= 2
+    assert [r.iterations for r in layers] == [1] * len(depths) + [3] * len(depths)
+    for r in layers:
+        assert 0.0 <= r.stats.alive <= 1.0 and 1.0 / r.n_out <= r.stats.max_share + 1e-9
+        if r.iterations == 1:  # the couplings used in the first pass are uniform, the same for every image
+            assert r.stats.entropy == pytest.approx(1.0) and r.stats.variation == pytest.approx(0.0, abs=1e-6)
+
+
+def test_the_parse_tree_needs_per_layer_traces():
+    with pytest.raises(ValueError, match=r"gives no per-layer traces in extra\['traces'\]"):
+        routing_by_layer(_net(), torch.rand(2, 1, 28, 28))
+
+
+@pytest.mark.parametrize("run", [CritiqueRun("mnist", "dynamic", "random"), CritiqueRun("norb", "em", seed=1)])
+def test_a_run_trains_and_records_what_the_chapter_reads(run, tmp_path):
+    from capsule_lib.data import DataSource
+    from capsule_lib.routing_critique import METRICS
+
+    source = DataSource.of(str(tmp_path), offline=True, standin=True)
+    rec = train_run(run, source, train_subset=32, eval_subset=16, epochs=1, device="cpu")
+    assert (rec["name"], rec["couplings"], rec["seed"]) == (run.name, run.couplings, run.seed)
+    assert set(METRICS[run.dataset]) <= set(rec) and all(0.0 <= rec[m] <= 1.0 for m in METRICS[run.dataset])
+    assert rec["train_images"] == 32 and rec["epochs"] == 1 and rec["parameters"] > 0
+    assert summarise([rec], run.dataset)[config_key(rec)][next(iter(METRICS[run.dataset]))].values == (
+        rec[next(iter(METRICS[run.dataset]))],
+    )
+
+
+def _m(acc: float) -> Measured:
+    return measured([acc, acc], 10**9)  # a standard error of ~0: only the means decide
+
+
+def test_fixed_coupling_verdicts_follow_the_two_standard_error_rule():
+    from capsule_lib.routing_critique import fixed_coupling_verdicts
+
+    summary = {
+        "mnist": {
+            "dynamic_routed": {"test_acc": _m(0.95), "affine_acc": _m(0.6)},
+            "dynamic_uniform": {"test_acc": _m(0.90), "affine_acc": _m(0.5)},
+            "dynamic_random": {"test_acc": _m(0.95), "affine_acc": _m(0.7)},
+            "em_routed": {"test_acc": _m(0.80)},
+            "em_uniform": {"test_acc": _m(0.90)},
+            "em_random": {"test_acc": _m(0.80)},
+        }
+    }
+    rows = {r[0]: r for r in fixed_coupling_verdicts(summary)}
+    dyn, em = (
+        rows["routing is no better than fixed couplings (dynamic)"],
+        rows["routing is no better than fixed couplings (EM)"],
+    )
+    assert dyn[3] == "uniform: does not hold; random: holds" and em[3] == "uniform: holds; random: within noise"
+    assert "routed - uniform: +5.0 (MNIST test), +10.0 (affine MNIST) points" in dyn[2]
+    assert "{cite}`paik2019capsule`" in dyn[1] and len(rows) == 2
+    summary["mnist"]["dynamic_random"]["affine_acc"] = _m(0.5)
+    (dyn, _) = fixed_coupling_verdicts(summary)
+    assert dyn[3].endswith("random: does not hold")
+    summary["mnist"]["dynamic_random"]["test_acc"] = _m(0.99)
+    assert fixed_coupling_verdicts(summary)[0][3].endswith("random: mixed")
+    summary["norb"] = {
+        "dynamic_routed": {"test_novel_acc": measured([0.2], 10**9)},  # one seed: shown, not judged
+        "dynamic_uniform": {"test_novel_acc": measured([0.6], 10**9)},
+    }
+    assert "novel" not in fixed_coupling_verdicts(summary)[0][2]
+    assert coupling_rows(summary["norb"], "test_novel_acc")[0][4] == "one seed: not judged"
+
+
+def _changes(acc, entropies, default=3):
+    its = tuple(range(1, len(entropies) + 1))
+    stats = tuple(CouplingStats(e, 0.5, 0.1) for e in entropies)
+    return RoutingChanges(
+        its, default, torch.zeros(len(its), 4), tuple(0.0 for _ in its), tuple(0.0 for _ in its), tuple(acc), stats
+    )
+
+
+def test_iteration_verdicts_compare_the_own_t_with_one_pass_and_call_polarised_below_the_threshold():
+    from capsule_lib.routing_critique import POLARISED_ENTROPY, iteration_verdicts
+
+    same = _changes([0.9, 0.9, 0.9, 0.9], [1.0, 0.8, POLARISED_ENTROPY, 0.4])
+    better = _changes([0.2, 0.5, 0.9, 0.9], [1.0, 0.99, 0.98, 0.97])
+    rows = iteration_verdicts({"dynamic": same, "em": better}, 10_000)
+    assert [r[3] for r in rows] == ["holds", "holds", "does not hold", "does not hold"]
+    assert rows[2][2].endswith("accuracy 20.00 -> 90.00% (higher)")
+    with pytest.raises(ValueError, match="needs labels"):
+        iteration_verdicts({"em": RoutingChanges(*[*vars(better).values()][:5], None, better.stats)}, 10)
+
+
+def test_routing_free_and_tree_verdicts():
+    from capsule_lib.routing_critique import STARVED_SHARE, routing_free_verdicts, tree_verdicts
+
+    mnist = {
+        "dynamic_routed": {"test_acc": _m(0.97), "affine_acc": _m(0.60)},
+        "dynamic_uniform": {"test_acc": _m(0.97), "affine_acc": _m(0.65)},
+        "em_routed": {"test_acc": _m(0.98), "affine_acc": _m(0.5)},
+        "shared_transform": {"test_acc": _m(0.7), "affine_acc": _m(0.4)},
+        "hvc": {"test_acc": _m(0.98), "affine_acc": _m(0.6)},
+    }
+    rows = routing_free_verdicts(mnist)
+    assert [r[3] for r in rows] == ["holds", "does not hold", "holds"]
+    assert "best routed (EM)" in rows[2][2]
+
+    def layer(depth, variation, alive):
+        return LayerRouting(f"l{depth}", depth, 3, 8, CouplingStats(0.3, 0.7, variation, alive))
+
+    layers = {
+        "deep": [layer(1, 0.05, 1.0), layer(2, 0.05, 1 - STARVED_SHARE), layer(3, 0.05, 1.0)],
+        "lively": [layer(1, 0.5, 1.0), layer(2, 0.05, 0.9)],
+    }
+    grads = {"deep": {"a": 1e-4, "b": 1e-3, "c": 1e-2}, "lively": {"a": 1e-2, "b": 1e-3}}
+    rows = tree_verdicts(layers, grads)
+    assert [r[3] for r in rows] == ["holds", "holds", "holds", "does not hold", "does not hold", "does not hold"]
+    assert rows[1][2] == "parents never active, by intermediate layer: 0%, 25%"
