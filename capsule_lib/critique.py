@@ -35,7 +35,7 @@ __all__ = [
     "RoutingChanges",
     "routing_changes",
     "ImageRouting",
-    "image_routing",
+    "reroute_image",
     "gradient_by_layer",
     "LayerRouting",
     "routing_by_layer",
@@ -322,7 +322,7 @@ def routing_by_layer(
 
 @dataclass(frozen=True)
 class ImageRouting:
-    """One image routed by one network for each of ``iterations`` (see :func:`image_routing`).
+    """One image routed by one network for each of ``iterations`` (see :func:`reroute_image`).
 
     Attributes
     ----------
@@ -351,7 +351,7 @@ class ImageRouting:
 
 
 @torch.no_grad()
-def image_routing(
+def reroute_image(
     model: nn.Module, image: torch.Tensor, iterations: Sequence[int] = tuple(range(1, 11))
 ) -> ImageRouting:
     """Route one ``image [C, H, W]`` through ``model`` (as for :func:`routing_changes`) with each of ``iterations``:

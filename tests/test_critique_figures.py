@@ -13,7 +13,7 @@ from capsule_lib.critique import (
     CouplingStats,
     LayerRouting,
     RoutingChanges,
-    image_routing,
+    reroute_image,
     routing_changes,
 )
 from capsule_lib.models.routing_classifier import RoutingClassifier, RoutingClassifierConfig
@@ -66,7 +66,7 @@ def test_routing_changes_and_layers_figures(nets):
 
 def test_one_image_routed_per_iteration(nets):
     x = torch.rand(1, 28, 28)
-    r = image_routing(nets["dynamic"], x, range(1, 11))
+    r = reroute_image(nets["dynamic"], x, range(1, 11))
     assert (
         r.couplings.shape == (10, GRID[0] * 36, 10) and r.scores.shape == (10, 10) and r.entropy[0] == pytest.approx(1)
     )
@@ -74,18 +74,18 @@ def test_one_image_routed_per_iteration(nets):
     with torch.no_grad():
         want = nets["dynamic"](x[None], iterations=4).scores[0]
     torch.testing.assert_close(r.scores[3], want)
-    vcr.plot_image_routing(x, r, 3, grid=GRID)
+    vcr.plot_rerouted_image(x, r, 3, grid=GRID)
     vcr.plot_image_iterations(r, title="one test digit")
 
 
 def test_the_page_explorer_has_a_frame_per_network_and_iteration(nets):
     x = torch.rand(1, 28, 28)
-    routings = {k: image_routing(m, x, (1, 2, 3, 5, 10)) for k, m in nets.items()}
+    routings = {k: reroute_image(m, x, (1, 2, 3, 5, 10)) for k, m in nets.items()}
     box = iteration_page_explorer(x, routings, grid=GRID)
     assert PAGE_EXPLORER_CLASS in box._dom_classes
     outer = box.children[2].children[-1].children[1]
     assert len(outer.children) == 2 and all(len(s.children) == 5 for s in outer.children)
-    routings["em"] = image_routing(nets["em"], x, (1, 2))
+    routings["em"] = reroute_image(nets["em"], x, (1, 2))
     with pytest.raises(ValueError, match="same iterations"):
         iteration_page_explorer(x, routings, grid=GRID)
 
@@ -95,10 +95,10 @@ def test_the_live_explorer_reroutes_and_draws_its_twin(nets):
     ex = iteration_explorer(nets, images, max_iterations=4, grid=GRID)
     assert set(ex.controls) == {"network", "image", "iterations"}
     ex.set_values(network="em", image=2, iterations=3)
-    r = image_routing(nets["em"], images[2], (1, 2, 3, 4))
+    r = reroute_image(nets["em"], images[2], (1, 2, 3, 4))
     (out,) = ex.output.outputs
     assert (
         out["data"]["image/png"]
-        == figure_output(vcr.plot_image_routing(images[2], r, 2, grid=GRID))["data"]["image/png"]
+        == figure_output(vcr.plot_rerouted_image(images[2], r, 2, grid=GRID))["data"]["image/png"]
     )
     assert html.escape(f"prediction at T = 3: {r.predictions[2]}") in ex.readout.value

@@ -9,6 +9,7 @@ Every function draws what :mod:`capsule_lib.critique` measured (:class:`~capsule
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -16,7 +17,6 @@ import torch
 from matplotlib.figure import Figure
 
 from ..critique import ImageRouting, LayerRouting, RoutingChanges
-from ..routing_critique import Measured
 from .data import to_display
 from .plots import finish_figure
 
@@ -25,7 +25,7 @@ __all__ = [
     "plot_couplings_compared",
     "plot_routing_changes",
     "plot_layers",
-    "plot_image_routing",
+    "plot_rerouted_image",
     "plot_image_iterations",
 ]
 
@@ -38,10 +38,11 @@ COUPLING_STYLES: dict[str, tuple[str, str]] = {
 
 
 def plot_couplings_compared(
-    panels: Mapping[str, Mapping[str, Mapping[str, Measured]]], labels: Mapping[str, str], title: str = ""
+    panels: Mapping[str, Mapping[str, Mapping[str, Any]]], labels: Mapping[str, str], title: str = ""
 ) -> Figure:
-    """One panel per metric: ``panels`` maps a panel title to ``routing kind -> coupling scheme -> Measured``
-    (accuracies); a bar per scheme (:data:`COUPLING_STYLES`) with its mean and an error bar of two standard errors.
+    """One panel per metric: ``panels`` maps a panel title to ``routing kind -> coupling scheme ->``
+    :class:`~capsule_lib.routing_critique.Measured` (accuracies: ``mean`` and ``se``); a bar per scheme
+    (:data:`COUPLING_STYLES`) with its mean and an error bar of two standard errors.
     ``labels``: routing kind -> its name on the axis. At most three panels (one row)."""
     if not 1 <= len(panels) <= 3:
         raise ValueError(f"one to three panels, got {len(panels)}")
@@ -137,7 +138,7 @@ def _coupling_maps(couplings: torch.Tensor, grid: tuple[int, int, int]) -> np.nd
     return (couplings.reshape(types, h, w, K).mean(0).permute(2, 0, 1) * K).float().numpy()
 
 
-def plot_image_routing(
+def plot_rerouted_image(
     image: torch.Tensor,
     routing: ImageRouting,
     index: int,

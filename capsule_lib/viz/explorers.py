@@ -1,8 +1,9 @@
 """Explorers for trained capsule classifiers (CapsNet, Efficient-CapsNet, EM, Heinsen, inverted attention),
 built on :func:`capsule_lib.viz.widgets.explorer`. Each wires controls to a static twin from the static modules
 of ``capsule_lib.viz``, which the chapters also draw as ordinary figures for the rendered page. An explorer
-that recomputes for a slider's value does so through :mod:`capsule_lib.analysis` (the model it is given is only
-passed on to an analysis function, once per setting, cached); it never runs the model itself.
+that recomputes for a slider's value does so through :mod:`capsule_lib.analysis` or the measurements of
+:mod:`capsule_lib.critique` (the model it is given is only passed on to such a function, once per setting, cached);
+it never runs the model itself.
 """
 
 from __future__ import annotations
@@ -22,11 +23,11 @@ from ..analysis import (
     grid_geometry,
     pose_projection,
 )
-from ..critique import image_routing
+from ..critique import reroute_image
 from ..functional import capsule_lengths
 from ..types import RoutingTrace
 from .capsules import perturb_poses, plot_perturbation, plot_routing_step
-from .critique import plot_image_routing
+from .critique import plot_rerouted_image
 from .em import EM_LAMBDA_SCALES, em_readout, plot_em_state
 from .heinsen import credit_readout, plot_class_credits, plot_viewpoint_state
 from .inverted import attention_readout, plot_attention_maps
@@ -324,15 +325,15 @@ def iteration_explorer(
 ) -> Explorer:
     """The chapter "Do capsules need routing?"'s explorer: pick a network (``"network"``), an image (``"image"``)
     and the routing iterations used at test time (``"iterations"``, 1 to ``max_iterations``); each network and image
-    is routed once for every ``T`` (:func:`~capsule_lib.critique.image_routing`, cached).
+    is routed once for every ``T`` (:func:`~capsule_lib.critique.reroute_image`, cached).
 
-    Static twins: :func:`~capsule_lib.viz.critique.plot_image_routing` (one ``T``) and
+    Static twins: :func:`~capsule_lib.viz.critique.plot_rerouted_image` (one ``T``) and
     :func:`~capsule_lib.viz.critique.plot_image_iterations` (all of them)."""
     its = tuple(range(1, max_iterations + 1))
 
     @functools.lru_cache(maxsize=64)
     def routed(network: str, image: int):
-        return image_routing(models[network], images[image], its)
+        return reroute_image(models[network], images[image], its)
 
     controls = {
         "network": W.Dropdown(options=list(models), description="network"),
@@ -352,7 +353,7 @@ def iteration_explorer(
 
     return explorer(
         controls,
-        lambda network, image, iterations: plot_image_routing(
+        lambda network, image, iterations: plot_rerouted_image(
             images[image], routed(network, image), iterations - 1, grid=grid, classes=classes
         ),
         readout,

@@ -35,7 +35,7 @@ from ..analysis import (
 from ..critique import ImageRouting
 from ..types import RoutingTrace
 from .capsules import perturb_poses, plot_routing_step
-from .critique import plot_image_routing
+from .critique import plot_rerouted_image
 from .data import to_display
 from .em import EM_LAMBDA_SCALES, plot_em_state
 from .heinsen import plot_viewpoint_state
@@ -384,8 +384,8 @@ def iteration_page_explorer(
     dpi: int = 80,
 ) -> W.VBox:
     """The test-time iteration explorer of the chapter "Do capsules need routing?" in page mode: for one ``image``,
-    each network of ``routings`` (label -> :func:`~capsule_lib.critique.image_routing` of the image) at each of its
-    iterations, drawn by :func:`~capsule_lib.viz.critique.plot_image_routing` and chosen by two sliders in the
+    each network of ``routings`` (label -> :func:`~capsule_lib.critique.reroute_image` of the image) at each of its
+    iterations, drawn by :func:`~capsule_lib.viz.critique.plot_rerouted_image` and chosen by two sliders in the
     browser (every network must have been routed with the same iterations)."""
     its = {r.iterations for r in routings.values()}
     if len(its) != 1:
@@ -394,7 +394,7 @@ def iteration_page_explorer(
     labels = list(routings)
     frames = [
         [
-            figure_png(plot_image_routing(image, routings[name], k, grid=grid, classes=classes), dpi)
+            figure_png(plot_rerouted_image(image, routings[name], k, grid=grid, classes=classes), dpi)
             for k in range(len(T))
         ]
         for name in labels
