@@ -169,8 +169,9 @@ def train_run(
     return rec
 
 
-#: where the recorded runs are shipped (``benchmarks/critique_runs.py --collect`` writes it), the machine and one
-#: :func:`train_run` record per run
+# where the recorded runs are shipped, capsule_lib/checkpoints/critique_runs.json (benchmarks/critique_runs.py
+# --collect writes it: the machine and one train_run record per run); a plain comment: a documented value would print
+# this machine's absolute path on the API page
 CRITIQUE_RECORDS = CHECKPOINT_DIR / "critique_runs.json"
 
 
