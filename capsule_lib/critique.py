@@ -269,8 +269,10 @@ def routing_by_layer(
     model : torch.nn.Module
         A network whose ``forward(x, return_routing=True, iterations=T)`` puts one
         :class:`~capsule_lib.types.RoutingTrace` per routing layer in ``extra["traces"]`` (a dict by layer name or a
-        list, image side first), each with couplings ``[B, ..., n_inp, n_out]`` and output activations
-        (:class:`~capsule_lib.models.EMCapsNet`, :class:`~capsule_lib.models.SmallNORBClassifier`).
+        list, image side first), each with couplings ``[B, ..., n_inp, n_out]`` and output activations, or output
+        capsules whose lengths are the scores (:class:`~capsule_lib.models.EMCapsNet`,
+        :class:`~capsule_lib.models.SmallNORBClassifier`, a :class:`~capsule_lib.models.RoutingClassifier` with
+        hidden layers); a layer with neither has ``alive`` ``None``.
     images : torch.Tensor
         ``[N, C, H, W]``, ``uint8`` or floats in [0, 1], ``N >= 2``.
     iterations : Sequence[int], optional
@@ -306,18 +308,32 @@ def routing_by_layer(
                     else ((f"layer {i + 1}", t) for i, t in enumerate(traces))
                 )
                 for name, tr in named:
-                    c, a = tr.coefficients[-1], tr.activations[-1]
-                    a = torch.sigmoid(a) if ROUTING_KINDS[tr.algorithm].scores == "logits" else a  # logits: p
+                    c = tr.coefficients[-1]
                     coef.setdefault(str(name), []).append(c.reshape(x.shape[0], -1, c.shape[-1]).cpu())
-                    act.setdefault(str(name), []).append(a.reshape(x.shape[0], -1).cpu())
+                    act.setdefault(str(name), []).append(_parent_activity(tr, x.shape[0]))
             for depth, name in enumerate(coef, start=1):
                 c = torch.cat(coef[name])  # [N, children (x positions), n_out]
                 st = coupling_stats(c)
-                st = CouplingStats(st.entropy, st.max_share, st.variation, alive_share(torch.cat(act[name]), threshold))
+                alive = None if act[name][0] is None else alive_share(torch.cat(act[name]), threshold)
+                st = CouplingStats(st.entropy, st.max_share, st.variation, alive)
                 out.append(LayerRouting(name, depth, T, c.shape[-1], st))
     finally:
         model.train(was_training)
     return out
+
+
+def _parent_activity(trace: Any, batch: int) -> torch.Tensor | None:
+    """A trace's parent activities ``[B, parents]`` on a [0, 1] scale: its last output activations (sigmoid of
+    logits), else the lengths of its last outputs for a routing scored by lengths; ``None`` where it has neither."""
+    scores = ROUTING_KINDS[trace.algorithm].scores
+    if trace.activations:
+        a = trace.activations[-1]
+        a = torch.sigmoid(a) if scores == "logits" else a
+    elif scores == "lengths":
+        a = trace.outputs[-1].norm(dim=-1)  # capsule lengths
+    else:
+        return None
+    return a.reshape(batch, -1).cpu()
 
 
 @dataclass(frozen=True)

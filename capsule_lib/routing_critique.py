@@ -1,15 +1,15 @@
-"""The chapter "Do capsules need routing?" on the comparison network: its training runs, their records, and what
-they say about the critics' claims.
+"""The chapter "Do capsules need routing?" on the comparison network: its training runs and their records.
 
 * **the runs** (:class:`CritiqueRun`, :func:`critique_runs`, :func:`train_run`): every routing kind of the comparison
   network routed, with Paik et al.'s uniform and random couplings, and dynamic routing at other iteration counts,
-  plus the two routing-free heads, each for the same epochs (:data:`CRITIQUE_BUDGET`) and two seeds; the records are
-  shipped with the checkpoints (:func:`recorded_runs`);
-* **reading them** (:func:`summarise`, :class:`Measured`, :func:`versus`, :func:`coupling_rows`): means over the seeds
-  with standard errors, the two-standard-error rule;
-* **the verdicts** (:func:`fixed_coupling_verdicts`, :func:`iteration_verdicts`, :func:`routing_free_verdicts`,
-  :func:`tree_verdicts`): each claim in the critic's words (:data:`CLAIMS`), our measurement and "holds", "does not
-  hold" or "within noise"; the measurements of trained networks come from :mod:`capsule_lib.critique`.
+  plus the two routing-free heads and a depth series of dynamic routing (one to four routing layers), each for the
+  same epochs (:data:`CRITIQUE_BUDGET`) and two seeds; the records are shipped with the checkpoints
+  (:func:`recorded_runs`);
+* **reading them** (:func:`summarise`, :class:`Measured`, :func:`versus`, :func:`coupling_rows`,
+  :func:`depth_series`, :func:`depth_rows`): means over the seeds with standard errors, the two-standard-error rule.
+
+What they say about the critics' claims: :mod:`capsule_lib.critique_verdicts`; the measurements of trained networks
+come from :mod:`capsule_lib.critique`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import torch
 
 from ._checks import module_device
 from .comparison import SHORT_LABELS, contestant_recipe
-from .critique import LayerRouting, RoutingChanges
+from .critique import gradient_by_layer, routing_by_layer
 from .data import get_dataset
 from .evaluation import accuracy_standard_error, predict
 from .routing.kinds import ROUTING_KINDS
@@ -37,9 +37,12 @@ __all__ = [
     "CRITIQUE_BUDGET",
     "CRITIQUE_SEEDS",
     "CRITIQUE_DYNAMIC_ITERATIONS",
+    "CRITIQUE_DEPTHS",
+    "DEPTH_CAPSULES",
     "CritiqueRun",
     "critique_runs",
     "N_AFFINE",
+    "N_LAYER_IMAGES",
     "train_run",
     "CRITIQUE_RECORDS",
     "recorded_runs",
@@ -54,15 +57,10 @@ __all__ = [
     "judged",
     "COUPLING_HEADERS",
     "coupling_rows",
-    "VERDICT_HEADERS",
-    "CLAIMS",
-    "STATIC_VARIATION",
-    "POLARISED_ENTROPY",
-    "STARVED_SHARE",
-    "fixed_coupling_verdicts",
-    "iteration_verdicts",
-    "routing_free_verdicts",
-    "tree_verdicts",
+    "DepthPoint",
+    "depth_series",
+    "DEPTH_HEADERS",
+    "depth_rows",
 ]
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -83,12 +81,20 @@ CRITIQUE_SEEDS: tuple[int, ...] = (0, 1)
 #: dynamic routing's extra iteration counts (its default is 3)
 CRITIQUE_DYNAMIC_ITERATIONS: tuple[int, ...] = (2, 5)
 
+#: the depths (routing layers) of the MNIST depth series, dynamic routing with ``depth - 1`` hidden layers of
+#: :data:`DEPTH_CAPSULES` capsules (Mitterreiter et al.'s deeper stacks)
+CRITIQUE_DEPTHS: tuple[int, ...] = (1, 2, 3, 4)
+
+#: capsules per hidden routing layer in the depth series
+DEPTH_CAPSULES = 16
+
 
 @dataclass(frozen=True)
 class CritiqueRun:
     """One training run of the chapter: ``kind`` (a routing kind) routed with ``couplings`` (``"routed"``: its own
     algorithm; ``"uniform"``, ``"random"``: Paik et al.'s baselines) for ``iterations`` (``None``: its default), or
-    a routing-free ``head`` (``"hvc"``, ``"shared_transform"``), on ``dataset`` with ``seed``."""
+    a routing-free ``head`` (``"hvc"``, ``"shared_transform"``), on ``dataset`` with ``seed``; ``depth`` (a run of the
+    depth series): that many routing layers, ``depth - 1`` of them hidden (:data:`DEPTH_CAPSULES` capsules each)."""
 
     dataset: str
     kind: str
@@ -96,12 +102,11 @@ class CritiqueRun:
     seed: int = 0
     iterations: int | None = None
     head: str = "routing"
+    depth: int | None = None
 
     @property
     def name(self) -> str:
-        what = self.head if self.head != "routing" else f"{self.kind}_{self.couplings}"
-        its = f"_T{self.iterations}" if self.iterations is not None else ""
-        return f"critique_{self.dataset}_{what}{its}_seed{self.seed}"
+        return f"critique_{self.dataset}_{config_key(vars(self))}_seed{self.seed}"
 
     def recipe(self, **overrides: Any) -> Any:
         """The comparison's recipe of ``kind`` on ``dataset`` (:func:`~capsule_lib.comparison.contestant_recipe`)
@@ -109,6 +114,8 @@ class CritiqueRun:
         model = {"model__couplings": self.couplings, "model__head": self.head}
         if self.iterations is not None:
             model["model__iterations"] = self.iterations
+        if self.depth is not None:
+            model["model__hidden"] = (DEPTH_CAPSULES,) * (self.depth - 1)
         fields = {**CRITIQUE_BUDGET[self.dataset], "seed": self.seed, **model, **overrides}
         return contestant_recipe(self.kind, self.dataset, **fields)
 
@@ -116,7 +123,7 @@ class CritiqueRun:
 def critique_runs(datasets: Sequence[str] = ("mnist", "norb"), heads: bool = True) -> list[CritiqueRun]:
     """Every run of the chapter, in training order: per dataset and seed, each routing kind routed, with uniform and
     with random couplings; dynamic routing at :data:`CRITIQUE_DYNAMIC_ITERATIONS`; with ``heads``, the two
-    routing-free heads (MNIST only: the affine test)."""
+    routing-free heads and the depth series (:data:`CRITIQUE_DEPTHS`; MNIST only: the affine test)."""
     runs = []
     for ds in datasets:
         for seed in CRITIQUE_SEEDS:
@@ -124,11 +131,16 @@ def critique_runs(datasets: Sequence[str] = ("mnist", "norb"), heads: bool = Tru
             runs += [CritiqueRun(ds, "dynamic", "routed", seed, T) for T in CRITIQUE_DYNAMIC_ITERATIONS]
             if heads and ds == "mnist":
                 runs += [CritiqueRun(ds, "dynamic", seed=seed, head=h) for h in ("hvc", "shared_transform")]
+    for seed in CRITIQUE_SEEDS if heads and "mnist" in datasets else ():
+        runs += [CritiqueRun("mnist", "dynamic", seed=seed, depth=k) for k in CRITIQUE_DEPTHS]
     return runs
 
 
 #: the affine test images each MNIST run is also evaluated on (the comparison chapter's first 5,000)
 N_AFFINE = 5000
+
+#: the validation images a depth-series run's routing is measured on, layer by layer
+N_LAYER_IMAGES = 500
 
 
 def train_run(
@@ -137,10 +149,14 @@ def train_run(
     """Train one run of the chapter (:func:`~capsule_lib.train.train`, model selection on the validation split) and
     return its record: the configuration, parameters, epochs, training images and seconds, the hardware, and the
     accuracies of the selected weights: validation, test (MNIST; the familiar and novel test views on the viewpoint
-    protocol) and, on MNIST, the first :data:`N_AFFINE` affine-transformed test images. ``overrides``: recipe fields
+    protocol) and, on MNIST, the first :data:`N_AFFINE` affine-transformed test images; for a run of the depth
+    series, ``layers``: per routing layer (image side first) its coupling statistics and alive parents on
+    :data:`N_LAYER_IMAGES` validation images (:func:`~capsule_lib.critique.routing_by_layer`) and the RMS gradient
+    of its weights on the first 64 (:func:`~capsule_lib.critique.gradient_by_layer`). ``overrides``: recipe fields
     (e.g. a smoke run's ``train_subset``)."""
     t0 = time.time()
-    model, trainer = train(run.recipe(**overrides), out_dir=out_dir, data_root=data_root, progress=progress)
+    recipe = run.recipe(**overrides)
+    model, trainer = train(recipe, out_dir=out_dir, data_root=data_root, progress=progress)
     hist = trainer.history
     rec: dict[str, Any] = {
         "name": run.name,
@@ -150,6 +166,7 @@ def train_run(
         "seed": run.seed,
         "iterations": run.iterations,
         "head": run.head,
+        "depth": run.depth,
         "parameters": sum(p.numel() for p in model.parameters()),
         "epochs": hist.records[-1]["epoch"],
         "train_images": hist.meta["train_images"],
@@ -165,6 +182,15 @@ def train_run(
         scores = predict(model, aff.images, device=module_device(model))["scores"]
         rec["affine_acc"] = (scores.argmax(1).cpu() == aff.labels).double().mean().item()
         rec["affine_size"] = len(aff)
+    if run.depth is not None:
+        val = recipe.evaluation_sets(data_root)["val"].subset(overrides.get("eval_subset") or N_LAYER_IMAGES)
+        names = [f"hidden_layers.{i}" for i in range(run.depth - 1)] + ["routing"]
+        grads = gradient_by_layer(model, recipe.build_objective(), val.images[:64], val.labels[:64], names)
+        T = model.config.routing_iterations
+        rec["layers"] = [
+            {"layer": name, **vars(lr.stats), "grad_rms": grads[name]}
+            for name, lr in zip(names, routing_by_layer(model, val.images, (T,)))
+        ]
     rec["total_seconds"] = time.time() - t0
     return rec
 
@@ -222,12 +248,13 @@ METRIC_SIZES: dict[str, int] = {
 
 
 def config_key(row: dict[str, Any]) -> str:
-    """A run's configuration without its seed: ``"<kind>_<couplings>"`` (``"_T<iterations>"`` when set), or the
-    routing-free head's name."""
+    """A run's configuration without its seed: ``"<kind>_<couplings>"`` (then ``"_T<iterations>"`` and
+    ``"_depth<k>"`` where set), or the routing-free head's name."""
     if row.get("head", "routing") != "routing":
         return row["head"]
     its = f"_T{row['iterations']}" if row.get("iterations") is not None else ""
-    return f"{row['kind']}_{row['couplings']}{its}"
+    depth = f"_depth{row['depth']}" if row.get("depth") is not None else ""
+    return f"{row['kind']}_{row['couplings']}{its}{depth}"
 
 
 @dataclass(frozen=True)
@@ -303,224 +330,64 @@ def coupling_rows(summary: dict[str, dict[str, Measured]], metric: str) -> list[
     return rows
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# The verdicts: each claim, the critic's words, our measurement, and what the two-standard-error rule says
-# ---------------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DepthPoint:
+    """One depth of the recorded depth series: ``params``, the accuracies by metric (:data:`METRICS`, over the
+    seeds) and, per routing layer (image side first), the means over the seeds of its measurements (``alive``,
+    ``grad_rms``, ``entropy``, ``variation``, ``max_share``)."""
 
-#: the columns of the verdict rows
-VERDICT_HEADERS = ("claim", "the critic", "ours", "verdict")
+    params: int
+    accuracy: dict[str, Measured]
+    layers: list[dict[str, float]]
 
-#: the critics' claims as their abstracts state them (key -> short claim, source key in references.bib, the words)
-CLAIMS: dict[str, tuple[str, str, str]] = {
-    "fixed": (
-        "routing is no better than fixed couplings",
-        "paik2019capsule",
-        "often worse than baselines that assign the couplings uniformly or randomly",
-    ),
-    "changes": (
-        "iterating does not change the prediction",
-        "paik2019capsule",
-        "in most cases does not change the classification result",
-    ),
-    "polarises": (
-        "iterating polarises the couplings",
-        "paik2019capsule",
-        "polarizes the link strengths, extremely so when repeated without stopping",
-    ),
-    "affine": (
-        "routing does not help affine robustness",
-        "gu2020improving",
-        "routing contributes neither to generalization nor to affine robustness",
-    ),
-    "shared": (
-        "shared transforms without routing are more robust",
-        "gu2020improving",
-        "affNIST 79% (CapsNet) to 93.21% (Aff-CapsNets), no routing",
-    ),
-    "hvc": (
-        "HVCs without routing match routing networks",
-        "byerly2021norouting",
-        "MNIST 99.83% (one model), as well as the best capsule network",
-    ),
-    "static": (
-        "no parse tree: couplings barely depend on the image",
-        "mitterreiter2023why",
-        "the parse-tree concept is not present in CapsNets",
-    ),
-    "starve": (
-        "many capsules starve",
-        "mitterreiter2023why",
-        "a vanishing gradient results in the starvation of many capsules during training",
-    ),
-    "vanish": ("the gradient vanishes towards the image", "mitterreiter2023why", "a vanishing gradient problem"),
-}
+    @property
+    def never_active(self) -> list[float]:
+        """The share of parents never active in each hidden layer (the class layer's parents are the classes)."""
+        return [1 - layer["alive"] for layer in self.layers[:-1]]
 
-#: below this ``variation`` (:class:`~capsule_lib.critique.CouplingStats`) the couplings count as static (from image
-#: to image they move by less than a tenth of the uniform share)
-STATIC_VARIATION = 0.1
-
-#: the couplings count as polarised when their mean normalised entropy at the largest test-time ``T`` is at most this
-POLARISED_ENTROPY = 0.5
-
-#: many capsules starve when at least this share of an intermediate layer's parents is never active
-STARVED_SHARE = 0.25
+    @property
+    def gradients(self) -> list[float]:
+        """The RMS gradient of each routing layer's weights, image side first."""
+        return [layer["grad_rms"] for layer in self.layers]
 
 
-def _claim(key: str, ours: str, verdict: str, subject: str = "") -> list[str]:
-    claim, cite, words = CLAIMS[key]
-    return [f"{claim}{f' ({subject})' if subject else ''}", f"{words} {{cite}}`{cite}`", ours, verdict]
+def depth_series(rows: Sequence[dict[str, Any]]) -> dict[int, DepthPoint]:
+    """The depth series among the recorded ``rows`` (those with a ``depth``), by depth (empty if there are none)."""
+    series = [r for r in rows if r.get("depth") is not None]
+    acc = summarise(series, "mnist")
+    out = {}
+    for depth in sorted({r["depth"] for r in series}):
+        rs = [r for r in series if r["depth"] == depth]
+        layers = [
+            {k: sum(r["layers"][i][k] for r in rs) / len(rs) for k in rs[0]["layers"][i] if k != "layer"}
+            for i in range(depth)
+        ]
+        out[depth] = DepthPoint(rs[0]["parameters"], acc[config_key(rs[0])], layers)
+    return out
 
 
-def _no_better(results: Sequence[str]) -> str:
-    """ "Routing is no better than the baseline" from the routed network's :func:`versus` on several metrics."""
-    if "higher" in results and "lower" in results:
-        return "mixed"
-    if "higher" in results:
-        return "does not hold"
-    return "holds" if "lower" in results else "within noise"
+#: the columns of :func:`depth_rows`
+DEPTH_HEADERS = (
+    "routing layers",
+    "parameters",
+    "MNIST test (%)",
+    "affine MNIST (%)",
+    "parents never active, by hidden layer",
+    "RMS gradient by layer, image side first",
+)
 
 
-def fixed_coupling_verdicts(summaries: dict[str, dict[str, dict[str, Measured]]]) -> list[list[str]]:
-    """Paik et al.'s first claim for each routing kind: the routed network against the same network with uniform and
-    with random couplings on every metric of ``summaries`` (dataset -> :func:`summarise`): it holds where the routed
-    network is lower on some metric and higher on none, does not where it is higher on some and lower on none. Only
-    metrics measured with at least two seeds on both sides are judged (:func:`judged`)."""
-    rows = []
-    for kind in ROUTING_KINDS:
-        parts, verdicts = [], []
-        for scheme in ("uniform", "random"):
-            res, diffs = [], []
-            for ds, summary in summaries.items():
-                routed, fixed = summary.get(f"{kind}_routed", {}), summary.get(f"{kind}_{scheme}", {})
-                for m in (m for m in routed if m in fixed and judged(routed[m], fixed[m]) is not None):
-                    res.append(versus(routed[m], fixed[m]))
-                    diffs.append(f"{100 * (routed[m].mean - fixed[m].mean):+.1f} ({METRICS[ds][m]})")
-            if res:
-                parts.append(f"routed - {scheme}: " + ", ".join(diffs) + " points")
-                verdicts.append(f"{scheme}: {_no_better(res)}")
-        if parts:
-            rows.append(_claim("fixed", "; ".join(parts), "; ".join(verdicts), SHORT_LABELS[kind]))
-    return rows
-
-
-def iteration_verdicts(changes: dict[str, RoutingChanges], n_images: int) -> list[list[str]]:
-    """Paik et al.'s second and third claims on each trained network of ``changes`` (kind -> :func:`routing_changes`
-    on ``n_images`` labelled images): the accuracy at its own ``T`` against ``T = 1`` (two standard errors: within
-    noise = the routing does not change the result), and whether the couplings polarise: their entropy falls at
-    every added iteration, to at most :data:`POLARISED_ENTROPY` at the last ``T``."""
-    rows = []
-    for kind, ch in changes.items():
-        if ch.accuracy is None:
-            raise ValueError(f"{kind}: routing_changes needs labels for the verdicts")
-        k = ch.iterations.index(ch.default)
-        first, own = measured([ch.accuracy[0]], n_images), measured([ch.accuracy[k]], n_images)
-        cmp = versus(own, first)
-        rows.append(
-            _claim(
-                "changes",
-                f"T = 1 -> {ch.default}: {100 * ch.changed_from_first[k]:.1f}% of predictions change; accuracy "
-                f"{100 * first.mean:.2f} -> {100 * own.mean:.2f}% ({cmp})",
-                "holds" if cmp == "within noise" else "does not hold",
-                SHORT_LABELS[kind],
-            )
-        )
-        ent = [s.entropy for s in ch.stats]
-        falls = all(b <= a + 1e-6 for a, b in zip(ent, ent[1:])) and ent[-1] <= POLARISED_ENTROPY
-        rows.append(
-            _claim(
-                "polarises",
-                f"entropy {ent[0]:.2f} (T = 1) -> {ent[k]:.2f} (T = {ch.default}) -> {ent[-1]:.2f} "
-                f"(T = {ch.iterations[-1]})",
-                "holds" if falls else "does not hold",
-                SHORT_LABELS[kind],
-            )
-        )
-    return rows
-
-
-def routing_free_verdicts(mnist: dict[str, dict[str, Measured]]) -> list[list[str]]:
-    """Gu & Tresp's and Byerly et al.'s claims on the MNIST runs (:func:`summarise`): dynamic routing against its
-    uniform couplings on the affine test; the shared-transform head against routed dynamic routing on the affine
-    test; the HVC head against the best routed network on the test split."""
-    rows = []
-    routed, uniform = mnist["dynamic_routed"], mnist["dynamic_uniform"]
-    cmp = versus(routed["affine_acc"], uniform["affine_acc"])
-    rows.append(
-        _claim(
-            "affine",
-            f"affine MNIST: routed {routed['affine_acc']}, uniform {uniform['affine_acc']} ({cmp})",
-            "does not hold" if cmp == "higher" else "holds",
-            "dynamic",
-        )
-    )
-    if "shared_transform" in mnist:
-        shared = mnist["shared_transform"]["affine_acc"]
-        cmp = versus(shared, routed["affine_acc"])
-        verdict = {"higher": "holds", "lower": "does not hold"}.get(cmp, "within noise")
-        rows.append(
-            _claim(
-                "shared",
-                f"affine MNIST: shared transforms {shared}, dynamic routing {routed['affine_acc']} ({cmp})",
-                verdict,
-            )
-        )
-    if "hvc" in mnist:
-        best = max(
-            (k for k in ROUTING_KINDS if f"{k}_routed" in mnist), key=lambda k: mnist[f"{k}_routed"]["test_acc"].mean
-        )
-        hvc, top = mnist["hvc"]["test_acc"], mnist[f"{best}_routed"]["test_acc"]
-        cmp = versus(hvc, top)
-        rows.append(
-            _claim(
-                "hvc",
-                f"MNIST test: HVC {hvc}, best routed ({SHORT_LABELS[best]}) {top} ({cmp})",
-                "does not hold" if cmp == "lower" else "holds",
-            )
-        )
-    return rows
-
-
-def tree_verdicts(layers: dict[str, Sequence[LayerRouting]], gradients: dict[str, dict[str, float]]) -> list[list[str]]:
-    """Mitterreiter et al.'s claims on multi-layer networks (label -> :func:`routing_by_layer` at the network's own
-    ``T``, the largest in the list; label -> :func:`gradient_by_layer`, image side first): the couplings are static
-    where every layer's ``variation`` is below :data:`STATIC_VARIATION`; many capsules starve where at least
-    :data:`STARVED_SHARE` of an intermediate layer's parents are never active; the gradient vanishes where it
-    shrinks at every layer from the class layer towards the image."""
-    rows = []
-    for label, rs in layers.items():
-        T = max(r.iterations for r in rs)
-        own = sorted((r for r in rs if r.iterations == T), key=lambda r: r.depth)
-        var = ", ".join(f"{r.stats.variation:.2f}" for r in own)
-        static = all(r.stats.variation < STATIC_VARIATION for r in own)
-        rows.append(
-            _claim(
-                "static",
-                f"variation by layer (T = {T}): {var}; entropy " + ", ".join(f"{r.stats.entropy:.2f}" for r in own),
-                "holds" if static else "does not hold",
-                label,
-            )
-        )
-        alive = [r.stats.alive for r in own[:-1]]  # intermediate layers: the class layer's parents are the classes
-        starved = bool(alive) and max(1 - a for a in alive) >= STARVED_SHARE
-        never = ", ".join(f"{1 - a:.0%}" for a in alive)
-        rows.append(
-            _claim(
-                "starve",
-                f"parents never active, by intermediate layer: {never}",
-                "holds" if starved else "does not hold",
-                label,
-            )
-        )
-        g = list(gradients.get(label, {}).values())
-        if len(g) >= 2:
-            by_layer = ", ".join(f"{v:.1e}" for v in g)
-            shrinks = all(a < b for a, b in zip(g, g[1:]))
-            rows.append(
-                _claim(
-                    "vanish",
-                    f"RMS gradient by layer, image side first: {by_layer}",
-                    "holds" if shrinks else "does not hold",
-                    label,
-                )
-            )
-    return rows
+def depth_rows(series: dict[int, DepthPoint]) -> list[list[str]]:
+    """One table row per depth of :func:`depth_series`: parameters, MNIST test and affine accuracy (mean ± standard
+    error over the seeds), the share of parents never active per hidden layer and the RMS gradient per layer."""
+    return [
+        [
+            depth,
+            f"{p.params / 1e6:.2f}M",
+            str(p.accuracy["test_acc"]),
+            str(p.accuracy["affine_acc"]),
+            ", ".join(f"{v:.0%}" for v in p.never_active) or "-",
+            ", ".join(f"{g:.1e}" for g in p.gradients),
+        ]
+        for depth, p in series.items()
+    ]

@@ -18,7 +18,7 @@ from capsule_lib.critique import (
 )
 from capsule_lib.models.routing_classifier import RoutingClassifier, RoutingClassifierConfig
 from capsule_lib.routing.kinds import ROUTING_KINDS
-from capsule_lib.routing_critique import measured
+from capsule_lib.routing_critique import DepthPoint, measured
 from capsule_lib.viz import critique as vcr
 from capsule_lib.viz.explorers import iteration_explorer
 from capsule_lib.viz.page import PAGE_EXPLORER_CLASS, iteration_page_explorer
@@ -48,6 +48,17 @@ def test_routed_against_fixed_couplings_three_panels():
     assert len(fig.axes) == 3
     with pytest.raises(ValueError, match="one to three panels"):
         vcr.plot_couplings_compared({}, {})
+
+
+def test_the_depth_series_figure_has_accuracy_and_a_gradient_line_per_depth():
+    acc = {"test_acc": measured([0.97, 0.96], 10_000), "affine_acc": measured([0.6, 0.62], 5_000)}
+    layer = {"alive": 0.5, "grad_rms": 1e-3}
+    series = {
+        d: DepthPoint(10**6, acc, [dict(layer, grad_rms=10.0 ** (i - d)) for i in range(d)]) for d in (1, 2, 3, 4)
+    }
+    fig = vcr.plot_depth_series(series, title="dynamic routing, 1 to 4 routing layers, 2 seeds")
+    left, right = fig.axes
+    assert len(left.containers) == 2 and len(right.lines) == 4 and right.get_yscale() == "log"
 
 
 def test_routing_changes_and_layers_figures(nets):

@@ -22,11 +22,15 @@ from capsule_lib.models.routing_classifier import RoutingClassifier, RoutingClas
 from capsule_lib.routing.kinds import ROUTING_KINDS
 from capsule_lib.routing_critique import (
     CRITIQUE_BUDGET,
+    CRITIQUE_DEPTHS,
+    DEPTH_CAPSULES,
     CritiqueRun,
     Measured,
     config_key,
     coupling_rows,
     critique_runs,
+    depth_rows,
+    depth_series,
     measured,
     summarise,
     train_run,
@@ -83,8 +87,11 @@ def test_the_runs_cover_every_routing_with_both_baselines_and_the_heads_once():
     names = [r.name for r in runs]
     assert len(names) == len(set(names))
     per_seed_and_set = len(ROUTING_KINDS) * 3 + 2  # routed, uniform, random; dynamic at 2 and 5 iterations
-    assert len(runs) == 2 * 2 * per_seed_and_set + 2 * 2  # two datasets, two seeds; two heads on MNIST, two seeds
+    depths = len(CRITIQUE_DEPTHS)  # the depth series on MNIST
+    assert len(runs) == 2 * 2 * per_seed_and_set + 2 * 2 + 2 * depths  # two datasets, two seeds; heads on MNIST
     assert {config_key(vars(r)) for r in runs if r.head != "routing"} == {"hvc", "shared_transform"}
+    assert sorted(r.depth for r in runs if r.depth is not None) == sorted(CRITIQUE_DEPTHS * 2)
+    assert len(critique_runs(("norb",))) == 2 * per_seed_and_set  # no heads, no depth series without MNIST
 
 
 def test_a_runs_recipe_carries_its_couplings_iterations_head_seed_and_the_budget():
@@ -97,6 +104,10 @@ def test_a_runs_recipe_carries_its_couplings_iterations_head_seed_and_the_budget
     r = CritiqueRun("mnist", "dynamic", head="hvc").recipe()
     assert r.model.head == "hvc" and r.build_model().routing is None
     assert CritiqueRun("mnist", "dynamic", iterations=2, seed=1).name == "critique_mnist_dynamic_routed_T2_seed1"
+    r = CritiqueRun("mnist", "dynamic", depth=3).recipe()
+    assert r.model.hidden == (DEPTH_CAPSULES,) * 2 and len(r.build_model().hidden_layers) == 2
+    assert CritiqueRun("mnist", "dynamic", depth=1).recipe().model.hidden == ()
+    assert CritiqueRun("mnist", "dynamic", depth=3).name == "critique_mnist_dynamic_routed_depth3_seed0"
 
 
 def test_measured_adds_the_seed_spread_and_the_binomial_error():
@@ -176,9 +187,48 @@ def test_the_parse_tree_of_every_layer_starts_uniform_and_is_measured_per_depth(
             assert r.stats.entropy == pytest.approx(1.0) and r.stats.variation == pytest.approx(0.0, abs=1e-6)
 
 
+@pytest.mark.parametrize("kind", sorted(ROUTING_KINDS))
+def test_hidden_routing_layers_stack_the_same_routing_and_trace_every_layer(kind):
+    model = _net(routing=kind, hidden=(6, 5)).train()
+    assert [type(m) for m in model.hidden_layers] == [ROUTING_KINDS[kind].layer] * 2
+    x, y = torch.rand(3, 1, 28, 28), torch.arange(3)
+    out = model(x, return_routing=True)
+    assert out.scores.shape == (3, 10) and out.poses.shape == (3, 10, 16) and torch.isfinite(out.scores).all()
+    traces = out.extra["traces"]
+    assert [t.coefficients[-1].shape[-2:] for t in traces] == [(model.config.n_primary, 6), (6, 5), (5, 10)]
+    assert traces[-1] is out.trace
+    for t in traces:
+        torch.testing.assert_close(t.coefficients[-1].sum(-1), torch.ones(t.coefficients[-1].shape[:-1]))
+    from capsule_lib.losses import ScoreObjective
+
+    ScoreObjective()(model, (x, y), True).loss.backward()
+    for name, p in model.named_parameters():  # Heinsen 2019's output coefficients start at zero: no zero check
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+    assert "traces" not in model(x).extra
+    assert _net(routing=kind)(x, return_routing=True).extra["traces"][0].coefficients[-1].shape[-1] == 10
+
+
+def test_hidden_layers_refuse_bad_sizes_and_routing_free_heads_in_one_line():
+    with pytest.raises(ValueError, match=r"hidden must hold capsule counts >= 2, got \(1,\)"):
+        RoutingClassifierConfig(hidden=(1,))
+    with pytest.raises(ValueError, match="hidden routing layers need head='routing'"):
+        RoutingClassifierConfig(head="hvc", hidden=(8,))
+
+
+@pytest.mark.parametrize("kind, alive", [("dynamic", True), ("heinsen_2022", False)])
+def test_the_parse_tree_of_a_deeper_routing_classifier_is_measured_per_layer(kind, alive):
+    torch.manual_seed(0)
+    layers = routing_by_layer(_net(routing=kind, hidden=(6,)), torch.rand(4, 1, 28, 28), iterations=(1,))
+    assert [(r.layer, r.depth, r.n_out) for r in layers] == [("layer 1", 1, 6), ("layer 2", 2, 10)]
+    for r in layers:  # lengths are dynamic routing's activity; Heinsen 2022's outputs have none
+        assert (r.stats.alive is not None) == alive and r.stats.entropy == pytest.approx(1.0)
+
+
 def test_the_parse_tree_needs_per_layer_traces():
-    with pytest.raises(ValueError, match=r"gives no per-layer traces in extra\['traces'\]"):
-        routing_by_layer(_net(), torch.rand(2, 1, 28, 28))
+    from capsule_lib.models import CapsNet
+
+    with pytest.raises(ValueError, match=r"CapsNet gives no per-layer traces in extra\['traces'\]"):
+        routing_by_layer(CapsNet(), torch.rand(2, 1, 28, 28))
 
 
 @pytest.mark.parametrize("run", [CritiqueRun("mnist", "dynamic", "random"), CritiqueRun("norb", "em", seed=1)])
@@ -196,12 +246,55 @@ def test_a_run_trains_and_records_what_the_chapter_reads(run, tmp_path):
     )
 
 
+def test_a_depth_run_records_its_layers(tmp_path):
+    from capsule_lib.data import DataSource
+
+    source = DataSource.of(str(tmp_path), offline=True, standin=True)
+    rec = train_run(CritiqueRun("mnist", "dynamic", depth=2), source, train_subset=32, eval_subset=16, device="cpu")
+    assert rec["depth"] == 2 and [r["layer"] for r in rec["layers"]] == ["hidden_layers.0", "routing"]
+    for layer in rec["layers"]:
+        assert 0.0 <= layer["alive"] <= 1.0 and 0.0 <= layer["entropy"] <= 1.0 + 1e-6 and layer["grad_rms"] > 0
+    point = depth_series([rec])[2]
+    assert point.gradients == [r["grad_rms"] for r in rec["layers"]] and len(point.never_active) == 1
+
+
+def _depth_row(depth, seed, acc, alive, grads):
+    layers = [
+        dict(layer=f"l{i}", entropy=1.0, max_share=0.5, variation=0.0, alive=a, grad_rms=g)
+        for i, (a, g) in enumerate(zip(alive, grads))
+    ]
+    return {
+        **_row("dynamic", "routed", seed, test_acc=acc, affine_acc=acc / 2),
+        "depth": depth,
+        "parameters": 10**6,
+        "layers": layers,
+    }
+
+
+def test_the_depth_series_averages_the_seeds_and_its_verdicts_read_the_deepest_network():
+    from capsule_lib.critique_verdicts import depth_verdicts
+
+    rows = [_depth_row(1, s, 0.98, [1.0], [1e-2]) for s in (0, 1)] + [
+        _depth_row(3, 0, 0.50, [1.0, 0.2, 1.0], [1e-6, 1e-4, 1e-2]),
+        _depth_row(3, 1, 0.52, [1.0, 0.4, 1.0], [3e-6, 1e-4, 1e-2]),
+    ]
+    series = depth_series(rows)
+    assert sorted(series) == [1, 3] and series[3].never_active == pytest.approx([0.0, 0.7])
+    assert series[3].gradients == pytest.approx([2e-6, 1e-4, 1e-2]) and series[3].accuracy["test_acc"].mean == 0.51
+    table = depth_rows(series)
+    assert table[0][4] == "-" and table[1][4] == "0%, 70%" and table[1][5] == "2.0e-06, 1.0e-04, 1.0e-02"
+    deeper, starve, vanish = depth_verdicts(series)
+    assert (deeper[3], starve[3], vanish[3]) == ("holds", "holds", "holds")
+    assert "{cite}`mitterreiter2023why`" in deeper[1] and "3 routing layers" in starve[0]
+    assert depth_verdicts({}) == []
+
+
 def _m(acc: float) -> Measured:
     return measured([acc, acc], 10**9)  # a standard error of ~0: only the means decide
 
 
 def test_fixed_coupling_verdicts_follow_the_two_standard_error_rule():
-    from capsule_lib.routing_critique import fixed_coupling_verdicts
+    from capsule_lib.critique_verdicts import fixed_coupling_verdicts
 
     summary = {
         "mnist": {
@@ -243,7 +336,7 @@ def _changes(acc, entropies, default=3):
 
 
 def test_iteration_verdicts_compare_the_own_t_with_one_pass_and_call_polarised_below_the_threshold():
-    from capsule_lib.routing_critique import POLARISED_ENTROPY, iteration_verdicts
+    from capsule_lib.critique_verdicts import POLARISED_ENTROPY, iteration_verdicts
 
     same = _changes([0.9, 0.9, 0.9, 0.9], [1.0, 0.8, POLARISED_ENTROPY, 0.4])
     better = _changes([0.2, 0.5, 0.9, 0.9], [1.0, 0.99, 0.98, 0.97])
@@ -255,7 +348,7 @@ def test_iteration_verdicts_compare_the_own_t_with_one_pass_and_call_polarised_b
 
 
 def test_routing_free_and_tree_verdicts():
-    from capsule_lib.routing_critique import STARVED_SHARE, routing_free_verdicts, tree_verdicts
+    from capsule_lib.critique_verdicts import STARVED_SHARE, routing_free_verdicts, tree_verdicts
 
     mnist = {
         "dynamic_routed": {"test_acc": _m(0.97), "affine_acc": _m(0.60)},

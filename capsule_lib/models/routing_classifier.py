@@ -26,6 +26,10 @@ configuration::
     x [B, 1, 28, 28] -> stem (conv 5x5, conv 3x3 stride 2) [B, 128, 12, 12]
       -> primary conv 3x3 stride 2 [B, T*(d+1), 6, 6] -> poses [B, N = T*6*6, d], activation logits [B, N]
       -> routing -> class capsules [B, K, d] and scores [B, K]
+
+With ``hidden = (n_1, ..., n_h)`` (Mitterreiter et al. 2023's deeper stacks) the same routing first runs through
+``h`` fully connected layers of hidden capsules, ``N -> n_1 -> ... -> n_h -> K``, each taking the previous layer's
+poses and (for a routing that takes them) its output activations.
 """
 
 from __future__ import annotations
@@ -80,6 +84,9 @@ class RoutingClassifierConfig:
         homogeneous vector capsules on the unsquashed primaries, their lengths as logits, cross-entropy (Byerly et
         al. 2021); ``"shared_transform"``, one transform per primary type on the squashed primaries, couplings
         ``1 / n_out``, squash, lengths, margin loss (Gu & Tresp 2020's AffCapsNets).
+    hidden : tuple of int
+        Capsules of each hidden routing layer between the primary and the class capsules, image side first, each
+        routed like the class layer (default ``()``: none, the comparison network); a routing head only.
     """
 
     routing: str = "dynamic"
@@ -92,9 +99,15 @@ class RoutingClassifierConfig:
     caps_dim: int = 16
     couplings: str = "routed"
     head: str = "routing"
+    hidden: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         self.stem_channels = tuple(self.stem_channels)  # a config read back from JSON holds lists
+        self.hidden = tuple(self.hidden)
+        if any(not isinstance(n, int) or n < 2 for n in self.hidden):
+            raise ValueError(f"hidden must hold capsule counts >= 2, got {self.hidden}")
+        if self.hidden and self.head != "routing":
+            raise ValueError(f"head {self.head!r} routes nothing: hidden routing layers need head='routing'")
         check_choice(self.routing, sorted(ROUTING_KINDS), "routing")
         if self.iterations is not None:
             check_iterations(self.iterations, "iterations (None: the routing's default)")
@@ -148,7 +161,8 @@ class RoutingClassifier(nn.Module):
 
     ``forward(x, return_routing=False) -> CapsuleOutput`` with ``scores [B, K]`` of ``kind`` ``"lengths"``,
     ``"activations"`` or ``"logits"``, ``poses [B, K, d]``, and with ``return_routing`` the routing's trace
-    (for ``inverted``, the last update's). ``forward(x, iterations=T)`` overrides the number of iterations at
+    (for ``inverted``, the last update's) and every routing layer's in ``extra["traces"]`` (image side first; one
+    without ``config.hidden``). ``forward(x, iterations=T)`` overrides the number of iterations at
     test time (the comparison's iteration sweep).
 
     Parameters
@@ -178,7 +192,11 @@ class RoutingClassifier(nn.Module):
             self.head = HomogeneousVectorCapsules(N, K, d)
         elif cfg.head == "shared_transform":
             self.head = SharedTransformCapsules(T, cfg.grid**2, K, d, d)
-        self.routing = self.kind.build(N, K, d, cfg.iterations, cfg.couplings) if self.head is None else None
+        sizes = (N, *cfg.hidden)  # each routing layer's input capsules, image side first
+        self.hidden_layers = nn.ModuleList(
+            self.kind.build(n, m, d, cfg.iterations, cfg.couplings) for n, m in zip(sizes, sizes[1:])
+        )
+        self.routing = self.kind.build(sizes[-1], K, d, cfg.iterations, cfg.couplings) if self.head is None else None
         # a routing whose outputs have no activations (heinsen_2022, inverted): one linear readout shared by the classes
         self.readout = nn.Linear(d, 1) if self.kind.scores is None and self.head is None else None
 
@@ -233,7 +251,8 @@ class RoutingClassifier(nn.Module):
         CapsuleOutput
             ``scores [B, K]`` of ``kind`` ``"lengths"`` (dynamic, self_attention), ``"activations"`` (em) or
             ``"logits"`` (heinsen_2019, heinsen_2022, inverted), ``poses [B, K, d]``, and with ``return_routing``
-            the routing's trace (for ``inverted``, the last update's).
+            the routing's trace (for ``inverted``, the last update's) and every routing layer's in
+            ``extra["traces"]`` (image side first).
         """
         check_model_input(x, self)
         kind = self.kind
@@ -243,10 +262,15 @@ class RoutingClassifier(nn.Module):
             return self._routing_free(poses, return_routing, iterations, couplings)
         u = poses if kind.squash is None else kind.squash(poses)  # [B, N, d]
         a = kind.input_activations(logits)  # [B, N] or None
-        r = self.routing.route(u, a, iterations=T, return_routing=return_routing, couplings=couplings)
+        traces = []
+        for layer in (*self.hidden_layers, self.routing):  # [B, n, d] -> [B, m, d], image side first
+            r = layer.route(u, a, iterations=T, return_routing=return_routing, couplings=couplings)
+            u, a = r.poses, (r.activations if kind.activations is not None else None)  # the next layer's inputs
+            traces.append(r.trace)
+        extra = {"traces": traces} if return_routing else {}  # every routing layer's, image side first
         if self.readout is None:
-            return CapsuleOutput(r.activations, kind.scores, r.poses, trace=r.trace)  # [B, K], [B, K, d]
-        return CapsuleOutput(self.readout(r.poses).squeeze(-1), "logits", r.poses, trace=r.trace)  # [B, K]
+            return CapsuleOutput(r.activations, kind.scores, r.poses, trace=r.trace, extra=extra)  # [B, K], [B, K, d]
+        return CapsuleOutput(self.readout(r.poses).squeeze(-1), "logits", r.poses, trace=r.trace, extra=extra)
 
     def _routing_free(self, poses: torch.Tensor, return_routing: bool, iterations, couplings) -> CapsuleOutput:
         """The routing-free heads: primaries ``[B, N, d]`` -> class capsules ``[B, K, d]`` and their scores."""
