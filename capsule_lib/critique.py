@@ -271,8 +271,8 @@ def routing_by_layer(
         :class:`~capsule_lib.types.RoutingTrace` per routing layer in ``extra["traces"]`` (a dict by layer name or a
         list, image side first), each with couplings ``[B, ..., n_inp, n_out]`` and output activations, or output
         capsules whose lengths are the scores (:class:`~capsule_lib.models.EMCapsNet`,
-        :class:`~capsule_lib.models.SmallNORBClassifier`, a :class:`~capsule_lib.models.RoutingClassifier` with
-        hidden layers); a layer with neither has ``alive`` ``None``.
+        :class:`~capsule_lib.models.SmallNORBClassifier`, :class:`~capsule_lib.models.RoutingClassifier`); a layer
+        with neither has ``alive`` ``None``.
     images : torch.Tensor
         ``[N, C, H, W]``, ``uint8`` or floats in [0, 1], ``N >= 2``.
     iterations : Sequence[int], optional
