@@ -129,11 +129,17 @@ def _shipped_copy(tmp_path, name="capsnet_mnist"):
     from capsule_lib.pretrained import CHECKPOINT_DIR, registry
 
     entry = registry()[name]
-    shutil.copy(CHECKPOINT_DIR / entry["file"], tmp_path / entry["file"])
+    for key in ("file", "history"):
+        shutil.copy(CHECKPOINT_DIR / entry[key], tmp_path / entry[key])
     return entry
 
 
 def _write_registry(tmp_path, name, entry):
+    """A registry of one entry, its fields bound to its weights as an export binds them (so that a test reaches the
+    check it is about; tests/test_bad_inputs.py refuses unbound edits)."""
+    from capsule_lib.train.shipped import BOUND_FIELDS, bound_sha256
+
+    entry = {**entry, "bound_sha256": {f: bound_sha256(entry, f, tmp_path) for f in BOUND_FIELDS}}
     (tmp_path / "registry.json").write_text(json.dumps({name: entry}))
 
 

@@ -1,18 +1,23 @@
 """What a run leaves on disk: its per-epoch :class:`History` (``history.json``) and the checkpoint files
-(``last.pt``, ``best.pt``), written atomically and read with a one-line error when corrupt.
+(``last.pt``, ``best.pt``, ``epoch_NNN.pt``), written atomically (a full disk or a read-only folder leaves no
+``.tmp`` behind and fails in one line naming the file) and read with ``torch.load(weights_only=True)``: a run
+checkpoint holds only tensors and plain Python values (numbers, strings, lists, tuples, dicts), so a run folder
+someone shares cannot run code when it is loaded; one that holds anything else is refused in one line.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-__all__ = ["History", "load_history", "read_json", "RunMismatchError"]
+__all__ = ["History", "load_history", "read_json", "RunMismatchError", "UnsafeCheckpointError", "CheckpointWriteError"]
 
 
 # -------------------------------------------------------------------------------------------- history
@@ -50,10 +55,7 @@ class History:
         return {"meta": self.meta, "records": self.records}
 
     def save(self, path: str | os.PathLike) -> None:
-        p = Path(path)
-        tmp = p.with_suffix(p.suffix + ".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=1))
-        os.replace(tmp, p)
+        _atomic_write_text(Path(path), json.dumps(self.to_dict(), indent=1))
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> History:
@@ -61,10 +63,12 @@ class History:
 
 
 def read_json(path: str | os.PathLike, fix: str) -> Any:
-    """``path``'s JSON, or a one-line ``ValueError`` that names the file and says what to do (``fix``) when it is not
-    valid JSON (cut short by a full disk, or edited by hand)."""
+    """``path``'s JSON, or a one-line error that names the file and says what to do (``fix``): a ``ValueError`` when
+    it is not valid JSON (cut short by a full disk, or edited by hand), a ``FileNotFoundError`` when it is missing."""
     try:
         return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: no such file; {fix}") from None
     except json.JSONDecodeError as e:
         raise ValueError(
             f"{path}: not valid JSON (truncated or edited? {e.msg} at line {e.lineno}, column {e.colno}); {fix}"
@@ -78,22 +82,83 @@ def load_history(path: str | os.PathLike) -> History:
 
 
 # -------------------------------------------------------------------------------------------- trainer
+class CheckpointWriteError(OSError):
+    """A run file could not be written (a full disk, a read-only or vanished folder); nothing half-written is left."""
+
+
 def _atomic_save(obj: Any, path: Path) -> None:
+    """``torch.save`` through ``<path>.tmp`` and a rename: a crash, a full disk or a read-only folder never leaves a
+    half-written ``path`` or a ``.tmp`` behind; such a failure is one :class:`CheckpointWriteError` naming the file."""
     tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    try:
+        torch.save(obj, tmp)
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as e:  # torch reports a full disk as a RuntimeError ("unexpected pos ...")
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise CheckpointWriteError(f"{path}: cannot write this file ({_short(e)}); {_WRITE_FIX}") from None
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    """:func:`_atomic_save` for a text file (``history.json``, ``registry.json``)."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise CheckpointWriteError(f"{path}: cannot write this file ({_short(e)}); {_WRITE_FIX}") from None
+
+
+_WRITE_FIX = "free disk space, or choose a folder you can write to"
+
+
+def _short(e: BaseException) -> str:
+    """An exception as a short phrase: its type and the first line of its message."""
+    text = str(e).splitlines()[0][:120] if str(e) else ""
+    if isinstance(e, OSError) and e.strerror:
+        text = e.strerror
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
 class RunMismatchError(ValueError):
     """``out_dir/last.pt`` belongs to another run than the one being trained."""
 
 
+class UnsafeCheckpointError(ValueError):
+    """A checkpoint holds objects that loading would have to execute code for (``torch.load(weights_only=True)``
+    refused it); it is never loaded."""
+
+
+def _numpy_array_globals() -> list:
+    """What a NumPy array needs to be unpickled (its class, dtype and reconstruction function, none of which runs code):
+    allow-listed so that run checkpoints written before the RNG state was stored as a tensor still load."""
+    import numpy as np
+
+    core = getattr(np, "_core", None) or np.core
+    kinds = [np.ndarray, np.dtype, core.multiarray._reconstruct]
+    kinds += [type(np.dtype(t)) for t in (np.uint32, np.int64, np.float64)]  # numpy 2's dtype classes
+    return kinds
+
+
 def _load_checkpoint(path: Path, device: torch.device | str) -> Any:
-    """``torch.load`` with a one-line, actionable error for a truncated or corrupt run checkpoint."""
+    """``torch.load(weights_only=True)`` (tensors, plain values and NumPy arrays only) with a one-line, actionable error
+    for a truncated, corrupt or unsafe run checkpoint."""
     try:
-        return torch.load(path, map_location=device, weights_only=False)
+        with torch.serialization.safe_globals(_numpy_array_globals()):
+            return torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError:  # weights_only refused a global: loading would run code (or the file is foreign)
+        try:
+            found = ", ".join(torch.serialization.get_unsafe_globals_in_checkpoint(path)[:3])
+        except Exception:  # noqa: BLE001 - naming what it holds is a courtesy; the refusal stands either way
+            found = ""
+        raise UnsafeCheckpointError(
+            f"{path}: refused: it holds objects other than tensors and plain values ({found or 'a pickled object'}), "
+            f"and loading them could run code. Use run folders written by capsule_lib; delete this one to start afresh"
+        ) from None
     except (RuntimeError, EOFError, OSError, ValueError) as e:
         raise RuntimeError(
-            f"{path}: cannot read this checkpoint ({type(e).__name__}: {str(e).splitlines()[0][:120]}); "
+            f"{path}: cannot read this checkpoint ({_short(e)}); "
             f"it is truncated or corrupt. Delete it (or the run folder) to start the run afresh"
-        ) from e
+        ) from None

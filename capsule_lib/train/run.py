@@ -172,7 +172,7 @@ def train(
         "recipe": r.name,
         "config": r.config(),
         "hardware": hardware_string(device),
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),
         "train_images": len(loaders.train_set),
         "dataset": loaders.dataset,
         "generated_data": loaders.generated_data,

@@ -1,10 +1,12 @@
 """What a training process needs around the loop of :class:`~capsule_lib.train.trainer.Trainer`: seeds, the device,
-Ctrl-C, and :class:`EpochSums`, an epoch's losses and counts summed on the device.
+Ctrl-C, :class:`EpochSums` (an epoch's losses and counts summed on the device) and the finiteness checks
+(:func:`nonfinite_gradient`, :func:`nonfinite_record`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import random
 import signal
 import threading
@@ -13,7 +15,16 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["seed_everything", "select_device", "TrainingInterrupted", "EpochSums"]
+__all__ = [
+    "rng_state",
+    "set_rng_state",
+    "seed_everything",
+    "select_device",
+    "TrainingInterrupted",
+    "EpochSums",
+    "nonfinite_gradient",
+    "nonfinite_record",
+]
 
 
 def seed_everything(seed: int) -> None:
@@ -21,6 +32,33 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % (2**32))
     torch.manual_seed(seed)
+
+
+def rng_state() -> dict[str, Any]:
+    """Every random state a run checkpoint keeps (torch, NumPy, Python, CUDA), as tensors and plain values only, so
+    that ``torch.load(weights_only=True)`` reads it back."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "numpy": (str(kind), torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)),
+        "python": random.getstate(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+    }
+
+
+def set_rng_state(rng: dict[str, Any]) -> None:
+    """Restore what :func:`rng_state` returned (NumPy's state also in NumPy's own form, from older checkpoints)."""
+    if rng.get("torch") is not None:
+        torch.set_rng_state(rng["torch"])
+    if rng.get("numpy") is not None:
+        kind, keys, *rest = rng["numpy"]
+        keys = keys.numpy() if isinstance(keys, torch.Tensor) else np.asarray(keys)
+        np.random.set_state((kind, keys.astype(np.uint32), *rest))
+    if rng.get("python") is not None:
+        state = rng["python"]  # a tuple, read back as a list of lists from some formats
+        random.setstate((state[0], tuple(state[1]), state[2]))
+    if rng.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
 
 
 def select_device(preference: str | torch.device | None = "auto") -> torch.device:
@@ -86,3 +124,30 @@ class EpochSums:
             "n": self.n,
             "sums": {k: float(v) for k, v in self.parts.items()},
         }
+
+
+def nonfinite_gradient(
+    model: torch.nn.Module, norm: torch.Tensor | None, device: torch.device, *, scaled: bool = False
+) -> torch.Tensor:
+    """Whether a step's gradients hold a NaN or an infinity, as a boolean tensor on ``device`` (read later with the
+    loss's flag, so a GPU step never waits). ``norm``: the total norm, when clipping computed it. ``scaled``: fp16 with
+    a gradient scaler, whose business an infinite gradient is (it skips that step and lowers its scale): no flag."""
+    if norm is None and not scaled:
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        norm = torch.stack(torch._foreach_norm(grads)).sum() if grads else None  # finite iff every gradient is
+    if norm is None or scaled:
+        return torch.zeros((), dtype=torch.bool, device=device)
+    return ~torch.isfinite(norm.detach()).to(device)
+
+
+def nonfinite_record(record: dict[str, Any], models: dict[str, torch.nn.Module | None]) -> str | None:
+    """What is not finite after an epoch, in words (``None``: nothing): the first weight holding NaN or inf among
+    ``models`` (``{prefix: module}``), else the first validation metric (``val_*``) of ``record`` that is NaN or inf."""
+    for prefix, module in models.items():
+        for name, p in module.named_parameters() if module is not None else ():
+            if not bool(torch.isfinite(p).all()):
+                return f"the weight {prefix + name!r} holds nan or inf"
+    for key, value in record.items():
+        if key.startswith("val_") and isinstance(value, float) and not math.isfinite(value):
+            return f"the validation metric {key} is {value}"
+    return None

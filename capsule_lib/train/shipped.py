@@ -20,6 +20,7 @@ configuration edited after export (e.g. ``iterations`` 3 -> 1) fails in one line
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -33,7 +34,7 @@ from torch import nn
 from .._checks import check_device
 from ..data.datasets import DataSource
 from ..models.registry import build_model
-from .checkpoint import History, load_history, read_json
+from .checkpoint import _WRITE_FIX, CheckpointWriteError, History, _load_checkpoint, _short, load_history, read_json
 from .recipes import RECIPES, make_recipe, recipe_config
 from .recipes.base import Recipe
 
@@ -67,25 +68,81 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+#: the registry fields bound to the weights file by :func:`bound_sha256` (``model`` and ``config`` by ``config_sha256``)
+BOUND_FIELDS: tuple[str, ...] = ("metrics", "training", "notes", "dtype", "history")
+
+
+class EntryMismatchError(ValueError):
+    """A registry entry's field no longer matches what was exported with its weights file."""
+
+
 def registry(directory: str | os.PathLike | None = None) -> dict[str, dict[str, Any]]:
-    """The registry as a dict ``name -> entry`` (empty if none is shipped)."""
-    p = Path(directory or CHECKPOINT_DIR) / "registry.json"
+    """The registry as a dict ``name -> entry`` (empty if none is shipped), every entry's bound fields checked
+    (:func:`bound_sha256`): an edited or mismatched entry raises :class:`EntryMismatchError` naming the field."""
+    d = Path(directory or CHECKPOINT_DIR)
+    p = d / "registry.json"
     if not p.exists():
         return {}
     try:
-        return json.loads(p.read_text())
+        reg = json.loads(p.read_text())
     except json.JSONDecodeError as e:
         raise ValueError(
             f"{p}: the checkpoint registry is not valid JSON ({e}); restore it from the repository "
             f"(git checkout -- {p.name} in its folder) or re-export the checkpoints"
         ) from None
+    for name, entry in reg.items():
+        _check_bound(name, entry, d)
+    return reg
 
 
-def _atomic_write(path: Path, data: bytes | str) -> None:
-    """Write ``path`` through a temporary file and a rename, so a crash never leaves it half written."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data.encode() if isinstance(data, str) else data)
-    os.replace(tmp, path)
+def bound_sha256(entry: dict[str, Any], field: str, directory: str | os.PathLike | None = None) -> str:
+    """sha256 of ``entry[field]`` bound to the entry's weights (its ``sha256``): what ``bound_sha256[field]`` records
+    at export and :func:`registry` checks. For ``history`` the value is the history file's name and the sha256 of its
+    content (in ``directory``), so an entry pointed at another model's history no longer matches."""
+    value = entry.get(field)
+    if field == "history" and value is not None:
+        path = Path(directory or CHECKPOINT_DIR) / str(value)
+        value = _history_value(value, path if path.is_file() else None)
+    return _bound_hash(entry.get("sha256"), field, value)
+
+
+def _history_value(name: str, path: Path | None) -> dict[str, Any]:
+    """What ``bound_sha256["history"]`` hashes: the history file's name and its content's sha256."""
+    return {"file": name, "sha256": sha256_file(path) if path is not None else None}
+
+
+def _bound_hash(weights: str | None, field: str, value: Any) -> str:
+    text = json.dumps({"weights": weights, "field": field, "value": value}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _check_bound(name: str, entry: dict[str, Any], directory: Path) -> None:
+    """One :class:`EntryMismatchError` naming the field when an entry's bound fields differ from those exported."""
+    fix = "restore registry.json (and the files it names) from the repository, or re-export the run"
+    missing = [k for k in ("file", "sha256", "model", "config", "config_sha256") if k not in entry]
+    if missing:
+        raise ValueError(
+            f"registry entry {name!r} has no {', '.join(missing)}; it was not written by export_checkpoint "
+            f"(re-export the run with capsule_lib.train.shipped.export_run, or restore registry.json)"
+        )
+    bound = entry.get("bound_sha256")
+    if not isinstance(bound, dict):
+        raise EntryMismatchError(
+            f"registry entry {name!r} in {directory} has no bound_sha256 (it was not written by export_checkpoint); "
+            f"{fix}"
+        )
+    changed = [f for f in BOUND_FIELDS if bound.get(f) != bound_sha256(entry, f, directory)]
+    if changed == list(BOUND_FIELDS):
+        raise EntryMismatchError(
+            f"registry entry {name!r}: its weights (file {entry.get('file')!r} and sha256) are not those its other "
+            f"fields were exported with (every bound field differs); {fix}"
+        )
+    if changed:
+        also = " (or the file it names changed)" if changed[0] == "history" else ""
+        raise EntryMismatchError(
+            f"registry entry {name!r}: its field {changed[0]!r}{also} differs from what was exported with its "
+            f"weights; {fix}"
+        )
 
 
 def config_sha256(kind: str, config: dict[str, Any]) -> str:
@@ -99,14 +156,7 @@ def _entry(name: str, directory: Path) -> dict[str, Any]:
     reg = registry(directory)
     if name not in reg:
         raise KeyError(f"no shipped checkpoint named {name!r}; available: {sorted(reg) or 'none'}")
-    entry = reg[name]
-    missing = [k for k in ("file", "sha256", "model", "config", "config_sha256") if k not in entry]
-    if missing:
-        raise ValueError(
-            f"registry entry {name!r} has no {', '.join(missing)}; it was not written by export_checkpoint "
-            f"(re-export the run with capsule_lib.train.shipped.export_run, or restore registry.json)"
-        )
-    return entry
+    return reg[name]  # checked by registry(): every field it needs, the bound fields unchanged
 
 
 def load_pretrained(
@@ -118,8 +168,12 @@ def load_pretrained(
 
     Returns ``(model in eval mode, registry entry)``.
     """
-    if isinstance(map_location, (str, torch.device)):  # else torch's own error blames the file
-        check_device(map_location, f"load_pretrained({name!r})", "map_location")
+    if not isinstance(map_location, (str, torch.device)):  # else torch's own error blames the file or Module.to
+        raise TypeError(
+            f"load_pretrained({name!r}): map_location must be a device name ('cpu', 'cuda', 'cuda:0') or a "
+            f"torch.device, got {type(map_location).__name__}"
+        )
+    check_device(map_location, f"load_pretrained({name!r})", "map_location")
     d = Path(directory or CHECKPOINT_DIR)
     entry = _entry(name, d)
     path = d / entry["file"]
@@ -148,7 +202,14 @@ def load_pretrained(
             f"checkpoint {name!r} ({path}): not a readable PyTorch state_dict ({type(e).__name__}: "
             f"{str(e).splitlines()[0][:120] if str(e) else ''}); restore it from the repository"
         ) from None
-    model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})
+    try:
+        model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})
+    except (RuntimeError, AttributeError) as e:  # another model's weights: torch lists every key and shape
+        first = str(e).splitlines()[1].strip()[:100] if len(str(e).splitlines()) > 1 else type(e).__name__
+        raise ValueError(
+            f"checkpoint {name!r} ({path}): its weights do not fit its registry entry's model {entry['model']!r} "
+            f"({first}); the entry points at another model's file: restore registry.json from the repository"
+        ) from None
     return model.to(map_location).eval(), entry
 
 
@@ -156,6 +217,8 @@ def load_pretrained_history(name: str, directory: str | os.PathLike | None = Non
     """The training history shipped with a checkpoint."""
     d = Path(directory or CHECKPOINT_DIR)
     entry = _entry(name, d)
+    if not entry.get("history"):
+        raise FileNotFoundError(f"shipped checkpoint {name!r} has no training history (its registry entry names none)")
     fix = f"restore it from the repository (git checkout -- {entry['history']} in {d})"
     return History.from_dict(read_json(d / entry["history"], fix))
 
@@ -187,35 +250,61 @@ def export_checkpoint(
     half: bool = True,
     directory: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
-    """Write ``<name>.pt`` (fp16 weights by default), ``<name>.history.json`` and the registry entry."""
-    d = Path(directory or CHECKPOINT_DIR)
-    d.mkdir(parents=True, exist_ok=True)
+    """Write ``<name>.pt`` (fp16 weights by default), ``<name>.history.json`` and the registry entry (its
+    ``bound_sha256``: :func:`bound_sha256` of every field in :data:`BOUND_FIELDS`).
+
+    All three are written to temporary files first and renamed only when every one of them is complete, so a full
+    disk or a read-only folder leaves the registry and its files as they were (one
+    :class:`~capsule_lib.train.checkpoint.CheckpointWriteError` naming the file). Weights holding NaN or inf are
+    refused (``ValueError``): a non-finite model is never shipped."""
     state = {
         k: (v.detach().half() if half and v.is_floating_point() else v.detach()).cpu().contiguous()
         for k, v in model.state_dict().items()
     }
-    file = d / f"{name}.pt"
-    tmp = file.with_name(file.name + ".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, file)
-    entry: dict[str, Any] = {
-        "file": file.name,
-        "sha256": sha256_file(file),
-        "model": kind,
-        "config": json.loads(json.dumps(asdict(config) if is_dataclass(config) else dict(config), default=str)),
-        "dtype": "float16" if half else "float32",
-        "metrics": metrics,
-        "training": training,
-        "notes": notes,
-    }
-    entry["config_sha256"] = config_sha256(kind, entry["config"])
-    if history is not None:
-        hist = history.to_dict() if isinstance(history, History) else history
-        _atomic_write(d / f"{name}.history.json", json.dumps(hist, indent=1))
-        entry["history"] = f"{name}.history.json"
-    reg = registry(d)
-    reg[name] = json.loads(json.dumps(entry, default=str))
-    _atomic_write(d / "registry.json", json.dumps(reg, indent=1, sort_keys=True))
+    bad = next((k for k, v in state.items() if v.is_floating_point() and not bool(v.isfinite().all())), None)
+    if bad is not None:
+        raise ValueError(
+            f"export_checkpoint({name!r}): the weight {bad!r} holds nan or inf{' in float16' if half else ''}; a "
+            f"non-finite model is never exported (train again with a lower learning rate{', or half=False' * half})"
+        )
+    d = Path(directory or CHECKPOINT_DIR)
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CheckpointWriteError(f"{d}: cannot create this folder ({e.strerror or type(e).__name__})") from None
+    reg = registry(d)  # an existing entry that was edited stops the export here, before anything is written
+    finals = [d / f"{name}.pt", *([d / f"{name}.history.json"] if history is not None else []), d / "registry.json"]
+    staged = [f.with_name(f.name + ".tmp") for f in finals]  # written first, renamed when all are complete
+    try:
+        torch.save(state, staged[0])
+        entry: dict[str, Any] = {
+            "file": finals[0].name,
+            "sha256": sha256_file(staged[0]),
+            "model": kind,
+            "config": json.loads(json.dumps(asdict(config) if is_dataclass(config) else dict(config), default=str)),
+            "dtype": "float16" if half else "float32",
+            "metrics": metrics,
+            "training": training,
+            "notes": notes,
+        }
+        entry["config_sha256"] = config_sha256(kind, entry["config"])
+        entry = json.loads(json.dumps(entry, default=str))
+        bound = {f: _bound_hash(entry["sha256"], f, entry.get(f)) for f in BOUND_FIELDS}
+        if history is not None:
+            hist = history.to_dict() if isinstance(history, History) else history
+            staged[1].write_text(json.dumps(hist, indent=1))
+            entry["history"] = finals[1].name
+            bound["history"] = _bound_hash(entry["sha256"], "history", _history_value(finals[1].name, staged[1]))
+        entry["bound_sha256"] = bound
+        reg[name] = entry
+        staged[-1].write_text(json.dumps(reg, indent=1, sort_keys=True))
+        for tmp, final in zip(staged, finals):
+            os.replace(tmp, final)
+    except (OSError, RuntimeError) as e:  # torch reports a full disk as a RuntimeError ("unexpected pos ...")
+        for tmp in staged:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+        raise CheckpointWriteError(f"{d}: cannot write the checkpoint {name!r} ({_short(e)}); {_WRITE_FIX}") from None
     return reg[name]
 
 
@@ -254,7 +343,7 @@ def export_run(
     if config.get("primary_conv") == "bf16_gemm":  # a training-speed option; readers run the standard conv
         config["primary_conv"] = "standard"
     model = build_model(kind, config)
-    best = torch.load(run / "best.pt", map_location="cpu", weights_only=False)
+    best = _load_checkpoint(run / "best.pt", "cpu")
     if max_epoch is not None:
         hist = History([r for r in hist.records if r["epoch"] <= max_epoch], hist.meta)
         want = hist.best("val_acc")["epoch"]
@@ -264,7 +353,7 @@ def export_run(
                 f"whose weights were kept only while it was the run's best; export without max_epoch"
             )
         if best["epoch"] != want:
-            best = torch.load(run / f"epoch_{want:03d}.pt", map_location="cpu", weights_only=False)
+            best = _load_checkpoint(run / f"epoch_{want:03d}.pt", "cpu")
     model.load_state_dict({k: v.half().float() if v.is_floating_point() else v for k, v in best["model"].items()})
     model.to(device).eval()
     metrics: dict[str, Any] = {"selected_epoch": best["epoch"], "selected_by": "val_acc"}

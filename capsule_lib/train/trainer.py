@@ -11,13 +11,11 @@ import contextlib
 import json
 import math
 import os
-import random
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -25,7 +23,17 @@ from ..distributed import DistInfo, all_reduce_sums
 from ..losses import StepOutput
 from .checkpoint import History, RunMismatchError, _atomic_save, _load_checkpoint, read_json
 from .ema import WeightAverage
-from .runtime import EpochSums, TrainingInterrupted, _stop_on_sigint, seed_everything, select_device
+from .runtime import (
+    EpochSums,
+    TrainingInterrupted,
+    _stop_on_sigint,
+    nonfinite_gradient,
+    nonfinite_record,
+    rng_state,
+    seed_everything,
+    select_device,
+    set_rng_state,
+)
 
 __all__ = ["Trainer"]
 
@@ -160,13 +168,8 @@ class Trainer:
             "ema": self.ema.state_dict() if self.ema is not None else None,
             "epoch": self.epoch,
             "best_metric": self.best_metric,
-            "history": self.history.to_dict(),
-            "rng": {
-                "torch": torch.get_rng_state(),
-                "numpy": np.random.get_state(),
-                "python": random.getstate(),
-                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-            },
+            "history": json.loads(json.dumps(self.history.to_dict(), default=str)),  # plain values (weights_only)
+            "rng": rng_state(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -193,15 +196,7 @@ class Trainer:
         self.best_metric = float(state["best_metric"])
         self._in_epoch = state.get("in_epoch")
         self.history = History.from_dict(state["history"])
-        rng = state.get("rng") or {}
-        if rng.get("torch") is not None:
-            torch.set_rng_state(rng["torch"])
-        if rng.get("numpy") is not None:
-            np.random.set_state(rng["numpy"])
-        if rng.get("python") is not None:
-            random.setstate(rng["python"])
-        if rng.get("cuda") is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(rng["cuda"])
+        set_rng_state(state.get("rng") or {})
 
     def resume(self) -> bool:
         """Load ``out_dir/last.pt`` if present; returns whether it did."""
@@ -249,21 +244,25 @@ class Trainer:
         bar = self._bar(loader, len(loader) - first, f"epoch {self.epoch + 1}")
         # the sums stay on the device; they are read every `every` batches (the finiteness check, the progress bar)
         # and at the epoch's end: on a GPU each read waits for the device, so a read per step would stall it
+        # (a non-finite loss or gradient is flagged on the device and read there too, before the optimiser's step: on a
+        # CPU no weight ever takes a non-finite step; on a GPU no checkpoint is written before the flags are read)
         every, since, nonfinite = self.read_every or (1 if self.device.type == "cpu" else 50), None, None
         for batch in bar:
             batch = tuple(b.to(self.device) for b in batch)
             with self._autocast():
                 out = self.objective(self.net, batch, True)
             position = getattr(loader, "position", None)
-            step_bad = ~torch.isfinite(out.loss.detach())
+            self.optimizer.zero_grad(set_to_none=True)
+            self.scaler.scale(out.loss).backward()
+            norm = None
+            if self.grad_clip is not None:
+                self.scaler.unscale_(self.optimizer)
+                norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+            grad_bad = nonfinite_gradient(self.model, norm, self.device, scaled=self.scaler.is_enabled())
+            step_bad = torch.stack([~torch.isfinite(out.loss.detach()), grad_bad])  # [2]: loss, gradient
             nonfinite, since = (step_bad, position) if nonfinite is None else (nonfinite | step_bad, since)
             if position is None or position % every == 0 or position >= len(loader):
                 nonfinite = self._check_finite(nonfinite, since, position)
-            self.optimizer.zero_grad(set_to_none=True)
-            self.scaler.scale(out.loss).backward()
-            if self.grad_clip is not None:
-                self.scaler.unscale_(self.optimizer)
-                nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
             self.scaler.step(self.optimizer)
             self.scaler.update()
             if self.ema is not None:
@@ -306,13 +305,36 @@ class Trainer:
         return self._record("train", sums)
 
     def _check_finite(self, nonfinite: torch.Tensor, since: int | None, position: int | None) -> None:
-        """Stop the run in one line if a training loss since batch ``since`` (up to ``position``) was not finite;
-        returns ``None`` (nothing left to check)."""
-        if bool(nonfinite):
+        """Stop the run in one line if a training loss or gradient since batch ``since`` (up to ``position``) was not
+        finite (``nonfinite``: the two flags); returns ``None`` (nothing left to check)."""
+        loss_bad, grad_bad = (bool(f) for f in nonfinite)
+        if loss_bad or grad_bad:
             where = f"batch {position}" if since == position else f"one of batches {since}-{position}"
+            what = "the training loss" if loss_bad else "a gradient (the loss was finite)"
             raise FloatingPointError(
-                f"epoch {self.epoch + 1}, {where}: the training loss is nan or infinite (not finite); the run stops "
-                f"here (last.pt holds the last complete epoch)"
+                f"epoch {self.epoch + 1}, {where}: {what} is nan or infinite; the run stops here. "
+                f"{self._likely_cause()}"
+            )
+
+    def _likely_cause(self) -> str:
+        """What a non-finite stop says after the step: the likely cause and where the last finite state is."""
+        lr = self.optimizer.param_groups[0]["lr"]
+        cause = f"Likely cause: a learning rate too high for this model (lr {lr:g} now), or NaN/inf in the data."
+        if not self._writes:
+            return f"{cause} This run keeps no checkpoint (no out_dir)"
+        last = self.out_dir / "last.pt"
+        if not last.exists():
+            return f"{cause} No checkpoint was written before this ({last} does not exist)"
+        return f"{cause} {last} holds the last finite state; resume from it with a lower lr (--set lr=...)"
+
+    def _check_record_finite(self, rec: dict[str, Any]) -> None:
+        """Stop in one line when an epoch's weights or validation results are not finite: that epoch is never selected,
+        saved or exported, and ``last.pt`` keeps the epoch before it."""
+        what = nonfinite_record(rec, {"": self.model, "ema.": self.ema.module if self.ema is not None else None})
+        if what is not None:
+            raise FloatingPointError(
+                f"epoch {rec['epoch']}: {what}; the run stops and this epoch is neither selected nor saved. "
+                f"{self._likely_cause()}"
             )
 
     def _in_epoch_state(self, loader: Any, sums: EpochSums) -> dict:
@@ -469,6 +491,7 @@ class Trainer:
                 self.scheduler.step()
             if val_loader is not None:
                 rec.update(self.evaluate(val_loader, "val"))
+            self._check_record_finite(rec)
             if test_loader is not None:  # for the record only; never used for selection
                 rec.update(self.evaluate(test_loader, "test"))
             rec["epoch_time"] = time.time() - t_epoch
@@ -509,6 +532,7 @@ class Trainer:
         rec["partial"] = True
         if val_loader is not None:
             rec.update(self.evaluate(val_loader, "val"))
+        self._check_record_finite(rec)
         rec["epoch_time"] = time.time() - self._t_epoch
         rec["wall_time"] = self._wall_before + time.time() - self._t0
         self._append_and_select(rec)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
@@ -177,8 +178,18 @@ class Recipe:
         """One-line ``ValueError`` for settings no run can use (checked by :func:`make_recipe`, before any data is
         loaded): ``epochs``, ``batch_size`` and the subsets positive integers, ``lr`` a number >= 0 (0 keeps the
         weights: e.g. to evaluate a start checkpoint through the loop), a known ``amp`` and a device name torch
-        knows."""
+        knows; every number field (of the recipe and its model config) finite."""
         name = self.name or type(self).__name__
+        for prefix, obj in (("", self), ("model.", getattr(self, "model", None))):
+            if dataclasses.is_dataclass(obj):  # a NaN or an infinity in any number field (lr=1e999 parses as inf)
+                for f in dataclasses.fields(obj):
+                    value = getattr(obj, f.name)
+                    if isinstance(value, float) and not math.isfinite(value):
+                        raise ValueError(f"{name}: {prefix}{f.name} must be a finite number, got {value!r}")
+        for key, (ok, what) in _RANGES.items():  # the number fields some recipes have, each in its range
+            value = getattr(self, key, None)
+            if value is not None and not isinstance(value, bool) and isinstance(value, (int, float)) and not ok(value):
+                raise ValueError(f"{name}: {key} must be {what}, got {value!r}")
         for key in ("epochs", "batch_size", "train_subset", "eval_subset"):
             value = getattr(self, key)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
@@ -196,6 +207,38 @@ class Recipe:
     def config(self) -> dict[str, Any]:
         """The recipe's fields as plain JSON values (what the history records as ``config``)."""
         return json.loads(json.dumps(dataclasses.asdict(self), default=str))
+
+
+#: the ranges of the number fields that recipes share by name (checked by :meth:`Recipe.validate`): predicate, in words
+_RANGES: dict[str, tuple[Any, str]] = {
+    "seed": (lambda v: v >= 0, ">= 0"),
+    "data_seed": (lambda v: v >= 0, ">= 0"),
+    "lr_decay": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    "lr_decay_steps": (lambda v: v >= 1, ">= 1"),
+    "lr_min": (lambda v: v >= 0, ">= 0"),
+    "adam_eps": (lambda v: v > 0, "> 0"),
+    "momentum": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "weight_decay": (lambda v: v >= 0, ">= 0"),
+    "gamma": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    "warmup": (lambda v: 0 <= v < 1, "a fraction of the run in [0, 1)"),
+    "recon_weight": (lambda v: v >= 0, ">= 0"),
+    "m_min": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+    "m_max": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+    "brightness": (lambda v: v >= 0, ">= 0"),
+    "contrast": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "max_shift": (lambda v: v >= 0, ">= 0"),
+    "crop_padding": (lambda v: v >= 0, ">= 0"),
+    "crop": (lambda v: v >= 1, ">= 1"),
+    "image_size": (lambda v: v >= 1, ">= 1"),
+    "n_train": (lambda v: v >= 1, ">= 1"),
+    "n_val": (lambda v: v >= 1, ">= 1"),
+    "n_test": (lambda v: v >= 1, ">= 1"),
+    "test_images": (lambda v: v >= 1, ">= 1 (or null: all)"),
+    "pairs_per_epoch": (lambda v: v >= 1, ">= 1"),
+    "val_pairs": (lambda v: v >= 1, ">= 1"),
+    "test_pairs": (lambda v: v >= 1, ">= 1"),
+    "render_workers": (lambda v: v >= 1, ">= 1"),
+}
 
 
 def _check_device(name: str, device: Any) -> None:
