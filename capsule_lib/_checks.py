@@ -237,12 +237,43 @@ def check_activations(a: torch.Tensor, name: str = "activations") -> None:
         )
 
 
+def check_class_labels(labels: Any, n_classes: int, name: str = "labels", n: int | None = None) -> torch.Tensor:
+    """One line unless ``labels`` are class indices: an integer tensor ``[n]`` (any length when ``n`` is ``None``) with
+    values in ``0 .. n_classes - 1`` (a float, a number, a wrong length or a label outside the classes would count as
+    errors and lower an accuracy silently). Returns ``labels``."""
+    want = f"[N={n}]" if n is not None else "[N]"
+    if not isinstance(labels, torch.Tensor):
+        raise ValueError(f"{name}: expected class indices, an integer tensor {want}, got {_describe(labels)}")
+    if labels.dtype.is_floating_point or labels.dtype.is_complex or labels.dtype == torch.bool:
+        raise ValueError(f"{name}: expected integer class indices {want}, got dtype {labels.dtype} (use .long())")
+    if labels.dim() != 1 or (n is not None and labels.shape[0] != n):
+        raise ValueError(f"{name}: expected shape {want} (one label per image), got {tuple(labels.shape)}")
+    if labels.numel():
+        lo, hi = int(labels.min()), int(labels.max())
+        if lo < 0 or hi >= n_classes:
+            raise ValueError(f"{name}: class indices must lie in 0..{n_classes - 1}, got values in [{lo}, {hi}]")
+    return labels
+
+
+def check_no_nan(x: torch.Tensor, name: str) -> None:
+    """One line when ``x`` holds a NaN (a routing would spread it to every output). Skipped while ``torch.compile``
+    traces (a data-dependent check would break the graph)."""
+    if torch.compiler.is_compiling() or x.numel() == 0:
+        return
+    if bool(torch.isnan(x.detach()).any()):
+        raise ValueError(
+            f"{name}: holds NaN ({int(torch.isnan(x.detach()).sum())} of {x.numel()} values); pass finite values"
+        )
+
+
 def check_iterations(iterations: int, name: str = "iterations") -> int:
     """The one check of a number of routing iterations: an integer >= 1 (returned as ``int``), else one line."""
     try:
+        if isinstance(iterations, bool):  # True is an int to Python; as a count it is a typo
+            raise TypeError
         n = operator.index(iterations)
     except TypeError:
-        raise ValueError(f"{name} must be an integer >= 1, got {iterations!r}") from None
+        raise ValueError(f"{name} must be an integer >= 1, got {_describe(iterations)}") from None
     if n < 1:
         raise ValueError(f"{name} must be >= 1, got {iterations}")
     return n
@@ -251,9 +282,22 @@ def check_iterations(iterations: int, name: str = "iterations") -> int:
 def check_choice(value: Any, options: Collection[Any], name: str) -> Any:
     """The one check of an option chosen by name: ``value`` when it is one of ``options``, else one line naming
     them (``options`` as given, e.g. ``sorted(KINDS)``)."""
-    if value not in options:
-        raise ValueError(f"{name} must be one of {options}, got {value!r}")
+    try:
+        known = not isinstance(value, torch.Tensor) and value in options
+    except TypeError:  # unhashable (a list, a dict) where the options are a set or a dict's keys
+        known = False
+    if not known:
+        raise ValueError(f"{name} must be one of {options}, got {_describe(value)}")
     return value
+
+
+def _describe(value: Any) -> str:
+    """A value as an error message shows it: its repr when short and plain, else its type (a tensor is never printed
+    in full: the message stays one line)."""
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {tuple(value.shape)}"
+    text = repr(value)
+    return text if len(text) <= 80 and "\n" not in text else f"a {type(value).__name__}"
 
 
 def resolve_config(config: _Config | None, default: type[_Config], overrides: dict[str, Any]) -> _Config:

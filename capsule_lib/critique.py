@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._checks import check_iterations, float_images, module_device
+from ._checks import check_class_labels, check_iterations, check_tensor, float_images, module_device
 from .routing.kinds import ROUTING_KINDS
 
 __all__ = [
@@ -94,12 +94,21 @@ def coupling_stats(
     CouplingStats
         ``entropy``, ``max_share``, ``variation`` and ``alive``.
     """
-    if couplings.dim() != 3 or couplings.shape[0] < 2 or couplings.shape[2] < 2:
+    check_tensor(couplings, "couplings", "[N >= 2, n_inp, n_out >= 2]", [None, None, None])
+    if couplings.shape[0] < 2 or couplings.shape[2] < 2:
         raise ValueError(f"couplings must be [N >= 2, n_inp, n_out >= 2], got {tuple(couplings.shape)}")
     c = couplings.detach().double()  # [N, i, j]
     J = c.shape[2]
+    if not bool(torch.isfinite(c).all()) or float(c.min()) < -1e-6 or float(c.max()) > 1 + 1e-6:
+        raise ValueError(
+            f"couplings must be shares in [0, 1] (no NaN or inf), got values in [{float(c.min()):.3g}, "
+            f"{float(c.max()):.3g}]"
+        )
     if not torch.allclose(c.sum(-1), torch.ones_like(c[..., 0]), atol=1e-4):
         raise ValueError("couplings must sum to 1 over the parents (the last axis)")
+    c = c.clamp(0, 1)
+    _check_share(threshold, "threshold", low=None)
+    _check_share(min_share, "min_share")
     ent = -(c * c.clamp_min(1e-30).log()).sum(-1) / math.log(J)  # [N, i] normalised entropy
     alive = None
     if activity is not None:
@@ -185,8 +194,13 @@ def routing_changes(
     its = tuple(check_iterations(t) for t in iterations)
     if 1 not in its:
         raise ValueError(f"iterations must include 1 (the uniform pass), got {its}")
+    check_tensor(images, "images", "[N >= 2, C, H, W]", [None, None, None, None], floating=False)
     if images.shape[0] < 2:
         raise ValueError(f"need at least 2 images, got {images.shape[0]}")
+    if labels is not None:
+        check_class_labels(labels, getattr(config, "n_classes", 1 << 30), "labels", n=images.shape[0])
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
     was_training, device = model.training, module_device(model)
     model.eval()
     try:
@@ -222,9 +236,21 @@ def routing_changes(
 def alive_share(activity: torch.Tensor, threshold: float = 0.5, min_share: float = 0.01) -> float:
     """The fraction of parents ``activity [N, P]`` (on a [0, 1] scale) calls alive: active (``> threshold``) on at
     least ``min_share`` of the ``N`` images. A parent never active is a starved ("dead") capsule."""
-    if activity.dim() != 2 or activity.shape[0] < 1:
+    check_tensor(activity, "activity", "[N >= 1, n_parents]", [None, None])
+    if activity.shape[0] < 1:
         raise ValueError(f"activity must be [N >= 1, n_parents], got {tuple(activity.shape)}")
+    if not bool(torch.isfinite(activity).all()):  # a NaN is neither active nor inactive: refuse it
+        raise ValueError("activity: holds NaN or inf; pass each parent's finite activity")
+    _check_share(threshold, "threshold", low=None)
+    _check_share(min_share, "min_share")
     return ((activity.detach() > threshold).double().mean(0) >= min_share).double().mean().item()
+
+
+def _check_share(value: Any, name: str, low: float | None = 0.0) -> None:
+    """One line unless ``value`` is a finite number (in ``[0, 1]`` unless ``low`` is ``None``)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or (low is not None and not 0.0 <= value <= 1.0):
+        raise ValueError(f"{name} must be a {'number' if low is None else 'share in [0, 1]'}, got {value!r}")
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from ._checks import check_device, check_image_range, check_image_values, module_device
-from .data.datasets import check_labels
+from ._checks import (
+    check_class_labels,
+    check_device,
+    check_image_range,
+    check_image_values,
+    check_tensor,
+    module_device,
+)
 from .routing.em import _check_em_inputs, _lambdas, em_routing
 
 __all__ = [
@@ -112,7 +118,8 @@ def _predict_batches(
 def accuracy(scores: torch.Tensor, labels: torch.Tensor) -> float:
     """Top-1 accuracy of ``scores [N, K]`` against ``labels [N]``; a label outside ``0 .. K-1`` (a wrong or corrupt
     label set: it would count as an error and lower the accuracy silently) is refused in one line."""
-    check_labels(labels, scores.shape[-1], "accuracy")
+    check_tensor(scores, "accuracy: scores", "[N, K]", [None, None])
+    check_class_labels(labels, scores.shape[-1], "accuracy: labels", n=scores.shape[0])
     return (scores.argmax(1) == labels.to(scores.device)).float().mean().item()
 
 

@@ -102,9 +102,17 @@ class RoutingClassifierConfig:
     hidden: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        self.stem_channels = tuple(self.stem_channels)  # a config read back from JSON holds lists
-        self.hidden = tuple(self.hidden)
-        if any(not isinstance(n, int) or n < 2 for n in self.hidden):
+        for name, n in (("stem_channels", 2), ("hidden", None)):  # a config read back from JSON holds lists
+            value = getattr(self, name)
+            if not isinstance(value, (list, tuple)) or (n is not None and len(value) != n):
+                want = f"{n} channel counts" if n else "capsule counts"
+                raise ValueError(
+                    f"{name} must be a list of {want} (e.g. {[64, 128] if n else [32, 16]}), got {value!r}"
+                )
+            setattr(self, name, tuple(value))
+        if any(not isinstance(c, int) or isinstance(c, bool) or c < 1 for c in self.stem_channels):
+            raise ValueError(f"stem_channels must hold channel counts >= 1, got {self.stem_channels}")
+        if any(not isinstance(n, int) or isinstance(n, bool) or n < 2 for n in self.hidden):
             raise ValueError(f"hidden must hold capsule counts >= 2, got {self.hidden}")
         if self.hidden and self.head != "routing":
             raise ValueError(f"head {self.head!r} routes nothing: hidden routing layers need head='routing'")

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._checks import check_choice, check_tensor
+from .._checks import check_choice, check_no_nan, check_nonempty, check_tensor
 from ..types import COUPLINGS, Routed, RoutingTrace
 
 
@@ -63,13 +63,14 @@ class RoutingProtocol:
             couplings a one-pass trace of them, the outputs and activations).
         """
         mode = check_choice(self.couplings if couplings is None else couplings, COUPLINGS, "couplings")
+        self._check_route_input(poses, activations, mode)
         if mode == "routed":
             return self._routed(poses, activations, iterations, return_routing)
         if iterations is not None:
             raise ValueError(f"couplings={mode!r} route in one pass: pass iterations=None")
         n_out = getattr(self, "n_out", -1)
-        if n_out < 1 or poses.dim() != 3:
-            raise ValueError(f"couplings={mode!r} need a fixed n_out and poses [B, n_inp, d], got {tuple(poses.shape)}")
+        if n_out < 1:
+            raise ValueError(f"couplings={mode!r} need a layer with a fixed n_out, got n_out={n_out}")
         R = fixed_couplings(mode, poses.shape[0], poses.shape[1], n_out, poses)  # [B, n_inp, n_out]
         routed = self._coupled(poses, activations, R)
         if not return_routing:
@@ -79,6 +80,33 @@ class RoutingProtocol:
         trace = RoutingTrace(name, coefficients=[R], outputs=[routed.poses], activations=acts)
         trace.extra["couplings"] = mode
         return routed._replace(trace=trace)
+
+    def _input_width(self) -> int | None:
+        """The size of one input capsule this layer takes (``d_inp``, or ``pose_dim``; a matrix capsule's ``P * P``
+        entries where the layer names its poses otherwise), checked by :meth:`route` before anything runs."""
+        return getattr(self, "d_inp", None) or getattr(self, "pose_dim", None)
+
+    def _check_route_input(self, poses: Any, activations: Any, mode: str) -> None:
+        """What every routing checks first, in one line each, whatever its couplings: ``poses`` a non-empty float tensor
+        ``[B, n_inp, d]`` of the layer's sizes (a fully connected layer; a layer built for any ``n_inp`` takes any),
+        ``activations`` ``None`` or ``[B, n_inp]`` with no NaN."""
+        n_inp, d = getattr(self, "n_inp", -1), self._input_width()
+        sizes = [n_inp if isinstance(n_inp, int) and n_inp > 0 else None, d]
+        spec = f"[B, n_inp={sizes[0] or '*'}, d={d or '*'}]"
+        if mode == "routed":  # (the Heinsen layers route any leading dimensions; the others check theirs)
+            check_tensor(poses, "poses", spec, sizes, min_leading=0)
+        else:
+            check_tensor(poses, "poses", spec, [None, *sizes])
+        check_nonempty(poses, "poses", spec, leading=max(1, poses.dim() - 2))
+        if activations is None:
+            return
+        check_tensor(activations, "activations", f"[B, n_inp={poses.shape[-2]}]", [poses.shape[-2]], min_leading=0)
+        if activations.shape != poses.shape[:-1]:
+            raise ValueError(
+                f"activations: expected shape {tuple(poses.shape[:-1])} (one per input capsule of the poses "
+                f"{tuple(poses.shape)}), got {tuple(activations.shape)}"
+            )
+        check_no_nan(activations, "activations")
 
 
 def fixed_couplings(mode: str, batch: int, n_inp: int, n_out: int, like: torch.Tensor) -> torch.Tensor:

@@ -561,6 +561,9 @@ class EMRouting(RoutingProtocol, EMRoutingBase):
         """The registry's constructor: ``n_inp -> n_out`` capsules of size ``d`` (``sqrt(d) x sqrt(d)`` poses)."""
         return cls(n_inp, n_out, math.isqrt(d), iterations)
 
+    def _input_width(self) -> int:
+        return self.pose_size**2  # a P x P pose, flattened
+
     def _routed(self, poses, activations, iterations, return_routing) -> Routed:
         """The protocol's :meth:`route`: :meth:`forward`: activations are probabilities in ``[0, 1]``, in and out."""
         a_in = require_activations(activations, self, "probabilities in [0, 1]")

@@ -36,7 +36,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._checks import check_choice, check_iterations, check_module_input, check_nonempty, check_tensor
+from .._checks import (
+    check_choice,
+    check_iterations,
+    check_module_input,
+    check_no_nan,
+    check_nonempty,
+    check_tensor,
+)
 from ..types import Routed, RoutingTrace
 from ._common import (
     RoutingProtocol,
@@ -276,6 +283,7 @@ def _check_inputs(a_inp, mu_inp, W, B, beta_use, beta_ign, iterations, p_model, 
     check_one_or(B, "B", f"[n_inp={I} or 1, n_out={J}, d_cov={C}, d_out={E}]", I, [J, C, E])
     check_one_or(beta_use, "beta_use", f"[n_inp={I} or 1, n_out={J}]", I, [J])
     check_one_or(beta_ign, "beta_ign", f"[n_inp={I} or 1, n_out={J}]", I, [J])
+    check_no_nan(a_inp, "a_inp")  # one NaN logit made every output NaN (EM refuses NaN activations too)
 
 
 def _route_votes(
@@ -489,6 +497,9 @@ class GenerativeMatrixRouting(RoutingProtocol, nn.Module):
     def fully_connected(cls, n_inp: int, n_out: int, d: int, iterations: int | None) -> GenerativeMatrixRouting:
         """The registry's constructor: ``n_inp -> n_out`` capsules of size ``d`` (``d_cov = 1``: ``1 x d`` matrices)."""
         return cls(d_cov=1, d_inp=d, d_out=d, n_inp=n_inp, n_out=n_out, iterations=iterations)
+
+    def _input_width(self) -> int:
+        return self.d_cov * self.d_inp  # a d_cov x d_inp matrix, flattened
 
     def _routed(self, poses, activations, iterations, return_routing) -> Routed:
         """The protocol's :meth:`route`: :meth:`forward` on the poses as ``d_cov x d_inp`` matrices (flattened back
