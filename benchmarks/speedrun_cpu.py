@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO))
 from capsule_lib.cost import machine_info, time_training_step  # noqa: E402
 from capsule_lib.pretrained import load_pretrained_history, registry  # noqa: E402
 from capsule_lib.train import make_recipe  # noqa: E402
-from capsule_lib.train.speedrun import run_speedrun  # noqa: E402
+from capsule_lib.train.timed import run_speedrun  # noqa: E402
 
 RECIPES = ("capsnet_speedrun", "efficient_speedrun")
 #: the shipped CPU run of the paper recipe each speedrun is read against

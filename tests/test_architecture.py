@@ -13,10 +13,11 @@ import pytest
 import torch
 
 from capsule_lib._checks import check_choice
+from capsule_lib.commands.train import main
 from capsule_lib.models import CapsNetConfig
 from capsule_lib.pretrained import load_pretrained_history, registry
 from capsule_lib.routing import DynamicRouting
-from capsule_lib.train import main, shipped_recipe, train
+from capsule_lib.train import shipped_recipe, train
 from capsule_lib.train.recipes import RECIPES, CapsNetRecipe, make_recipe, recipe_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,7 +47,7 @@ LAYERS = [
     "train.recipes",
     "train.shipped",  # the shipped checkpoints: registry.json, sha256-checked files, export_run (a run -> a file)
     "train.run",  # train(): the one training entry point (starts from / retrains shipped checkpoints)
-    "train.cli",  # the command line's arguments -> train() (and --export)
+    "train.timed",  # run_speedrun: the speedrun recipes through train() in a number of minutes
     "train",  # train/__init__: re-exports; everything of train/ above sits below pretrained
     "pretrained",  # the readers' door to the shipped checkpoints (re-exports train.shipped), the author's weights
     "comparison",
@@ -59,9 +60,36 @@ LAYERS = [
     "analysis",
     "viz",
     "notebook",  # the one reader of the CAPSULE_* environment variables
-    "train.__main__",  # python -m capsule_lib.train: the command line with the environment's defaults
-    "train.speedrun",  # python -m capsule_lib.train.speedrun: recipes through train(), the environment's defaults
+    "commands",  # the commands (train, train.speedrun) and their python -m entry modules (SHIMS): nothing imports them
 ]
+
+
+def _is_shim(tree: ast.Module) -> bool:
+    """A ``python -m`` entry module: a docstring and one ``if __name__ == "__main__":`` block holding exactly
+    ``from capsule_lib.commands.<command> import main`` and ``main()``; nothing else."""
+    docstring = bool(tree.body) and isinstance(tree.body[0], ast.Expr) and isinstance(tree.body[0].value, ast.Constant)
+    body = tree.body[1:] if docstring else tree.body
+    if len(body) != 1 or not isinstance(body[0], ast.If) or body[0].orelse:
+        return False
+    block = body[0]
+    if ast.unparse(block.test) != "__name__ == '__main__'" or len(block.body) != 2:
+        return False
+    imp, call = block.body
+    return (
+        isinstance(imp, ast.ImportFrom)
+        and imp.level == 0
+        and re.fullmatch(r"capsule_lib\.commands\.[a-z_]+", imp.module or "") is not None
+        and [(a.name, a.asname) for a in imp.names] == [("main", None)]
+        and ast.unparse(call) == "main()"
+    )
+
+
+#: the ``python -m`` entry modules, by the rule of ``_is_shim``: in the commands' layer though their paths lie elsewhere
+SHIMS = {
+    ".".join(p.with_suffix("").relative_to(REPO).parts)
+    for p in sorted(LIB.rglob("*.py"))
+    if _is_shim(ast.parse(p.read_text()))
+}
 
 
 def _modules():
@@ -74,7 +102,10 @@ def _modules():
 
 
 def _layer(module: str) -> str:
-    """A module's layer: ``capsule_lib.<package>.<module>`` where LAYERS names it, else its package."""
+    """A module's layer: ``commands`` for an entry module (``SHIMS``), ``capsule_lib.<package>.<module>`` where
+    LAYERS names it, else its package."""
+    if module in SHIMS:
+        return "commands"
     parts = module.split(".")
     if len(parts) > 2 and ".".join(parts[1:3]) in LAYERS:
         return ".".join(parts[1:3])
@@ -123,25 +154,62 @@ def test_modules_import_only_from_lower_layers():
     ]  # the detector sees the imports inside functions
 
 
-#: ``python -m`` entry points: in ``train/`` (their paths are the commands), above the chapters' layer
-COMMANDS = ["train.__main__", "train.speedrun"]
+def _command_imports(tree: ast.AST, package: list[str]) -> list[tuple[int, str]]:
+    """``(line, module)`` of each import in ``tree`` of a command or an entry module (``from capsule_lib.train import
+    speedrun`` included)."""
+    found = [(line, t) for line, t in _imports(tree, package) if _layer(t) == "commands"]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("capsule_lib"):
+            found += [
+                (node.lineno, f"{node.module}.{a.name}") for a in node.names if f"{node.module}.{a.name}" in SHIMS
+            ]
+    return found
 
 
-def test_train_sits_below_pretrained_and_only_the_commands_above_it():
-    """One-way layering: ``pretrained`` (the readers' door to the shipped checkpoints) imports ``train``, and
-    nothing of ``train/`` imports ``pretrained`` or ``notebook``, except the two commands, which nothing imports."""
-    below = [x for x in LAYERS if (x == "train" or x.startswith("train.")) and x not in COMMANDS]
-    assert max(LAYERS.index(x) for x in below) < LAYERS.index("pretrained"), below
-    assert LAYERS[-len(COMMANDS) :] == COMMANDS and LAYERS.index("notebook") < LAYERS.index(COMMANDS[0])
-    modules = {m: (p, pkg) for p, m, pkg in _modules()}
-    in_train = [m for m in modules if m.startswith("capsule_lib.train") and _layer(m) not in COMMANDS]
-    assert {"capsule_lib.train.run", "capsule_lib.train.cli", "capsule_lib.train.shipped"} <= set(in_train)
-    for m in modules:
-        path, pkg = modules[m]
-        for line, target in _imports(ast.parse(path.read_text()), pkg):
-            assert _layer(target) not in COMMANDS, f"{m} imports the command {target} (line {line})"
-            if m in in_train:
-                assert _layer(target) not in ("pretrained", "notebook"), f"{m} imports {target} (line {line})"
+def _notebook_code(path: Path) -> str:
+    """A notebook's code cells as one Python source (IPython magics and shell lines left out)."""
+    cells = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
+    lines = ["".join(c["source"]).splitlines() for c in cells]
+    return "\n".join(line for cell in lines for line in cell if not line.lstrip().startswith(("%", "!")))
+
+
+def test_the_commands_sit_on_top_and_nothing_imports_them():
+    """The commands (``capsule_lib.commands`` and the entry modules of their ``python -m`` spellings, ``SHIMS``) are
+    the top layer: nothing imports them (the library, the benchmarks, the data scripts and the chapters run them as
+    ``python -m``; only the tests call them), and an entry module holds nothing but the call. ``train/`` sits below
+    ``pretrained`` and imports nothing from ``pretrained`` or ``notebook``."""
+    assert LAYERS[-1] == "commands" and LAYERS.index("notebook") < LAYERS.index("commands")
+    assert SHIMS == {"capsule_lib.train.__main__", "capsule_lib.train.speedrun"}
+    train_layers = [x for x in LAYERS if x == "train" or x.startswith("train.")]
+    assert max(LAYERS.index(x) for x in train_layers) < LAYERS.index("pretrained"), train_layers
+    found = []
+    for path, m, pkg in _modules():
+        tree = ast.parse(path.read_text())
+        if _layer(m) != "commands":
+            found += [f"{m} imports the command {t} (line {line})" for line, t in _command_imports(tree, pkg)]
+        if m.startswith("capsule_lib.train") and _layer(m) != "commands":
+            found += [
+                f"{m} imports {t} (line {line})"
+                for line, t in _imports(tree, pkg)
+                if _layer(t) in ("pretrained", "notebook")
+            ]
+    for f in [*REPO.glob("benchmarks/*.py"), *REPO.glob("data_scripts/*.py"), *REPO.glob("book/**/*.ipynb")]:
+        if "_build" not in f.parts and ".ipynb_checkpoints" not in f.parts:
+            code = _notebook_code(f) if f.suffix == ".ipynb" else f.read_text()
+            found += [f"{f.relative_to(REPO)} imports {t}" for _, t in _command_imports(ast.parse(code), [])]
+    assert not found, "\n".join(found)
+    sample = "from capsule_lib.train import speedrun\nimport capsule_lib.commands.train\nfrom capsule_lib import train"
+    assert _command_imports(ast.parse(sample), []) == [
+        (2, "capsule_lib.commands.train"),
+        (1, "capsule_lib.train.speedrun"),
+    ]  # the detector sees both spellings
+    # the entry modules' rule: a docstring and the call, nothing else
+    call = 'if __name__ == "__main__":\n    from capsule_lib.commands.x import main\n\n    main()\n'
+    assert _is_shim(ast.parse('"""doc"""\n' + call))
+    for extra in ("import os\n", "x = 1\n", "def f():\n    pass\n"):
+        assert not _is_shim(ast.parse(extra + call))
+    assert not _is_shim(ast.parse(call.replace("main()", "main(1)")))
+    assert not _is_shim(ast.parse(call.replace("commands.x", "train.run")))
 
 
 def _import_graph(lib: Path = LIB) -> dict[str, dict[str, int]]:
@@ -667,6 +735,8 @@ def test_every_public_module_is_in_the_library_reference():
     public = {
         m
         for path, m, _ in _modules()
-        if path.name != "__init__.py" and not any(part.startswith("_") for part in m.split("."))  # routing._kernels
+        if path.name != "__init__.py"
+        and not any(part.startswith("_") for part in m.split("."))  # routing._kernels
+        and m not in SHIMS  # an entry module: its command is documented
     }
     assert public - documented == set(), f"missing from book/appendix/api.md: {sorted(public - documented)}"

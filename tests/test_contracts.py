@@ -239,7 +239,7 @@ def test_train_records_the_fingerprint_and_refuses_labels_outside_the_classes(tm
 
 
 def _cli(capsys, *argv):
-    from capsule_lib.train import main
+    from capsule_lib.commands.train import main
 
     with pytest.raises(SystemExit) as e:
         main(list(argv))
@@ -272,7 +272,7 @@ def test_cli_checks_every_value_before_loading_data(tmp_path, capsys, monkeypatc
 
 
 def test_cli_adds_up_several_set_flags_and_refuses_a_key_given_twice(tmp_path, capsys, monkeypatch):
-    import capsule_lib.train.cli as train_module
+    import capsule_lib.commands.train as train_module
 
     seen = {}
 
@@ -330,7 +330,7 @@ def test_ctrl_c_stops_after_the_batch_with_a_checkpoint_and_the_rerun_says_it_re
 
 
 def test_cli_prints_one_line_on_ctrl_c(tmp_path, capsys, monkeypatch):
-    import capsule_lib.train.cli as train_module
+    import capsule_lib.commands.train as train_module
 
     def interrupted(recipe, **kw):
         raise TrainingInterrupted("training interrupted (Ctrl-C) after batch 3 of 9 of epoch 1; run the same command")

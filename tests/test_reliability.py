@@ -364,7 +364,8 @@ def test_labels_outside_the_classes_are_refused_in_every_split_before_training(
 
 
 def test_the_command_line_refuses_test_labels_outside_the_classes_in_one_line(tmp_path, monkeypatch, capsys):
-    from capsule_lib.train import main, recipes
+    from capsule_lib.commands.train import main
+    from capsule_lib.train import recipes
 
     real = recipes.Recipe.loaders
 
@@ -409,7 +410,7 @@ def test_predict_gives_the_model_back_in_the_mode_it_was_in():
 
 # ------------------------------------------------------------------------------------------------ command line
 def _cli(capsys, *argv):
-    from capsule_lib.train import main
+    from capsule_lib.commands.train import main
 
     with pytest.raises(SystemExit) as e:
         main(list(argv))
@@ -418,7 +419,7 @@ def _cli(capsys, *argv):
 
 def test_cli_refuses_a_key_given_twice_in_two_spellings(tmp_path, capsys, monkeypatch):
     """``--set model.iterations=1 --set model__iterations=3`` trained with 3 (the spellings differed)."""
-    import capsule_lib.train.cli as cli
+    import capsule_lib.commands.train as cli
 
     monkeypatch.setattr(cli, "train", lambda *a, **k: pytest.fail("trained"))
     out = str(tmp_path / "run")
@@ -429,7 +430,7 @@ def test_cli_refuses_a_key_given_twice_in_two_spellings(tmp_path, capsys, monkey
 
 @pytest.mark.parametrize("threads", ["-1", "0"])
 def test_cli_refuses_a_thread_count_below_one_in_one_line(tmp_path, capsys, monkeypatch, threads):
-    import capsule_lib.train.cli as cli
+    import capsule_lib.commands.train as cli
 
     monkeypatch.setattr(cli, "train", lambda *a, **k: pytest.fail("trained"))
     code, err = _cli(capsys, "capsnet", "--out", str(tmp_path / "run"), "--threads", threads)

@@ -10,6 +10,7 @@ import json
 import pytest
 import torch
 
+from capsule_lib.commands.speedrun import main as speedrun_main
 from capsule_lib.cost import count_parameters
 from capsule_lib.data import TensorLoader, get_dataset
 from capsule_lib.data.transforms import efficient_mnist_augment, random_shift, shift_images
@@ -19,7 +20,6 @@ from capsule_lib.pretrained import load_pretrained, sha256_file
 from capsule_lib.train import History, Trainer, make_recipe
 from capsule_lib.train.ema import WeightAverage
 from capsule_lib.train.recipes.speedrun import SPEEDRUNS, SpeedrunRecipe
-from capsule_lib.train.speedrun import main as speedrun_main
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -1,7 +1,7 @@
 """The one training entry point: :func:`train` runs any recipe of :data:`~capsule_lib.train.recipes.registry.RECIPES`.
 
 Chapters (``TRAIN = True``, through :func:`capsule_lib.notebook.train_or_load`), the command line
-(:mod:`capsule_lib.train.cli`) and the tests all train through :func:`train`. It builds the recipe's data loaders
+(:mod:`capsule_lib.commands.train`) and the tests all train through :func:`train`. It builds the recipe's data loaders
 (training augmentation only), model, optimiser, schedule and objective, then runs
 :class:`~capsule_lib.train.trainer.Trainer` with checkpoints and resume in ``out_dir``. ``data_root``, ``offline``
 and ``standin`` go to :func:`~capsule_lib.data.get_dataset` as one :class:`~capsule_lib.data.DataSource`, made

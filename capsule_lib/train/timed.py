@@ -1,0 +1,194 @@
+"""The speedrun: the speedrun recipes (:mod:`capsule_lib.train.recipes.speedrun`) one after another inside a
+fixed number of minutes, each exported as a registry-ready checkpoint, and one JSON file saying what they reached
+when::
+
+    python -m capsule_lib.train.speedrun --minutes 9 --out runs/speedrun capsnet_speedrun efficient_speedrun
+    python -m capsule_lib.train.speedrun --minutes 1 --out runs/speedrun_quick --device cpu --quick   # the tests
+
+Every run gets a cap: the time left, shared among the runs still to go in proportion to their recipes' ``minutes``
+(a run that ends early leaves its time to the next ones); a reserve for loading the data and exporting is taken off
+the cap (the recipe's ``reserve_minutes``), the rest is the run's training budget (``train(..., budget_minutes=)``:
+the speedrun recipes fit their number of epochs to it). Runs start afresh (a timed run is not resumed). Each finished
+run is exported with :func:`~capsule_lib.train.shipped.export_run` (fp16 weights, sha256, history, the metrics of the
+fp16 weights) into ``OUT/checkpoints`` as ``<recipe>_<tag>`` (a registry of its own: ``OUT/checkpoints/registry.json``).
+
+``OUT/speedrun.json`` (rewritten after every run, so a stopped command keeps what finished): the machine and
+versions, the command, and per run its cap and budget, the epochs planned, fitted and trained, the selected epoch,
+validation and test accuracy (of the exported fp16 weights), the training wall time, the time from start to export,
+and the wall time at which validation accuracy first reached each of the recipe's ``thresholds``. A run that fails
+(e.g. its dataset is not on this machine) is recorded with its error and the next one starts.
+
+``--quick``: tiny subsets, two epochs, no compilation, generated stand-ins where the data is missing: a check that
+the command works (the unit tests run it on the CPU), not a measurement.
+
+This module is the library function, :func:`run_speedrun`; the command ``python -m capsule_lib.train.speedrun``
+(its arguments) is :mod:`capsule_lib.commands.speedrun`. Like the rest of ``train/`` it trains through
+:func:`~capsule_lib.train.run.train` and exports through :mod:`capsule_lib.train.shipped`, below
+:mod:`capsule_lib.pretrained`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..cost import machine_info
+from ..data.datasets import DataSource
+from .checkpoint import load_history
+from .recipes.registry import RECIPES, make_recipe
+from .run import train
+from .shipped import export_run
+
+__all__ = ["run_speedrun", "QUICK"]
+
+#: what ``--quick`` sets in every recipe (and ``epochs`` 2; ``render_workers`` 1)
+QUICK = {
+    "train_subset": 64,
+    "eval_subset": 32,
+    "batch_size": 16,
+    "epochs": 2,
+    "warmup_epochs": 0.5,
+    "hold_epochs": 1.0,
+    "compile": None,
+    "pairs_per_epoch": 64,
+    "val_pairs": 32,
+    "test_pairs": 32,
+}
+
+
+def _machine(device: torch.device) -> dict[str, Any]:
+    info = machine_info(device)
+    info["cuda"] = torch.version.cuda
+    if device.type == "cuda":
+        info["cudnn"] = torch.backends.cudnn.version()
+        info["gpu_memory_gb"] = round(torch.cuda.get_device_properties(device).total_memory / 2**30, 1)
+    return info
+
+
+def _one_run(
+    name: str, out: Path, source: DataSource, device: str, budget: float, tag: str, quick: bool, overrides: dict
+) -> dict[str, Any]:
+    """Train, export and summarise one speedrun recipe."""
+    cls = RECIPES[name]
+    settings: dict[str, Any] = {"device": device}
+    if quick:
+        settings.update({k: v for k, v in QUICK.items() if k in cls.__dataclass_fields__})
+    if "render_workers" in cls.__dataclass_fields__ and not quick:
+        settings["render_workers"] = min(16, os.cpu_count() or 1)
+    settings.update(overrides)
+    run_dir = out / "runs" / name
+    t0 = time.time()
+    recipe = make_recipe(name, **settings)  # (train()'s own `compile` argument would shadow the recipe field's)
+    model, trainer = train(
+        recipe, out_dir=run_dir, data_root=source, progress=False, resume=False, budget_minutes=budget
+    )
+    hist = load_history(run_dir / "history.json")
+    hardware = hist.meta.get("hardware")
+    records = hist.records
+    wall = records[-1]["wall_time"] if records else 0.0
+    notes = (
+        f"Speedrun recipe {name} on {hardware} (torch {torch.__version__}): {wall:.0f} s of training "
+        f"(budget {budget:.2f} min), seed {hist.meta.get('seed')}; the weights shipped are the moving average "
+        f"(ema {hist.meta.get('ema')}) of the epoch chosen on the validation split; the test split was read once."
+    )
+    entry = export_run(
+        run_dir,
+        f"{name}_{tag}",
+        data_root=source,
+        directory=out / "checkpoints",
+        device=device,
+        notes=notes,
+        eval_subset=QUICK["eval_subset"] if quick else None,
+    )
+    fitted = hist.meta.get("epochs_fitted") or {}
+    return {
+        "recipe": name,
+        "checkpoint": f"{name}_{tag}",
+        "paper_recipe": cls.paper_recipe,
+        "parameters": hist.meta.get("parameters"),
+        "dataset": hist.meta.get("dataset"),
+        "generated_data": hist.meta.get("generated_data"),
+        "budget_minutes": round(budget, 3),
+        "epochs_planned": trainer.history.meta["config"]["epochs"],
+        "epochs_fitted": fitted.get("epochs"),
+        "epochs_trained": records[-1]["epoch"] if records else 0,
+        "selected_epoch": entry["metrics"]["selected_epoch"],
+        "metrics": entry["metrics"],
+        "test_history": hist.meta.get("test"),
+        "train_wall_s": round(wall, 2),
+        "total_s": round(time.time() - t0, 2),
+        "time_to_val": hist.time_to(cls.thresholds),
+        "curve": [[round(r["wall_time"], 2), r.get("val_acc")] for r in records],
+        "file": entry["file"],
+        "sha256": entry["sha256"],
+        "compile": hist.meta.get("compile"),
+        "ema": hist.meta.get("ema"),
+        "matmul_precision": hist.meta.get("matmul_precision"),
+    }
+
+
+def run_speedrun(
+    names: list[str],
+    minutes: float,
+    out: str | os.PathLike,
+    *,
+    device: str = "auto",
+    data_root: DataSource | str | None = None,
+    offline: bool = False,
+    quick: bool = False,
+    tag: str | None = None,
+    argv: list[str] | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Run the speedrun recipes ``names`` in order inside ``minutes`` (see the module docstring); ``overrides``: recipe
+    fields set in every run (e.g. ``{"amp": "bf16", "compile": None}``); returns what ``OUT/speedrun.json`` holds."""
+    from .runtime import select_device
+
+    t_start = time.time()
+    deadline = t_start + 60.0 * minutes
+    dev = select_device(device)
+    # a step that torch.compile cannot compile runs eagerly (with dynamo's warning) instead of losing the run's time
+    torch._dynamo.config.suppress_errors = True
+    tag = tag or ("quick" if quick else "gpu" if dev.type == "cuda" else "cpu")
+    # a speedrun measures real data: a missing dataset fails its run, except in --quick (stand-ins allowed)
+    source = DataSource.of(data_root, offline=offline, standin=True if quick else False)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    result: dict[str, Any] = {
+        "command": "python -m capsule_lib.train.speedrun " + " ".join(argv or []),
+        "minutes": minutes,
+        "quick": quick,
+        "overrides": overrides or {},
+        "compile_errors": "suppressed (a step torch.compile cannot compile runs eagerly; see the log)",
+        "machine": _machine(dev),
+        "runs": [],
+    }
+    for i, name in enumerate(names):
+        rest = [RECIPES[n].minutes for n in names[i:]]
+        cap = (deadline - time.time()) / 60.0 * rest[0] / sum(rest)
+        budget = cap - RECIPES[name].reserve_minutes
+        print(f"speedrun: {name}: cap {cap:.2f} min, training budget {budget:.2f} min", flush=True)
+        if budget < 0.05:
+            result["runs"].append({"recipe": name, "skipped": f"no time left (cap {cap:.2f} min)"})
+        else:
+            try:
+                run = _one_run(name, out, source, str(dev), budget, tag, quick, dict(overrides or {}))
+                run["cap_minutes"] = round(cap, 3)
+                result["runs"].append(run)
+                print(
+                    f"speedrun: {name}: {json.dumps({k: run[k] for k in ('epochs_trained', 'train_wall_s')})} "
+                    f"{json.dumps(run['metrics'])}",
+                    flush=True,
+                )
+            except Exception as e:  # noqa: BLE001 - one failed run must not lose the others
+                traceback.print_exc()
+                result["runs"].append({"recipe": name, "error": f"{type(e).__name__}: {str(e)[:300]}"})
+        result["wall_s"] = round(time.time() - t_start, 2)
+        (out / "speedrun.json").write_text(json.dumps(result, indent=1, default=str))
+    return result
