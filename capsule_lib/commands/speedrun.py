@@ -15,24 +15,32 @@ Layering: a command (:mod:`capsule_lib.commands`, the top layer; nothing imports
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
-import torch
-
+from .._checks import check_device
 from ..train.recipes.speedrun import SPEEDRUNS
-from ..train.timed import run_speedrun
-from ._arguments import add_data_arguments, data_defaults, overrides
+from ..train.timed import run_speedrun, speedrun_recipe
+from ._arguments import (
+    add_data_arguments,
+    check_name,
+    check_out,
+    check_threads,
+    cleaned_out,
+    data_defaults,
+    fail,
+    first_line,
+    overrides,
+    parser,
+    remove_outputs,
+)
 
 __all__ = ["main"]
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m capsule_lib.train.speedrun",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = parser("python -m capsule_lib.train.speedrun", __doc__)
     names = [c.name for c in SPEEDRUNS]
     p.add_argument(
         "names",
@@ -43,6 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--minutes", type=float, required=True, help="the whole command's time, minutes")
     p.add_argument("--out", required=True, help="output folder (runs/, checkpoints/, speedrun.json)")
+    p.add_argument("--overwrite", action="store_true", help="replace what an earlier speedrun left in --out")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     add_data_arguments(p)
     p.add_argument("--quick", action="store_true", help="tiny runs: a check of the command, not a measurement")
@@ -58,39 +67,61 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+#: what a speedrun writes in ``--out`` (``--overwrite`` deletes these first)
+SPEEDRUN_FILES = ["runs", "checkpoints", "speedrun.json", "speedrun.json.tmp"]
+
+
 def main(argv: list[str] | None = None, *, data_root: str | Path | None = None, offline: bool | None = None) -> None:
     """The command line (see the module docstring); ``argv``, ``data_root`` and ``offline`` as in
-    :func:`capsule_lib.commands.train.main`."""
+    :func:`capsule_lib.commands.train.main`.
+
+    Exit status: 0 when every run finished; 1 when a run failed or had no time left (each named, and recorded in
+    ``speedrun.json``); 2 for arguments no run can use (one line, before anything is loaded or written: the device,
+    every run's recipe with the ``--set`` values, ``--out``)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     p = _parser()
     a = p.parse_args(argv)
-    if not a.minutes > 0:
-        p.error(f"--minutes must be > 0, got {a.minutes}")
-    unknown = [n for n in a.names if n not in {c.name for c in SPEEDRUNS}]
+    if not (a.minutes > 0 and math.isfinite(a.minutes)):
+        fail(p, f"--minutes must be a number of minutes > 0, got {a.minutes}")
+    known = [c.name for c in SPEEDRUNS]
+    unknown = [n for n in a.names if n not in known]
     if unknown:
-        p.error(f"not a speedrun recipe: {', '.join(unknown)} (choose from {', '.join(c.name for c in SPEEDRUNS)})")
-    if a.threads:
-        torch.set_num_threads(a.threads)
-    names = a.names or [c.name for c in SPEEDRUNS]
-    sets = overrides(p, a.set)  # parsed (JSON) and checked by make_recipe, for each recipe
-    a.data_root, a.offline = data_defaults(a, data_root, offline)
-    result = run_speedrun(
-        names,
-        a.minutes,
-        a.out,
-        device=a.device,
-        data_root=a.data_root,
-        offline=a.offline,
-        quick=a.quick,
-        tag=a.tag,
-        argv=argv,
-        overrides=sets,
-    )
+        fail(p, f"not a speedrun recipe: {', '.join(unknown)} (choose from {', '.join(known)})")
+    check_threads(p, a.threads)
+    check_name(p, a.tag, "--tag")
+    names = a.names or known
+    sets = overrides(p, a.set)
+    a.data_root, a.offline = data_defaults(p, a, data_root, offline)
+    try:  # the device, and every run's recipe with the --set values, before the first run starts
+        device = "auto" if a.device == "auto" else str(check_device(a.device, "--device"))
+        for name in names:
+            speedrun_recipe(name, device, a.quick, sets)
+    except (KeyError, ValueError) as e:
+        fail(p, first_line(e))
+    existed = check_out(p, a.out, keep="--overwrite", replace="--overwrite", allowed=a.overwrite)
+    if a.overwrite:
+        remove_outputs(a.out, SPEEDRUN_FILES)
+    with cleaned_out(a.out, existed):
+        result = run_speedrun(
+            names,
+            a.minutes,
+            a.out,
+            device=device,
+            data_root=a.data_root,
+            offline=a.offline,
+            quick=a.quick,
+            tag=a.tag,
+            argv=argv,
+            overrides=sets,
+        )
     done = [r["recipe"] for r in result["runs"] if "metrics" in r]
     missed = [
-        f"{r['recipe']} ({'failed' if 'error' in r else 'skipped'})" for r in result["runs"] if "metrics" not in r
+        f"{r['recipe']} ({'failed: ' + r['error'] if 'error' in r else 'skipped: ' + r['skipped']})"
+        for r in result["runs"]
+        if "metrics" not in r
     ]
     print(
         f"speedrun: {len(done)} of {len(names)} runs done in {result['wall_s']:.0f} s; {Path(a.out) / 'speedrun.json'}"
-        + (f"; not done: {', '.join(missed)}" if missed else "")
     )
+    if missed:
+        fail(p, f"{len(missed)} of {len(names)} runs not done: {'; '.join(m.splitlines()[0] for m in missed)}", code=1)

@@ -4,6 +4,8 @@ training entry point::
     python -m capsule_lib.train capsnet --out runs/capsnet_mnist --set epochs=15 model.iterations=3
     python -m capsule_lib.train --shipped capsnet_mnist --out runs/capsnet_mnist   # the shipped model's recipe
 
+A folder that holds a run is refused unless ``--resume`` (go on with that run: only the same run, see
+:class:`~capsule_lib.train.trainer.Trainer`) or ``--overwrite`` (start afresh, deleting it) says what to do with it.
 ``--shipped`` starts from a shipped checkpoint's recipe (:func:`~capsule_lib.train.shipped.shipped_recipe`),
 ``--start-from`` from its weights, ``--export NAME`` turns the finished run into a shipped checkpoint and its
 registry entry (:func:`~capsule_lib.train.shipped.export_run`). The defaults of ``--data-root`` and ``--offline``
@@ -17,29 +19,49 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
 import torch
 
 from ..data.datasets import DataSource
+from ..train.checkpoint import CheckpointReadError
 from ..train.recipes import RECIPES, make_recipe
 from ..train.recipes.base import check_device_available
-from ..train.run import COMPILE_MODES, train
-from ..train.shipped import export_run, shipped_recipe
-from ._arguments import add_data_arguments, data_defaults, fail, overrides
+from ..train.run import COMPILE_MODES, start_checkpoint, train
+from ..train.shipped import export_run, registry, shipped_recipe
+from ._arguments import (
+    add_data_arguments,
+    check_name,
+    check_out,
+    check_threads,
+    cleaned_out,
+    data_defaults,
+    fail,
+    first_line,
+    overrides,
+    parser,
+    remove_outputs,
+)
 
 __all__ = ["main"]
 
 
 def _parser() -> argparse.ArgumentParser:
     """The command line's arguments."""
-    p = argparse.ArgumentParser(
-        prog="python -m capsule_lib.train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = parser("python -m capsule_lib.train", __doc__)
     p.add_argument("recipe", nargs="?", choices=sorted(RECIPES), help="recipe name (or use --shipped)")
     p.add_argument("--shipped", metavar="CHECKPOINT", help="start from a shipped checkpoint's recipe")
-    p.add_argument("--out", required=True, help="run directory (checkpoints, history.json); resumes if present")
+    p.add_argument("--out", required=True, help="run directory (checkpoints, history.json)")
+    p.add_argument("--resume", action="store_true", help="go on with the run in --out (the same run only)")
+    p.add_argument(
+        "--overwrite",
+        "--fresh",
+        dest="overwrite",
+        action="store_true",
+        help="start afresh in --out, deleting the run there (its checkpoints and history)",
+    )
     add_data_arguments(p)
     p.add_argument(
         "--set",
@@ -49,9 +71,8 @@ def _parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="override recipe fields (model.FIELD for the model config); values as JSON; several --set add up",
     )
-    p.add_argument("--fresh", action="store_true", help="start afresh instead of resuming the run in --out")
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--export", metavar="NAME", help="export the finished run as shipped checkpoint NAME")
+    p.add_argument("--threads", type=int, default=None, help="torch threads on the CPU (default: torch's)")
+    p.add_argument("--export", metavar="NAME", help="export the finished run as shipped checkpoint NAME (a new name)")
     p.add_argument(
         "--budget-minutes",
         type=float,
@@ -68,8 +89,16 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+#: what a run leaves in its folder (``--overwrite`` deletes these before the new run starts)
+RUN_FILES = ["last.pt", "best.pt", "epoch_*.pt", "history.json", "*.tmp"]
+
+
 def main(argv: list[str] | None = None, *, data_root: str | Path | None = None, offline: bool | None = None) -> None:
     """The command line (see the module docstring).
+
+    Exit status: 0 when the run finished (or was already finished); 2 for arguments no run can use (one line, before
+    any data is loaded or anything written); 1 for a run that failed (a non-finite loss, a full disk, data that
+    cannot be read: one line); 130 after Ctrl-C (the run can be resumed with ``--resume``).
 
     Parameters
     ----------
@@ -81,38 +110,48 @@ def main(argv: list[str] | None = None, *, data_root: str | Path | None = None, 
     """
     p = _parser()
     a = p.parse_args(argv)
-    a.data_root, a.offline = data_defaults(a, data_root, offline)
+    a.data_root, a.offline = data_defaults(p, a, data_root, offline)
     if (a.recipe is None) == (a.shipped is None):
-        p.error("give a recipe name or --shipped CHECKPOINT (one of them)")
-    if a.threads is not None and a.threads < 1:
-        fail(p, f"--threads must be >= 1, got {a.threads}")
-    if a.threads:
-        torch.set_num_threads(a.threads)
+        fail(p, "give a recipe name or --shipped CHECKPOINT (one of them)")
+    if a.resume and a.overwrite:
+        fail(p, "--resume goes on with the run in --out, --overwrite replaces it: give one of them")
+    check_threads(p, a.threads)
+    check_name(p, a.export, "--export")
     sets = overrides(p, a.set)
-    if a.budget_minutes is not None and not a.budget_minutes > 0:
-        fail(p, f"--budget-minutes must be > 0, got {a.budget_minutes}")
-    try:  # every value checked before any data is loaded: one line, no traceback
+    if a.budget_minutes is not None and not (a.budget_minutes > 0 and math.isfinite(a.budget_minutes)):
+        fail(p, f"--budget-minutes must be a number of minutes > 0, got {a.budget_minutes}")
+    try:  # every value checked before any data is loaded or anything written: one line, no traceback
         recipe = shipped_recipe(a.shipped, **sets) if a.shipped else make_recipe(a.recipe, **sets)
         check_device_available(recipe)
-    except (KeyError, ValueError) as e:
-        fail(p, str(e.args[0]) if e.args else str(e))
+        if a.start_from is not None:
+            start_checkpoint(recipe, a.start_from)
+        if a.export is not None and a.export in registry():
+            raise ValueError(f"--export {a.export}: a shipped checkpoint of that name exists; choose a new name")
+    except (KeyError, ValueError, OSError) as e:
+        fail(p, first_line(e))
+    existed = check_out(p, a.out, keep="--resume", replace="--overwrite", allowed=a.resume or a.overwrite)
+    if a.overwrite:
+        remove_outputs(a.out, RUN_FILES)
     try:
-        _, trainer = train(
-            recipe,
-            out_dir=a.out,
-            data_root=a.data_root,
-            offline=a.offline,
-            progress=False,
-            resume=not a.fresh,
-            budget_minutes=a.budget_minutes,
-            start_from=a.start_from,
-            compile=a.compile,
-        )
+        with cleaned_out(a.out, existed):
+            _, trainer = train(
+                recipe,
+                out_dir=a.out,
+                data_root=a.data_root,
+                offline=a.offline,
+                progress=False,
+                resume=a.resume,
+                budget_minutes=a.budget_minutes,
+                start_from=a.start_from,
+                compile=a.compile,
+            )
     except KeyboardInterrupt as e:  # TrainingInterrupted says where the run stopped and how to resume it
-        print(str(e) or "training interrupted (Ctrl-C)", file=sys.stderr)
+        message = str(e) or "training interrupted (Ctrl-C)"
+        print(message.replace("run the same command again", "run the same command with --resume"), file=sys.stderr)
         raise SystemExit(130) from None
-    except (ValueError, FileNotFoundError, PermissionError) as e:  # the library's one-line refusals (data, resume)
-        fail(p, str(e).splitlines()[0] if str(e) else type(e).__name__)
+    except (ValueError, KeyError, OSError, FloatingPointError, CheckpointReadError, torch.OutOfMemoryError) as e:
+        advice = " (lower --set batch_size=...)" if isinstance(e, torch.OutOfMemoryError) else ""
+        fail(p, first_line(e) + advice, code=1)  # the library's one-line refusals (data, resume, non-finite, disk)
     if trainer.dist.distributed:
         import torch.distributed as torch_dist
 
@@ -121,5 +160,8 @@ def main(argv: list[str] | None = None, *, data_root: str | Path | None = None, 
         return
     print(json.dumps({"best": trainer.history.best("val_acc"), "test": trainer.history.meta.get("test")}, default=str))
     if a.export:
-        entry = export_run(a.out, a.export, data_root=DataSource(a.data_root, a.offline))
+        try:
+            entry = export_run(a.out, a.export, data_root=DataSource(a.data_root, a.offline))
+        except (ValueError, KeyError, OSError) as e:
+            fail(p, f"the run finished in {a.out} but its export failed: {first_line(e)}", code=1)
         print(json.dumps({k: entry[k] for k in ("file", "sha256", "metrics")}, indent=1))

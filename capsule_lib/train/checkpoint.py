@@ -17,7 +17,15 @@ from typing import Any
 
 import torch
 
-__all__ = ["History", "load_history", "read_json", "RunMismatchError", "UnsafeCheckpointError", "CheckpointWriteError"]
+__all__ = [
+    "History",
+    "load_history",
+    "read_json",
+    "RunMismatchError",
+    "UnsafeCheckpointError",
+    "CheckpointReadError",
+    "CheckpointWriteError",
+]
 
 
 # -------------------------------------------------------------------------------------------- history
@@ -126,6 +134,10 @@ class RunMismatchError(ValueError):
     """``out_dir/last.pt`` belongs to another run than the one being trained."""
 
 
+class CheckpointReadError(RuntimeError):
+    """A run checkpoint cannot be read (truncated, corrupt): one line naming the file and what to do."""
+
+
 class UnsafeCheckpointError(ValueError):
     """A checkpoint holds objects that loading would have to execute code for (``torch.load(weights_only=True)``
     refused it); it is never loaded."""
@@ -158,7 +170,7 @@ def _load_checkpoint(path: Path, device: torch.device | str) -> Any:
             f"and loading them could run code. Use run folders written by capsule_lib; delete this one to start afresh"
         ) from None
     except (RuntimeError, EOFError, OSError, ValueError) as e:
-        raise RuntimeError(
+        raise CheckpointReadError(
             f"{path}: cannot read this checkpoint ({_short(e)}); "
             f"it is truncated or corrupt. Delete it (or the run folder) to start the run afresh"
         ) from None

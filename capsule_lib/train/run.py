@@ -36,7 +36,7 @@ from .runtime import select_device
 from .shipped import load_pretrained
 from .trainer import Trainer
 
-__all__ = ["train", "hardware_string", "COMPILE_MODES"]
+__all__ = ["train", "hardware_string", "start_checkpoint", "COMPILE_MODES"]
 
 #: ``train(compile=...)`` / ``--compile``: no compilation, or a ``torch.compile`` mode for the training step
 COMPILE_MODES = (None, "default", "reduce-overhead", "max-autotune")
@@ -49,19 +49,24 @@ def hardware_string(device: torch.device) -> str:
     return f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads"
 
 
-def _start_from(model: nn.Module, recipe: Recipe, name: str) -> dict[str, Any]:
-    """Load the shipped checkpoint ``name``'s weights into ``model`` (same model configuration required);
-    returns what the run records about it."""
-    shipped, entry = load_pretrained(name)
+def start_checkpoint(recipe: Recipe, name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The weights a run starts from: the shipped checkpoint ``name``, whose model configuration must be the recipe's
+    (one line otherwise: an unknown name lists the shipped ones). Checked before any data is loaded (the command line
+    calls it too); returns ``(state_dict, what the run records about it)``."""
+    if not isinstance(name, str):
+        raise ValueError(f"start_from must be the name of a shipped checkpoint, got {name!r}")
+    try:
+        shipped, entry = load_pretrained(name)
+    except KeyError as e:
+        raise ValueError(f"start_from={name!r}: {e.args[0] if e.args else e}") from None
     want = json.loads(json.dumps(recipe.config().get("model"), default=str))
-    if entry.get("config") != want:
+    if entry.get("config") != want or entry.get("model") != recipe.model_kind:
         raise ValueError(
             f"start_from={name!r}: that checkpoint's model configuration differs from the recipe's "
             f"({recipe.name}); start from a checkpoint of the same model, or train from scratch"
         )
-    model.load_state_dict(shipped.state_dict())
     epochs = (entry.get("training") or {}).get("epochs")
-    return {"checkpoint": name, "sha256": entry["sha256"], "epochs": epochs}
+    return shipped.state_dict(), {"checkpoint": name, "sha256": entry["sha256"], "epochs": epochs}
 
 
 def _check_training_data(model: nn.Module, loaders: Any) -> str | None:
@@ -160,10 +165,13 @@ def train(
     check_device_available(r)
     dist = setup_distributed(select_device(r.device))  # a torchrun job, or this process alone
     device = dist.device
+    start = start_checkpoint(r, start_from) if start_from is not None else None  # before any data is loaded
     torch.manual_seed(r.seed)
     loaders = r.loaders(DataSource.of(data_root, offline=offline, standin=standin), device, test=test, dist=dist)
     model = r.build_model()
-    start = _start_from(model, r, start_from) if start_from is not None else None
+    if start is not None:
+        model.load_state_dict(start[0])
+        start = start[1]
     r.check_data(model, loaders)
     fingerprint = _check_training_data(model, loaders)
     optimizer = r.build_optimizer(model)

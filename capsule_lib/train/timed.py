@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 import traceback
 from pathlib import Path
@@ -40,12 +41,12 @@ import torch
 
 from ..cost import machine_info
 from ..data.datasets import DataSource
-from .checkpoint import load_history
+from .checkpoint import _atomic_write_text, load_history
 from .recipes.registry import RECIPES, make_recipe
 from .run import train
 from .shipped import export_run
 
-__all__ = ["run_speedrun", "QUICK"]
+__all__ = ["run_speedrun", "speedrun_recipe", "QUICK"]
 
 #: what ``--quick`` sets in every recipe (and ``epochs`` 2; ``render_workers`` 1)
 QUICK = {
@@ -71,20 +72,28 @@ def _machine(device: torch.device) -> dict[str, Any]:
     return info
 
 
-def _one_run(
-    name: str, out: Path, source: DataSource, device: str, budget: float, tag: str, quick: bool, overrides: dict
-) -> dict[str, Any]:
-    """Train, export and summarise one speedrun recipe."""
+def speedrun_recipe(name: str, device: str, quick: bool, overrides: dict[str, Any] | None = None) -> Any:
+    """The recipe one speedrun run trains: ``name`` on ``device``, ``--quick``'s settings, the data workers of this
+    machine, then ``overrides`` (checked by :func:`~capsule_lib.train.recipes.make_recipe`: the command checks every
+    run's before the first one starts)."""
     cls = RECIPES[name]
     settings: dict[str, Any] = {"device": device}
     if quick:
         settings.update({k: v for k, v in QUICK.items() if k in cls.__dataclass_fields__})
     if "render_workers" in cls.__dataclass_fields__ and not quick:
         settings["render_workers"] = min(16, os.cpu_count() or 1)
-    settings.update(overrides)
+    settings.update(overrides or {})
+    return make_recipe(name, **settings)
+
+
+def _one_run(
+    name: str, out: Path, source: DataSource, device: str, budget: float, tag: str, quick: bool, overrides: dict
+) -> dict[str, Any]:
+    """Train, export and summarise one speedrun recipe."""
+    cls = RECIPES[name]
     run_dir = out / "runs" / name
     t0 = time.time()
-    recipe = make_recipe(name, **settings)  # (train()'s own `compile` argument would shadow the recipe field's)
+    recipe = speedrun_recipe(name, device, quick, overrides)  # (train()'s `compile` would shadow the recipe field's)
     model, trainer = train(
         recipe, out_dir=run_dir, data_root=source, progress=False, resume=False, budget_minutes=budget
     )
@@ -187,8 +196,11 @@ def run_speedrun(
                     flush=True,
                 )
             except Exception as e:  # noqa: BLE001 - one failed run must not lose the others
-                traceback.print_exc()
+                if not isinstance(e, (ValueError, KeyError, OSError, FloatingPointError)):  # not a one-line refusal
+                    traceback.print_exc()
+                first = str(e).splitlines()[0][:300] if str(e) else ""
+                print(f"speedrun: {name} failed: {type(e).__name__}: {first}", file=sys.stderr, flush=True)
                 result["runs"].append({"recipe": name, "error": f"{type(e).__name__}: {str(e)[:300]}"})
         result["wall_s"] = round(time.time() - t_start, 2)
-        (out / "speedrun.json").write_text(json.dumps(result, indent=1, default=str))
+        _atomic_write_text(out / "speedrun.json", json.dumps(result, indent=1, default=str))
     return result
