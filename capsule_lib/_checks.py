@@ -237,21 +237,23 @@ def check_activations(a: torch.Tensor, name: str = "activations") -> None:
         )
 
 
-def check_class_labels(labels: Any, n_classes: int, name: str = "labels", n: int | None = None) -> torch.Tensor:
-    """One line unless ``labels`` are class indices: an integer tensor ``[n]`` (any length when ``n`` is ``None``) with
-    values in ``0 .. n_classes - 1`` (a float, a number, a wrong length or a label outside the classes would count as
-    errors and lower an accuracy silently). Returns ``labels``."""
+def check_class_labels(labels: Any, n_classes: int, where: str, n: int | None = None) -> torch.Tensor:
+    """One line (``where: labels ...``) unless ``labels`` are class indices: an integer tensor ``[n]`` (any length when
+    ``n`` is ``None``) with values in ``0 .. n_classes - 1`` (a float, a number, a wrong length or a label outside the
+    classes would count as errors and lower an accuracy silently). Returns ``labels``."""
     want = f"[N={n}]" if n is not None else "[N]"
     if not isinstance(labels, torch.Tensor):
-        raise ValueError(f"{name}: expected class indices, an integer tensor {want}, got {_describe(labels)}")
+        raise ValueError(f"{where}: labels must be an integer tensor {want} of class indices, got {_describe(labels)}")
     if labels.dtype.is_floating_point or labels.dtype.is_complex or labels.dtype == torch.bool:
-        raise ValueError(f"{name}: expected integer class indices {want}, got dtype {labels.dtype} (use .long())")
+        raise ValueError(f"{where}: labels must be integer class indices {want}, got dtype {labels.dtype} (.long())")
     if labels.dim() != 1 or (n is not None and labels.shape[0] != n):
-        raise ValueError(f"{name}: expected shape {want} (one label per image), got {tuple(labels.shape)}")
+        raise ValueError(f"{where}: labels must have shape {want} (one per image), got {tuple(labels.shape)}")
     if labels.numel():
         lo, hi = int(labels.min()), int(labels.max())
         if lo < 0 or hi >= n_classes:
-            raise ValueError(f"{name}: class indices must lie in 0..{n_classes - 1}, got values in [{lo}, {hi}]")
+            raise ValueError(
+                f"{where}: labels must be class indices 0..{n_classes - 1} for this model, got values in [{lo}, {hi}]"
+            )
     return labels
 
 

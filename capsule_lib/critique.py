@@ -94,6 +94,9 @@ def coupling_stats(
     CouplingStats
         ``entropy``, ``max_share``, ``variation`` and ``alive``.
     """
+    if not isinstance(couplings, torch.Tensor) or couplings.dim() != 3:
+        got = tuple(couplings.shape) if isinstance(couplings, torch.Tensor) else type(couplings).__name__
+        raise ValueError(f"couplings must be [N >= 2, n_inp, n_out >= 2], got {got}")
     check_tensor(couplings, "couplings", "[N >= 2, n_inp, n_out >= 2]", [None, None, None])
     if couplings.shape[0] < 2 or couplings.shape[2] < 2:
         raise ValueError(f"couplings must be [N >= 2, n_inp, n_out >= 2], got {tuple(couplings.shape)}")
@@ -198,7 +201,7 @@ def routing_changes(
     if images.shape[0] < 2:
         raise ValueError(f"need at least 2 images, got {images.shape[0]}")
     if labels is not None:
-        check_class_labels(labels, getattr(config, "n_classes", 1 << 30), "labels", n=images.shape[0])
+        check_class_labels(labels, getattr(config, "n_classes", 1 << 30), "routing_changes", n=images.shape[0])
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
     was_training, device = model.training, module_device(model)
@@ -236,6 +239,9 @@ def routing_changes(
 def alive_share(activity: torch.Tensor, threshold: float = 0.5, min_share: float = 0.01) -> float:
     """The fraction of parents ``activity [N, P]`` (on a [0, 1] scale) calls alive: active (``> threshold``) on at
     least ``min_share`` of the ``N`` images. A parent never active is a starved ("dead") capsule."""
+    if not isinstance(activity, torch.Tensor) or activity.dim() != 2 or activity.shape[0] < 1:
+        got = tuple(activity.shape) if isinstance(activity, torch.Tensor) else type(activity).__name__
+        raise ValueError(f"activity must be [N >= 1, n_parents], got {got}")
     check_tensor(activity, "activity", "[N >= 1, n_parents]", [None, None])
     if activity.shape[0] < 1:
         raise ValueError(f"activity must be [N >= 1, n_parents], got {tuple(activity.shape)}")

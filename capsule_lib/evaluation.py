@@ -119,7 +119,7 @@ def accuracy(scores: torch.Tensor, labels: torch.Tensor) -> float:
     """Top-1 accuracy of ``scores [N, K]`` against ``labels [N]``; a label outside ``0 .. K-1`` (a wrong or corrupt
     label set: it would count as an error and lower the accuracy silently) is refused in one line."""
     check_tensor(scores, "accuracy: scores", "[N, K]", [None, None])
-    check_class_labels(labels, scores.shape[-1], "accuracy: labels", n=scores.shape[0])
+    check_class_labels(labels, scores.shape[-1], "accuracy", n=scores.shape[0])
     return (scores.argmax(1) == labels.to(scores.device)).float().mean().item()
 
 
