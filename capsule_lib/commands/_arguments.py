@@ -105,10 +105,11 @@ def check_name(p: argparse.ArgumentParser, value: str | None, flag: str) -> None
         fail(p, f"{flag} must be a simple name (letters, digits, _ . -; no path), got {value!r}")
 
 
-def check_out(p: argparse.ArgumentParser, out: str, *, keep: str, replace: str, allowed: bool) -> bool:
+def check_out(p: argparse.ArgumentParser, out: str, *, keep: str | None, replace: str, allowed: bool) -> bool:
     """Check an output folder before anything is loaded or written: not a file, in a place this process can write
     to, and, when it exists and is not empty, ``allowed`` (the user asked to go on with it or to replace it: ``keep``
-    and ``replace`` are those options' spellings, for the message). Returns whether the folder already existed."""
+    and ``replace`` are those options' spellings, for the message; ``keep`` ``None`` for a command that cannot go
+    on with an earlier output). Returns whether the folder already existed."""
     path = Path(out)
     if path.exists() and not path.is_dir():
         fail(p, f"--out {out} is a file; give a folder (it is created if missing)")
@@ -117,11 +118,8 @@ def check_out(p: argparse.ArgumentParser, out: str, *, keep: str, replace: str, 
         fail(p, f"--out {out}: cannot write in {parent} (read-only or not yours); choose a folder you can write to")
     existed = path.is_dir()
     if existed and any(path.iterdir()) and not allowed:
-        fail(
-            p,
-            f"--out {out} is not empty; pass {keep} to go on with what is there, {replace} to replace it, or "
-            f"choose another folder",
-        )
+        go_on = f"{keep} to go on with what is there, " if keep else ""
+        fail(p, f"--out {out} is not empty; pass {go_on}{replace} to replace it, or choose another folder")
     return existed
 
 

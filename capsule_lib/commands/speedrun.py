@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None, *, data_root: str | Path | None = None, 
             speedrun_recipe(name, device, a.quick, sets)
     except (KeyError, ValueError) as e:
         fail(p, first_line(e))
-    existed = check_out(p, a.out, keep="--overwrite", replace="--overwrite", allowed=a.overwrite)
+    existed = check_out(p, a.out, keep=None, replace="--overwrite", allowed=a.overwrite)
     if a.overwrite:
         remove_outputs(a.out, SPEEDRUN_FILES)
     with cleaned_out(a.out, existed):
