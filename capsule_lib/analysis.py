@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from ._checks import float_images, module_device
+from ._contracts import checked
 from .functional import capsule_lengths
 from .routing.dynamic import dynamic_routing
 from .routing.inverted import conv_windows
@@ -99,6 +100,7 @@ class ToyVotes:
         return out
 
 
+@checked
 def toy_votes(
     groups: Sequence[int] = (5, 3),
     n_outliers: int = 2,
@@ -185,6 +187,7 @@ def group_shares(toy: ToyVotes, trace: RoutingTrace, t: int, sample: int = 0) ->
     return np.stack([c[grp == k].mean(axis=0) for k in keys])
 
 
+@checked
 def outlier_sweep(
     n_outliers: Sequence[int] = tuple(range(0, 13, 2)),
     group: int = 4,
@@ -312,6 +315,7 @@ def em_class_trace(
 
 # --------------------------------------------------------------------------------------------- Heinsen 2019
 @torch.no_grad()
+@checked
 def class_poses(model: torch.nn.Module, images: torch.Tensor, batch: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
     """Class probabilities and class-capsule poses of a :class:`~capsule_lib.models.SmallNORBClassifier`.
 
@@ -363,6 +367,7 @@ class PoseProjection:
         return (poses.float() - self.mean) @ self.components.T  # [..., 2]
 
 
+@checked
 def pose_projection(poses: torch.Tensor) -> PoseProjection:
     """The first two principal components of pose vectors.
 
@@ -385,6 +390,7 @@ def pose_projection(poses: torch.Tensor) -> PoseProjection:
     return PoseProjection(mean, vh[:2], var[:2] / var.sum().clamp_min(1e-12))
 
 
+@checked
 def credit_maps(credits: torch.Tensor) -> torch.Tensor:
     """Credit summed over the part types at each position.
 
@@ -427,6 +433,7 @@ def class_credit_maps(model: torch.nn.Module, images: torch.Tensor) -> tuple[tor
 
 
 # ------------------------------------------------------------------------- inverted dot-product attention
+@checked
 def grid_geometry(model: torch.nn.Module) -> list[tuple[float, float, int]]:
     """Where the capsule grids of a :class:`~capsule_lib.models.CapsModel` sit over its input, for drawing.
 
@@ -456,6 +463,7 @@ def grid_geometry(model: torch.nn.Module) -> list[tuple[float, float, int]]:
 
 
 @torch.no_grad()
+@checked
 def class_attention_maps(
     model: torch.nn.Module, images: torch.Tensor, iterations: int | None = None, sequential: bool | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:

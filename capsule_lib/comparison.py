@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ._contracts import checked
 from .cost import model_costs
 from .routing.kinds import ROUTING_KINDS
 from .train.recipes import Recipe, make_recipe
@@ -91,6 +92,7 @@ def _check(name: str, dataset: str) -> None:
         raise ValueError(f"unknown comparison dataset {dataset!r}; datasets: {', '.join(BUDGET_MINUTES)}")
 
 
+@checked
 def contestant_recipe(name: str, dataset: str = "mnist", /, **overrides: Any) -> Recipe:
     """The recipe contestant ``name`` (a routing kind or ``"cnn"``) is trained with on ``dataset`` (``"mnist"``
     or ``"norb"``), with ``overrides`` (recipe fields, ``model__<field>``; ``dataset=`` too, e.g. the rendered set
@@ -101,12 +103,14 @@ def contestant_recipe(name: str, dataset: str = "mnist", /, **overrides: Any) ->
     return make_recipe(_ROUTING_RECIPE[dataset], model__routing=name, **overrides)
 
 
+@checked
 def shipped_name(name: str, dataset: str = "mnist") -> str:
     """The shipped checkpoint of contestant ``name`` on ``dataset``: ``compare_<dataset>_<name>``."""
     _check(name, dataset)
     return f"compare_{dataset}_{name}"
 
 
+@checked
 def measure_costs(
     models: dict[str, nn.Module],
     images: torch.Tensor,
@@ -146,6 +150,7 @@ RUN_BUDGET_HEADERS = (  # short: eight columns fit the page
 )
 
 
+@checked
 def run_budget_rows(histories: dict[tuple[str, str], Any]) -> list[list[str]]:
     """What each contestant's run did with its budget, one row per ``(dataset, contestant) -> History``: the
     budget, the epochs reached (fractional when stopped inside an epoch) and whether the budget or the epoch cap

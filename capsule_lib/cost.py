@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ._contracts import checked
 from .routing.kinds import DEFAULT_ITERATIONS, ROUTING_KINDS, routing_kind
 
 __all__ = [
@@ -46,6 +47,7 @@ __all__ = [
 ]
 
 
+@checked
 def count_parameters(module: torch.nn.Module, trainable_only: bool = False) -> int:
     """The number of parameter values of ``module`` (all of them, or only those with ``requires_grad``)."""
     return sum(p.numel() for p in module.parameters() if p.requires_grad or not trainable_only)
@@ -68,6 +70,7 @@ def saved_bytes(fn: Callable[[], Any], exclude: Sequence[torch.Tensor] = ()) -> 
     return out, sum(seen.values())
 
 
+@checked
 def time_forward_backward(fn: Callable[[], torch.Tensor], repeats: int = 3) -> float:
     """Median seconds of ``fn().backward()`` over ``repeats`` calls, after one warm-up call."""
     times = []
@@ -109,6 +112,7 @@ def peak_memory(step: Callable[[], Any], device: str | torch.device = "cpu") -> 
     return int(peak)
 
 
+@checked
 def machine_info(device: str | torch.device = "cpu") -> dict[str, Any]:
     """What a measurement ran on, for the JSON files of ``benchmarks/`` and the chapters' labels: the device's
     name (the CPU model from ``/proc/cpuinfo`` where there is one), core and thread counts, torch, Python and
@@ -157,6 +161,7 @@ def routing_layer(
     return m, loss
 
 
+@checked
 def routing_scaling(
     sizes: Sequence[tuple[int, int]],
     kinds: Sequence[str] = tuple(ROUTING_KINDS),
@@ -209,6 +214,7 @@ def routing_scaling(
     return rows
 
 
+@checked
 def time_training_step(
     model: nn.Module,
     objective: Callable[..., Any],
@@ -302,6 +308,7 @@ def model_costs(
     return out
 
 
+@checked
 def loglog_slope(x: Sequence[float], y: Sequence[float]) -> float:
     """Least-squares slope of ``log y`` against ``log x`` (1 = linear growth, 2 = quadratic)."""
     lx, ly = [math.log(v) for v in x], [math.log(v) for v in y]
@@ -309,6 +316,7 @@ def loglog_slope(x: Sequence[float], y: Sequence[float]) -> float:
     return sum((a - mx) * (b - my) for a, b in zip(lx, ly)) / sum((a - mx) ** 2 for a in lx)
 
 
+@checked
 def scaling_summary(rows: Sequence[dict[str, Any]], n_inp: int = 1024, n_out: int = 16) -> dict[str, dict[str, float]]:
     """Per routing kind, from :func:`routing_scaling` rows (the ``"size"`` sweep): time (``ms``) and peak memory
     (``peak_mib``) at ``n_inp -> n_out`` in fp32 and under bf16 autocast (``bf16_ms``, ``bf16_peak_mib``), and the

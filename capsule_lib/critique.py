@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from ._checks import check_class_labels, check_iterations, check_tensor, float_images, module_device
+from ._contracts import checked
 from .routing.kinds import ROUTING_KINDS
 
 __all__ = [
@@ -159,6 +160,7 @@ class RoutingChanges:
 
 
 @torch.no_grad()
+@checked
 def routing_changes(
     model: nn.Module,
     images: torch.Tensor,
@@ -285,6 +287,7 @@ class LayerRouting:
 
 
 @torch.no_grad()
+@checked
 def routing_by_layer(
     model: nn.Module,
     images: torch.Tensor,
@@ -399,6 +402,7 @@ class ImageRouting:
 
 
 @torch.no_grad()
+@checked
 def reroute_image(
     model: nn.Module, image: torch.Tensor, iterations: Sequence[int] = tuple(range(1, 11))
 ) -> ImageRouting:
@@ -418,6 +422,7 @@ def reroute_image(
     return ImageRouting(its, torch.stack([o.scores[0].cpu() for o in outs]), outs[0].kind, c, tuple(ent.tolist()))
 
 
+@checked
 def gradient_by_layer(
     model: nn.Module, objective: Any, images: torch.Tensor, labels: torch.Tensor, layers: Sequence[str]
 ) -> dict[str, float]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ._contracts import checked
 from .comparison import SHORT_LABELS
 from .critique import LayerRouting, RoutingChanges
 from .routing.kinds import ROUTING_KINDS
@@ -107,6 +108,7 @@ def _no_better(results: Sequence[str]) -> str:
     return "holds" if "lower" in results else "within noise"
 
 
+@checked
 def fixed_coupling_verdicts(summaries: dict[str, dict[str, dict[str, Measured]]]) -> list[list[str]]:
     """Paik et al.'s first claim for each routing kind: the routed network against the same network with uniform and
     with random couplings on every metric of ``summaries`` (dataset -> :func:`summarise`): it holds where the routed
@@ -130,6 +132,7 @@ def fixed_coupling_verdicts(summaries: dict[str, dict[str, dict[str, Measured]]]
     return rows
 
 
+@checked
 def iteration_verdicts(changes: dict[str, RoutingChanges], n_images: int) -> list[list[str]]:
     """Paik et al.'s second and third claims on each trained network of ``changes`` (kind -> :func:`routing_changes`
     on ``n_images`` labelled images): the accuracy at its own ``T`` against ``T = 1`` (two standard errors: within
@@ -165,6 +168,7 @@ def iteration_verdicts(changes: dict[str, RoutingChanges], n_images: int) -> lis
     return rows
 
 
+@checked
 def routing_free_verdicts(mnist: dict[str, dict[str, Measured]]) -> list[list[str]]:
     """Gu & Tresp's and Byerly et al.'s claims on the MNIST runs (:func:`summarise`): dynamic routing against its
     uniform couplings on the affine test; the shared-transform head against routed dynamic routing on the affine
@@ -207,6 +211,7 @@ def routing_free_verdicts(mnist: dict[str, dict[str, Measured]]) -> list[list[st
     return rows
 
 
+@checked
 def tree_verdicts(layers: dict[str, Sequence[LayerRouting]], gradients: dict[str, dict[str, float]]) -> list[list[str]]:
     """Mitterreiter et al.'s claims on multi-layer networks (label -> :func:`routing_by_layer` at the network's own
     ``T``, the largest in the list; label -> :func:`gradient_by_layer`, image side first): the couplings are static
@@ -253,6 +258,7 @@ def tree_verdicts(layers: dict[str, Sequence[LayerRouting]], gradients: dict[str
     return rows
 
 
+@checked
 def depth_verdicts(series: dict[int, DepthPoint]) -> list[list[str]]:
     """Mitterreiter et al.'s claims on the depth series (:func:`~capsule_lib.routing_critique.depth_series`): each
     deeper network's MNIST test accuracy against the shallowest (two standard errors: holds where deeper is lower,

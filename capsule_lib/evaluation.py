@@ -19,6 +19,7 @@ from ._checks import (
     check_tensor,
     module_device,
 )
+from ._contracts import checked
 from .routing.em import _check_em_inputs, _lambdas, em_routing
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
 
 
 @torch.no_grad()
+@checked
 def predict(
     model: nn.Module,
     images: torch.Tensor | np.ndarray,
@@ -115,6 +117,7 @@ def _predict_batches(
     return scores, poses
 
 
+@checked
 def accuracy(scores: torch.Tensor, labels: torch.Tensor) -> float:
     """Top-1 accuracy of ``scores [N, K]`` against ``labels [N]``; a label outside ``0 .. K-1`` (a wrong or corrupt
     label set: it would count as an error and lower the accuracy silently) is refused in one line."""
@@ -123,12 +126,14 @@ def accuracy(scores: torch.Tensor, labels: torch.Tensor) -> float:
     return (scores.argmax(1) == labels.to(scores.device)).float().mean().item()
 
 
+@checked
 def accuracy_standard_error(p: float, n: int) -> float:
     """The binomial standard error of an accuracy ``p`` measured on ``n`` images, ``sqrt(p (1 - p) / n)`` (a
     fraction; at least ``1e-6 / sqrt(n)``, so an accuracy of exactly 0 or 1 still has one)."""
     return math.sqrt(max(p * (1 - p), 1e-12) / max(n, 1))
 
 
+@checked
 def multimnist_accuracy(scores: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
     """Two metrics for two-digit images, ``labels [N, 2]``, predictions = the top-2 scores.
 
@@ -146,6 +151,7 @@ def confusion_matrix(pred: torch.Tensor, labels: torch.Tensor, n_classes: int) -
     return torch.bincount(idx, minlength=n_classes * n_classes).view(n_classes, n_classes)
 
 
+@checked
 def viewpoint_accuracies(model: nn.Module, sets: Any, device: str | torch.device | None = None) -> dict[str, float]:
     """Test accuracy of ``model`` on the familiar and the novel views of a viewpoint protocol
     (:class:`~capsule_lib.data.viewpoints.ViewpointSets`): ``{"familiar": ..., "novel": ..., "drop": familiar -
@@ -158,6 +164,7 @@ def viewpoint_accuracies(model: nn.Module, sets: Any, device: str | torch.device
 
 
 @torch.no_grad()
+@checked
 def iteration_sweep(
     model: nn.Module,
     images: torch.Tensor,
@@ -270,6 +277,7 @@ def em_routing_naive(
     return mu, a_out
 
 
+@checked
 def compare_with_naive(
     votes: torch.Tensor,
     a_in: torch.Tensor,

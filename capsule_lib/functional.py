@@ -9,10 +9,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ._checks import check_tensor
+from ._contracts import check_value
+
 __all__ = [
     "coordinate_channels",
     "add_coordinate_channels",
     "safe_norm",
+    "SQUASH_KINDS",
     "squash_hinton",
     "squash_efficient",
     "squash_hinton_no_eps",
@@ -92,6 +96,8 @@ _SQUASH = {
     "hinton_no_eps": lambda s, dim=-1, eps=None: squash_hinton_no_eps(s, dim),  # no epsilon to pass
     "hinton_eps_norm": squash_hinton_eps_norm,
 }
+#: the kinds :func:`squash` knows
+SQUASH_KINDS: tuple[str, ...] = tuple(sorted(_SQUASH))
 
 
 def squash(s: torch.Tensor, kind: str = "hinton", dim: int = -1, eps: float = 1e-8) -> torch.Tensor:
@@ -107,6 +113,9 @@ def squash(s: torch.Tensor, kind: str = "hinton", dim: int = -1, eps: float = 1e
 
 def capsule_lengths(v: torch.Tensor, dim: int = -1, eps: float = 1e-8) -> torch.Tensor:
     """Capsule lengths ``|v|`` (the class probabilities of a capsule layer): ``[..., n, d] -> [..., n]``."""
+    check_tensor(v, "capsule_lengths: v", "[..., d]", [None], min_leading=0)
+    check_value(dim, int, "capsule_lengths: dim")
+    check_value(eps, float, "capsule_lengths: eps")
     return safe_norm(v, dim=dim, eps=eps)
 
 

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ._checks import check_tensor
+from ._contracts import checked
 
 __all__ = [
     "one_hot",
@@ -217,6 +218,7 @@ class CapsuleObjective:
     ``recon_reduction``: ``"sum"`` (Sabour, weight 0.0005) or ``"mean"`` (Efficient-CapsNet, weight 0.392).
     """
 
+    @checked
     def __init__(
         self, recon_weight: float = 0.0005, margin_reduction: str = "paper", recon_reduction: str = "sum"
     ) -> None:
@@ -271,6 +273,7 @@ class ScoreObjective:
     :class:`SpreadObjective`), ``"logits"`` with cross-entropy. For models whose score kind depends on their
     configuration (:class:`~capsule_lib.models.RoutingClassifier`); no reconstruction. Accuracy is the argmax."""
 
+    @checked
     def __init__(self, m_min: float = 0.2, m_max: float = 0.9) -> None:
         self.spread = SpreadObjective(m_min, m_max)
 

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from ._checks import device_available
+from ._contracts import checked
 from .data.datasets import DataSource, announce_standins, repository_root
 
 __all__ = [
@@ -136,6 +137,7 @@ class Settings:
         return DataSource(self.data_root, offline=self.offline, standin=True)
 
 
+@checked
 def settings(
     SMOKE: bool = False,
     TRAIN: bool = False,
@@ -242,6 +244,7 @@ def chapter_device(preference: str | torch.device | None = "auto") -> torch.devi
     return dev
 
 
+@checked
 def chapter_dataset(name: str, split: str, cfg: Settings, *, n_smoke: int = 512, **kwargs: Any):
     """Load ``name``/``split`` for a chapter: :func:`~capsule_lib.data.get_dataset` from ``cfg.data`` (the data
     root, offline or not, stand-ins allowed).
@@ -269,6 +272,7 @@ def chapter_dataset(name: str, split: str, cfg: Settings, *, n_smoke: int = 512,
     return ds
 
 
+@checked
 def train_or_load(
     checkpoints: str | Sequence[str],
     cfg: Settings,

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ._contracts import checked
 from .models.registry import build_model
 from .train.shipped import (
     CHECKPOINT_DIR,
@@ -85,6 +86,7 @@ def _author_config(sd: dict[str, torch.Tensor]) -> tuple[str, dict[str, Any]]:
     )
 
 
+@checked
 def load_heinsen_2019(
     source: str | os.PathLike | dict[str, torch.Tensor],
     image_size: int | None = 96,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ._contracts import checked
 from .cost import count_parameters
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
 ]
 
 
+@checked
 def pct(x: float | None, digits: int = 2) -> str:
     """``0.99612 -> "99.61 %"``; ``None -> "—"``."""
     return "—" if x is None else f"{100 * x:.{digits}f} %"
@@ -52,6 +54,7 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str
     return "\n".join(lines)
 
 
+@checked
 def show_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]):
     """Display a markdown table in a notebook (returns the ``IPython.display.Markdown`` object)."""
     from IPython.display import Markdown
@@ -59,6 +62,7 @@ def show_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]):
     return Markdown(markdown_table(headers, rows))
 
 
+@checked
 def duration(seconds: float) -> str:
     """``324 -> "5.4 min"``, ``15840 -> "4.4 h"`` (a non-breaking space before the unit: table cells do not wrap
     inside it)."""
@@ -93,11 +97,13 @@ def budget_rows(names: Sequence[str]) -> list[list[str]]:
     return rows
 
 
+@checked
 def show_budgets(names: Sequence[str]):
     """:func:`budget_rows` as a table in a notebook."""
     return show_table(BUDGET_HEADERS, budget_rows(names))
 
 
+@checked
 def metrics_summary(metrics: dict[str, Any]) -> str:
     """A registry entry's test result in one cell: ``familiar .., novel ..`` for the viewpoint protocol, the
     bit-exact and whole test split where a copy marks bit-exact images, else the test accuracy (a non-breaking
@@ -185,6 +191,7 @@ def history_rows(histories: dict[str, Any], models: dict[str, Any] | None = None
     return rows
 
 
+@checked
 def show_histories(histories: dict[str, Any], models: dict[str, Any] | None = None):
     """:func:`history_rows` as a table in a notebook."""
     headers = list(HISTORY_HEADERS)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+from ._contracts import checked
 from .cost import count_parameters
 from .published import PublishedResult, published
 from .report import duration, epochs_text, markdown_table, pct_cell
@@ -215,6 +216,7 @@ def _headers(family: Family) -> list[str]:
     return ["checkpoint", *(h for h, _ in family.metrics), family.paper_header, "re-impl.", "params", "training"]
 
 
+@checked
 def results_rows(registry: dict[str, dict[str, Any]] | None = None) -> list[ResultRow]:
     """One :class:`ResultRow` per registry entry (default: the shipped registry, read now), grouped by family in
     :data:`FAMILIES` order, the papers' networks before the comparison's runs, then by name."""
@@ -247,6 +249,7 @@ def results_table(family: str, rows: Sequence[ResultRow] | None = None) -> str:
     return markdown_table(headers, [[r.cells[h] for h in headers] for r in rows])
 
 
+@checked
 def show_results(family: str, rows: Sequence[ResultRow] | None = None):
     """:func:`results_table` displayed in a notebook (an ``IPython.display.Markdown`` object)."""
     from IPython.display import Markdown
@@ -272,6 +275,7 @@ def published_rows() -> list[list[str]]:
     return rows
 
 
+@checked
 def show_published():
     """:func:`published_rows` as a table in a notebook."""
     from IPython.display import Markdown
@@ -283,6 +287,7 @@ def show_published():
 SPEEDRUN_HEADERS = ("speedrun", "hardware", "trained", "first reached on validation", "test", "paper")
 
 
+@checked
 def speedrun_histories(registry: dict[str, dict[str, Any]] | None = None, family: str | None = None) -> dict[str, Any]:
     """The shipped checkpoints trained by a speedrun recipe (:mod:`capsule_lib.train.recipes.speedrun`), only those of
     one :data:`FAMILIES` key with ``family``: name -> its :class:`~capsule_lib.train.checkpoint.History` (read from
@@ -351,6 +356,7 @@ def _shipped_or(registry: dict[str, dict[str, Any]] | None) -> dict[str, dict[st
     return shipped() if registry is None else registry
 
 
+@checked
 def speedrun_references(names: Sequence[str], registry: dict[str, dict[str, Any]] | None = None) -> dict[str, float]:
     """The papers' test accuracies (%) for the networks of the checkpoints ``names``, labelled for a figure's
     reference lines: ``{"CapsNet, paper (test)": 99.75, ...}`` (a range's lower end; ``†`` marks a related
@@ -365,6 +371,7 @@ def speedrun_references(names: Sequence[str], registry: dict[str, dict[str, Any]
     return out
 
 
+@checked
 def show_speedruns(registry: dict[str, dict[str, Any]] | None = None):
     """:func:`speedrun_rows` as a table in a notebook."""
     from IPython.display import Markdown
@@ -372,6 +379,7 @@ def show_speedruns(registry: dict[str, dict[str, Any]] | None = None):
     return Markdown(markdown_table(SPEEDRUN_HEADERS, speedrun_rows(registry)))
 
 
+@checked
 def glue_figure(name: str, fig) -> None:
     """Show a matplotlib figure and register it under ``name`` for other pages of the book (MyST-NB's ``glue``:
     ``{glue:any}`` with ``:doc:`` pastes it). Without MyST-NB (e.g. in Colab) the figure is only shown. The figure

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from ._checks import float_images
+from ._contracts import checked
 from .attacks import (
     Objective,
     _scores,
@@ -158,6 +159,7 @@ def _predict(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return _scores(model, x).argmax(1)
 
 
+@checked
 def masking_check(
     model: nn.Module,
     images: torch.Tensor,
@@ -256,6 +258,7 @@ class Detection:
         return float((self.fooled & (self.attacked <= self.threshold)).float().mean())
 
 
+@checked
 def detection(
     model: nn.Module,
     val_images: torch.Tensor,
@@ -321,6 +324,7 @@ class AdversarialExample:
     reconstruction: torch.Tensor | None
 
 
+@checked
 def adversarial_examples(
     models: dict[str, nn.Module],
     image: torch.Tensor,
@@ -352,6 +356,7 @@ def adversarial_examples(
     return out
 
 
+@checked
 def attack_curves(
     models: dict[str, nn.Module],
     images: torch.Tensor,
@@ -373,6 +378,7 @@ def attack_curves(
     return out
 
 
+@checked
 def targeted_success(
     model: nn.Module, images: torch.Tensor, labels: torch.Tensor, eps: Sequence[float], n_classes: int
 ) -> list[float]:
@@ -398,6 +404,7 @@ def _pct(v: float) -> str:
     return "n/a" if v != v else f"{100 * v:.1f}"
 
 
+@checked
 def curve_table(curves: dict[str, dict[str, AttackCurve]], eps: Sequence[float]) -> tuple[list[str], list[list]]:
     """Headers and rows (one per model) of accuracy (%) clean and under every attack at each budget of ``eps``
     the curve measured (``-`` where it did not)."""
@@ -414,6 +421,7 @@ def curve_table(curves: dict[str, dict[str, AttackCurve]], eps: Sequence[float])
     return heads, rows
 
 
+@checked
 def masking_table(checks: dict[str, dict[str, float]], eps: float, large_eps: float) -> tuple[list[str], list[list]]:
     """Headers and rows of :func:`masking_check` results, one per model, with the verdict in words."""
     heads = ["model", f"FGSM {eps:g}", f"BIM {eps:g}", f"PGD {eps:g}", f"BIM {large_eps:g}", "verdict"]
@@ -429,6 +437,7 @@ def masking_table(checks: dict[str, dict[str, float]], eps: float, large_eps: fl
     return heads, rows
 
 
+@checked
 def detection_table(detections: dict[str, dict[str, Detection]]) -> tuple[list[str], list[list]]:
     """Headers and rows of DARCCC results: per model and attack, the threshold, the false positives on clean
     test images, the attack's success rate, the fooling images flagged, and the attack's undetected success."""
@@ -468,6 +477,7 @@ def _versus(a: float, b: float, n_a: int, n_b: int) -> str:
     return "within noise"
 
 
+@checked
 def compare_to_em_paper(
     curves: dict[str, dict[str, AttackCurve]],
     targeted: dict[str, list[float]],

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from ._checks import module_device
+from ._contracts import checked
 from .comparison import SHORT_LABELS, contestant_recipe
 from .critique import gradient_by_layer, routing_by_layer
 from .data import get_dataset
@@ -120,6 +121,7 @@ class CritiqueRun:
         return contestant_recipe(self.kind, self.dataset, **fields)
 
 
+@checked
 def critique_runs(datasets: Sequence[str] = ("mnist", "norb"), heads: bool = True) -> list[CritiqueRun]:
     """Every run of the chapter, in training order: per dataset and seed, each routing kind routed, with uniform and
     with random couplings; dynamic routing at :data:`CRITIQUE_DYNAMIC_ITERATIONS`; with ``heads``, the two
@@ -143,6 +145,7 @@ N_AFFINE = 5000
 N_LAYER_IMAGES = 500
 
 
+@checked
 def train_run(
     run: CritiqueRun, data_root: Any = None, out_dir: Any = None, progress: bool = False, **overrides: Any
 ) -> dict[str, Any]:
@@ -201,6 +204,7 @@ def train_run(
 CRITIQUE_RECORDS = CHECKPOINT_DIR / "critique_runs.json"
 
 
+@checked
 def recorded_runs(path: Any = None) -> dict[str, Any]:
     """The shipped records of the chapter's runs: ``{"machine": ..., "rows": [record, ...], "missing": [name, ...]}``
     (``path``: another file of that form)."""
@@ -247,6 +251,7 @@ METRIC_SIZES: dict[str, int] = {
 }
 
 
+@checked
 def config_key(row: dict[str, Any]) -> str:
     """A run's configuration without its seed: ``"<kind>_<couplings>"`` (then ``"_T<iterations>"`` and
     ``"_depth<k>"`` where set), or the routing-free head's name."""
@@ -281,6 +286,7 @@ def measured(values: Sequence[float], n_images: int) -> Measured:
     return Measured(m, math.sqrt(seed_var + binom_var), tuple(v.tolist()))
 
 
+@checked
 def summarise(rows: Sequence[dict[str, Any]], dataset: str) -> dict[str, dict[str, Measured]]:
     """The runs of ``dataset`` by configuration (:func:`config_key`) -> metric (:data:`METRICS`) -> :class:`Measured`
     over their seeds."""
@@ -316,6 +322,7 @@ def judged(a: Measured, b: Measured) -> str | None:
 COUPLING_HEADERS = ("routing", "routed", "uniform", "random", "routed vs uniform", "routed vs random")
 
 
+@checked
 def coupling_rows(summary: dict[str, dict[str, Measured]], metric: str) -> list[list[str]]:
     """One row per routing kind: its ``metric`` (%, mean ± standard error over the seeds) routed, with uniform and
     with random couplings, and how the routed network compares with each (:func:`judged`)."""
@@ -351,6 +358,7 @@ class DepthPoint:
         return [layer["grad_rms"] for layer in self.layers]
 
 
+@checked
 def depth_series(rows: Sequence[dict[str, Any]]) -> dict[int, DepthPoint]:
     """The depth series among the recorded ``rows`` (those with a ``depth``), by depth (empty if there are none)."""
     series = [r for r in rows if r.get("depth") is not None]
@@ -377,6 +385,7 @@ DEPTH_HEADERS = (
 )
 
 
+@checked
 def depth_rows(series: dict[int, DepthPoint]) -> list[list[str]]:
     """One table row per depth of :func:`depth_series`: parameters, MNIST test and affine accuracy (mean ± standard
     error over the seeds), the share of parents never active per hidden layer and the RMS gradient per layer."""

@@ -28,6 +28,7 @@ TINY = CapsNetConfig(conv_channels=8, primary_types=4, class_dim=8, decoder_hidd
 LAYERS = [
     "types",
     "_checks",
+    "_contracts",  # argument contracts read from annotations (checked, check_fields)
     "_progress",
     "functional",
     "losses",

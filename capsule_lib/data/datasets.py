@@ -25,6 +25,7 @@ import torch
 from .._checks import check_choice
 from .files import download_into, download_reason, find_real_data, permission_denied
 
+from .._contracts import checked
 __all__ = [
     "ImageDataset", "DatasetUnavailableError", "get_dataset", "register_dataset", "available_datasets",
     "data_root", "DataSource", "read_idx", "train_val_indices", "STANDINS", "data_fingerprint", "check_labels",
@@ -213,6 +214,7 @@ class DataSource:
         return get_dataset(name, self, split, **kwargs)
 
 
+@checked
 def get_dataset(
     name: str,
     data_root: DataSource | str | os.PathLike | None = None,

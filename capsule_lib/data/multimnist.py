@@ -42,6 +42,7 @@ from .datasets import (
 from .loaders import TensorLoader
 from .transforms import shift_images
 
+from .._contracts import checked
 __all__ = [
     "make_multimnist",
     "bounding_boxes",
@@ -182,6 +183,7 @@ def bbox_overlap(a: torch.Tensor, b: torch.Tensor, threshold: int = 0) -> dict[s
     return {"iou": inter / union.clamp_min(1), "inter_over_min": inter / torch.minimum(aa, ab).clamp_min(1)}
 
 
+@checked
 def overlap_stats(ds: ImageDataset | dict[str, torch.Tensor]) -> dict[str, float]:
     """Summary of the bounding-box overlap of a MultiMNIST set (an :class:`ImageDataset` from
     ``get_dataset("multimnist", ...)`` or the dict of :func:`make_multimnist`): mean / median / 5th and 95th

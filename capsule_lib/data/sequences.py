@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from .._contracts import checked
 
 __all__ = ["TokenSequences", "marker_sequences", "PAD"]
 
@@ -47,6 +48,7 @@ class TokenSequences:
         return TokenSequences(self.tokens[:n], self.labels[:n], self.n_tokens[:n], self.classes, self.vocab)
 
 
+@checked
 def marker_sequences(
     n: int,
     seed: int = 0,

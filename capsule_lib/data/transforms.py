@@ -6,6 +6,7 @@ resume). Only training batches are augmented; evaluation never is.
 from __future__ import annotations
 
 import torch
+from .._contracts import checked
 import torch.nn.functional as F
 
 __all__ = ["random_shift", "shift_images", "random_affine", "affine_images", "random_crop_flip"]
@@ -36,6 +37,7 @@ def random_shift(x: torch.Tensor, max_shift: int = 2, generator: torch.Generator
     return shift_images(x, d[0].to(x.device), d[1].to(x.device), max_shift)
 
 
+@checked
 def random_crop_flip(x: torch.Tensor, padding: int = 4, generator: torch.Generator | None = None) -> torch.Tensor:
     """The CIFAR training augmentation, batched: ``RandomCrop(H, padding)`` (zero padding, i.e. a random shift
     of ``-padding..padding`` pixels per axis, uniform) then ``RandomHorizontalFlip(0.5)``, independently per

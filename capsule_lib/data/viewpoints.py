@@ -28,6 +28,7 @@ from .._checks import check_choice
 from .datasets import DataSource, ImageDataset, get_dataset
 from .render import HINTON_AZIMUTHS_FAMILIAR, HINTON_ELEVATIONS_FAMILIAR
 
+from .._contracts import checked
 __all__ = [
     "ViewpointSets",
     "viewpoint_sets",
@@ -120,6 +121,7 @@ def _pick(ds: ImageDataset, axis: str, values: Sequence[int], n: int | None, see
     return ds.subset(keep)
 
 
+@checked
 def viewpoint_sets(
     dataset: str = "smallnorb",
     data_root: DataSource | str | None = None,

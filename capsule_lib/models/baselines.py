@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._checks import check_model_input, resolve_config
+from .._contracts import check_fields
 from ..types import ImageContract
 
 __all__ = ["BaselineCNNConfig", "BaselineCNN"]
@@ -45,6 +46,9 @@ class BaselineCNNConfig:
     hidden: tuple[int, int] = (328, 192)
     n_classes: int = 10
     dropout: float = 0.5
+
+    def __post_init__(self) -> None:
+        check_fields(self)  # every field of the annotated type (one line naming it)
 
 
 class BaselineCNN(nn.Module):

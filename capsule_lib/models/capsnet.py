@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._checks import check_images, check_model_input, resolve_config
+from .._contracts import check_fields, checked
 from ..functional import capsule_lengths
 from ..layers import FCDecoder, PrimaryCapsules, mask_capsules
 from ..routing.dynamic import DynamicRouting
@@ -109,6 +110,9 @@ class CapsNetConfig:
     def n_primary(self) -> int:
         return self.primary_types * self.primary_grid**2
 
+    def __post_init__(self) -> None:
+        check_fields(self)  # every field of the annotated type (one line naming it)
+
 
 class CapsNet(nn.Module):
     """Conv1 -> PrimaryCaps -> DigitCaps (dynamic routing) -> lengths, with an optional masked decoder.
@@ -125,6 +129,7 @@ class CapsNet(nn.Module):
         Keyword arguments: fields of the config to replace (e.g. ``iterations=1``).
     """
 
+    @checked
     def __init__(self, config: CapsNetConfig | None = None, **overrides) -> None:
         super().__init__()
         cfg = resolve_config(config, CapsNetConfig, overrides)

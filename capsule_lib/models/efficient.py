@@ -54,6 +54,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._checks import check_images, check_model_input, check_tensor, resolve_config
+from .._contracts import check_fields, checked
 from ..functional import capsule_lengths
 from ..layers import DepthwisePrimaryCapsules, FCDecoder, UpsampleConvDecoder, mask_capsules
 from ..routing.self_attention import SQUASH_EPS, SelfAttentionRouting, keras_fans, keras_he_normal_
@@ -146,6 +147,7 @@ class EfficientCapsNetConfig:
     init: str = "keras"
 
     @classmethod
+    @checked
     def mnist(cls, **overrides) -> EfficientCapsNetConfig:
         """28x28x1, 161,824 trainable parameters without the decoder. ``overrides`` change its fields."""
         return cls(**overrides)
@@ -214,6 +216,9 @@ class EfficientCapsNetConfig:
         """Number of primary capsules ``n_primary_caps * grid^2`` (16 in the papers' configurations)."""
         return self.n_primary_caps * self.primary_grid**2
 
+    def __post_init__(self) -> None:
+        check_fields(self)  # every field of the annotated type (one line naming it)
+
 
 EFFICIENT_PRESETS = {
     "mnist": EfficientCapsNetConfig.mnist,
@@ -278,6 +283,7 @@ class EfficientCapsNet(nn.Module):
         c = self.config
         return ImageContract(c.in_channels, c.image_size, None if c.in_channels == 2 else (0.0, 1.0))
 
+    @checked
     def __init__(self, config: EfficientCapsNetConfig | None = None, **overrides) -> None:
         super().__init__()
         cfg = resolve_config(config, EfficientCapsNetConfig, overrides)

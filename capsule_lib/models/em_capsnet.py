@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._checks import check_model_input, resolve_config
+from .._contracts import check_fields, checked
 from ..layers import ClassCapsules, ConvCapsules, MatrixPrimaryCapsules
 from ..layers.matrix import grid_centers
 from ..routing.em import em_routing, inverse_temperature_schedule
@@ -147,6 +148,7 @@ class EMCapsNetConfig:
         return replace(base, **overrides)
 
     @classmethod
+    @checked
     def large(cls, **overrides) -> EMCapsNetConfig:
         """The paper's main smallNORB model, A=B=C=D=32 (quoted at 310K parameters). ``overrides`` change its fields."""
         return replace(cls(conv_channels=32, primary_types=32, caps1_types=32, caps2_types=32), **overrides)
@@ -166,6 +168,9 @@ class EMCapsNetConfig:
     @property
     def caps2_grid(self) -> int:
         return self._out(self.caps1_grid, self.caps_kernel, self.caps2_stride)
+
+    def __post_init__(self) -> None:
+        check_fields(self)  # every field of the annotated type (one line naming it)
 
 
 def receptive_field_centers(cfg: EMCapsNetConfig) -> torch.Tensor:
@@ -238,6 +243,7 @@ class EMCapsNet(nn.Module):
         Config fields to replace, as keyword arguments (e.g. ``iterations=2``).
     """
 
+    @checked
     def __init__(self, config: EMCapsNetConfig | None = None, **overrides) -> None:
         super().__init__()
         cfg = resolve_config(config, EMCapsNetConfig, overrides)

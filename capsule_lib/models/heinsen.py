@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from .._checks import check_images, check_model_input, check_nonempty, check_tensor, resolve_config
+from .._contracts import check_fields, checked
 from ..functional import add_coordinate_channels
 from ..routing.heinsen_2019 import GenerativeMatrixRouting
 from ..types import CapsuleOutput, ImageContract
@@ -134,6 +135,9 @@ class SmallNORBConfig:
     strides: tuple[int, ...] = (1, 2, 1, 2, 1, 2)
     coord_channels: bool = True
 
+    def __post_init__(self) -> None:
+        check_fields(self)  # every field of the annotated type (one line naming it)
+
 
 class SmallNORBClassifier(nn.Module):
     """Heinsen's (2019) smallNORB classifier (99.1% test accuracy in the paper; 271,688 parameters).
@@ -150,6 +154,7 @@ class SmallNORBClassifier(nn.Module):
         Keyword arguments: fields of the config to replace (e.g. ``coord_channels=False``).
     """
 
+    @checked
     def __init__(self, config: SmallNORBConfig | None = None, **overrides) -> None:
         super().__init__()
         cfg = resolve_config(config, SmallNORBConfig, overrides)
@@ -315,6 +320,9 @@ class SequenceClassifierConfig:
     n_parts: int = 64
     n_classes: int = 5
     iterations: int = 3
+
+    def __post_init__(self) -> None:
+        check_fields(self)  # every field of the annotated type (one line naming it)
 
 
 class SequenceClassifierHead(nn.Module):
@@ -491,6 +499,9 @@ class TokenSequenceConfig:
     n_parts: int = 16
     n_classes: int = 4
     iterations: int = 3
+
+    def __post_init__(self) -> None:
+        check_fields(self)  # every field of the annotated type (one line naming it)
 
 
 class TokenSequenceClassifier(nn.Module):

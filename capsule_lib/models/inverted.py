@@ -39,6 +39,7 @@ import torch
 from torch import nn
 
 from .._checks import check_choice, check_images, check_iterations, check_model_input
+from .._contracts import check_fields, checked
 from ..layers import InvertedPrimaryCapsules
 from ..routing.inverted import EXPANSIONS, InvertedConvCapsules, InvertedFCCapsules
 from ..types import CapsuleOutput, ImageContract, RoutingTrace
@@ -160,6 +161,11 @@ class CapsModelConfig:
     input_std: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:  # configs read back from JSON (histories, the registry) hold lists/dicts
+        check_fields(self, skip=("capsules",))  # every field of the annotated type (one line naming it)
+        if not isinstance(self.capsules, (list, tuple)) or not all(
+            isinstance(c, (dict, CapsLayerSpec)) for c in self.capsules
+        ):
+            raise ValueError(f"CapsModelConfig: capsules must be a list of CapsLayerSpec, got {self.capsules!r:.80}")
         self.capsules = tuple(c if isinstance(c, CapsLayerSpec) else CapsLayerSpec(**c) for c in self.capsules)
         self.resnet_blocks = tuple(self.resnet_blocks)
         for name in ("input_mean", "input_std"):
@@ -173,6 +179,7 @@ class CapsModelConfig:
             raise ValueError("input_mean and input_std go together: set both or neither")
 
     @classmethod
+    @checked
     def cifar10(cls, backbone: str = "resnet", **overrides) -> CapsModelConfig:
         """CIFAR-10: 2 CONV capsule layers (32 types, k3 s2 then k3 s1), d = 16, 10 class capsules.
         ``backbone``: ``"resnet"`` (default) or ``"simple"``; ``overrides`` change its fields."""
@@ -201,6 +208,7 @@ class CapsModelConfig:
         )
 
     @classmethod
+    @checked
     def cifar10_cpu(cls, **overrides) -> CapsModelConfig:
         """The chapter's **CPU-sized** CIFAR-10 variant of the same architecture (every change is a size):
         resnet backbone with a 32-channel stem, one BasicBlock per stage and 64 output channels (instead of 64,
@@ -247,6 +255,7 @@ class CapsModel(nn.Module):
         Keyword arguments: fields of the config to replace.
     """
 
+    @checked
     def __init__(self, config: CapsModelConfig | None = None, **overrides) -> None:
         super().__init__()
         cfg = replace(config or CapsModelConfig(), **overrides)  # re-validated (configs set field by field too)

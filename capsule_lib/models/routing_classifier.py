@@ -40,6 +40,7 @@ import torch
 from torch import nn
 
 from .._checks import check_choice, check_iterations, check_model_input
+from .._contracts import check_fields
 from ..functional import squash
 from ..layers.routing_free import HomogeneousVectorCapsules, SharedTransformCapsules
 from ..routing.kinds import DEFAULT_ITERATIONS, ROUTING_KINDS
@@ -102,6 +103,7 @@ class RoutingClassifierConfig:
     hidden: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        check_fields(self)  # every field of the annotated type (one line naming it)
         for name, n in (("stem_channels", 2), ("hidden", None)):  # a config read back from JSON holds lists
             value = getattr(self, name)
             if not isinstance(value, (list, tuple)) or (n is not None and len(value) != n):

@@ -42,7 +42,8 @@ import torch
 from torch import nn
 
 from .._checks import check_choice, check_iterations, check_module_input, check_nonempty, check_tensor
-from ..functional import capsule_lengths, squash
+from .._contracts import check_value
+from ..functional import SQUASH_KINDS, capsule_lengths, squash
 from ..types import Routed, RoutingTrace
 from ._common import RoutingProtocol, fields_repr, refuse_activations, split_trace, use_kernel
 from ._kernels.dynamic import _VOTES_BLOCK_BYTES, _CapsuleVotes, _FusedRouting, _Replay  # noqa: F401
@@ -64,6 +65,7 @@ def dynamic_routing_reference(
     (tested in float64), with the public implementations' variants, a trace,
     and on the CPU a fused backward.
     """
+    _check_votes(votes, iterations, bias, "dynamic_routing_reference")  # one line for bad input, before the algorithm
     b = votes.new_zeros(votes.shape[:3])  # [B, i, j] logits b_ij, all 0
     for t in range(iterations):
         c = torch.softmax(b, dim=2)  # [B, i, j] sums to 1 over parents j
@@ -74,6 +76,16 @@ def dynamic_routing_reference(
         if t < iterations - 1:  # agreement u_hat_{j|i} . v_j, [B, i, j]
             b = b + torch.einsum("bije,bje->bij", votes, v)
     return v
+
+
+def _check_votes(votes: torch.Tensor, iterations: int, bias: torch.Tensor | None, name: str) -> int:
+    """One line for what no dynamic routing can take: votes ``[B, n_inp, n_out, d_out]`` of a non-empty batch, a count
+    of iterations, a bias ``[n_out, d_out]`` or ``None``; returns the iterations as an ``int``."""
+    check_tensor(votes, f"{name}: votes", "[B, n_inp, n_out, d_out]", [None, None, None, None])
+    check_nonempty(votes, f"{name}: votes", "[B, n_inp, n_out, d_out]")
+    if bias is not None:
+        check_tensor(bias, f"{name}: bias", f"[n_out={votes.shape[2]}, d_out={votes.shape[3]}]", list(votes.shape[2:]))
+    return check_iterations(iterations, f"{name}: iterations")
 
 
 #: keyword arguments of :class:`DynamicRouting` that reproduce each implementation (see the module docstring);
@@ -225,14 +237,13 @@ def dynamic_routing(
         (``algorithm="dynamic"``) holding per-iteration coefficients ``[B, I, J]``, agreements ``[B, I, J]``
         and outputs ``[B, J, E]``; ``extra`` holds the final ``logits`` and the ``votes``.
     """
-    check_tensor(votes, "votes", "[B, n_inp, n_out, d_out]", [None, None, None, None])
-    check_nonempty(votes, "votes", "[B, n_inp, n_out, d_out]")
-    iterations = check_iterations(iterations)
+    iterations = _check_votes(votes, iterations, bias, "dynamic_routing")
     check_choice(coupling, _COUPLING, "coupling")
     check_choice(detach, _DETACH, "detach")
+    check_choice(squash_kind, SQUASH_KINDS, "squash_kind")
+    check_value(leaky, bool, "dynamic_routing: leaky")
+    check_value(return_routing, bool, "dynamic_routing: return_routing")
     B, I, J, E = votes.shape
-    if bias is not None:
-        check_tensor(bias, "bias", f"[n_out={J}, d_out={E}]", [J, E])
     needs_grad = torch.is_grad_enabled() and (votes.requires_grad or (bias is not None and bias.requires_grad))
     if needs_grad and use_kernel(votes, trace=return_routing, dtypes=None, autocast=True):
         return _FusedRouting.apply(votes, bias, iterations, leaky, coupling, squash_kind, detach, _route)

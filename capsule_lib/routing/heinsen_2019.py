@@ -44,6 +44,7 @@ from .._checks import (
     check_nonempty,
     check_tensor,
 )
+from .._contracts import checked
 from ..types import Routed, RoutingTrace
 from ._common import (
     RoutingProtocol,
@@ -375,6 +376,7 @@ class GenerativeMatrixRouting(RoutingProtocol, nn.Module):
         :func:`generative_matrix_routing`; the result is the same.
     """
 
+    @checked
     def __init__(
         self,
         d_cov: int,

@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._checks import check_choice, check_iterations, check_module_input, check_nonempty, check_tensor
+from .._contracts import checked
 from ..types import Routed, RoutingTrace
 from ._common import RoutingProtocol, autocast_outputs, refuse_activations, split_trace, use_kernel
 from ._kernels.inverted import _RENORM_EPS, _acc_dtype, _attend_blocks, _AttendMatrix
@@ -449,6 +450,7 @@ class InvertedFCCapsules(RoutingProtocol, nn.Module):
     dropout, eps : float, optional
         Dropout probability before the LayerNorm, in training (``dropout``, default 0.0); LayerNorm's ``eps`` (1e-5)."""
 
+    @checked
     def __init__(
         self,
         n_inp: int,

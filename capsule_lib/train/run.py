@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from .._checks import check_choice
+from .._contracts import checked
 from ..data.datasets import DataSource, check_labels, data_fingerprint
 from ..distributed import setup as setup_distributed
 from .recipes import make_recipe
@@ -91,6 +92,7 @@ def _check_training_data(model: nn.Module, loaders: Any) -> str | None:
     return data_fingerprint(ds.images, ds.labels)
 
 
+@checked
 def train(
     recipe: str | Recipe,
     *,

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from .._checks import check_device
+from .._contracts import checked
 from ..data.datasets import DataSource
 from ..models.registry import build_model
 from .checkpoint import _WRITE_FIX, CheckpointWriteError, History, _load_checkpoint, _short, load_history, read_json
@@ -76,6 +77,7 @@ class EntryMismatchError(ValueError):
     """A registry entry's field no longer matches what was exported with its weights file."""
 
 
+@checked
 def registry(directory: str | os.PathLike | None = None) -> dict[str, dict[str, Any]]:
     """The registry as a dict ``name -> entry`` (empty if none is shipped), every entry's bound fields checked
     (:func:`bound_sha256`): an edited or mismatched entry raises :class:`EntryMismatchError` naming the field."""
@@ -223,6 +225,7 @@ def load_pretrained_history(name: str, directory: str | os.PathLike | None = Non
     return History.from_dict(read_json(d / entry["history"], fix))
 
 
+@checked
 def shipped_recipe(checkpoint: str, **overrides: Any) -> Recipe:
     """The recipe a shipped checkpoint's run started with, with ``overrides`` applied:
     ``train(shipped_recipe("capsnet_mnist"), out_dir=...)`` retrains it. Where the run was resumed with a

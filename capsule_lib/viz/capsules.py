@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
+from .._contracts import checked
 from ..analysis import decode_poses
 from ..functional import capsule_lengths
 from ..types import RoutingTrace
@@ -58,6 +59,7 @@ def routing_contributions(
     return (c * norm).reshape(c.shape[0], *grid)
 
 
+@checked
 def coupling_entropy(trace: RoutingTrace, weights: torch.Tensor | None = None) -> torch.Tensor:
     """Mean entropy (nats) of each child's coupling distribution over parents, per iteration: ``[T]``.
 
@@ -129,6 +131,7 @@ def plot_routing_step(
     return fig
 
 
+@checked
 def plot_routing_iterations(
     image: torch.Tensor,
     trace: RoutingTrace,
@@ -180,6 +183,7 @@ def plot_routing_iterations(
     return fig
 
 
+@checked
 def plot_coupling_sharpening(
     trace: RoutingTrace, primary_lengths: torch.Tensor | None = None, parent_of: torch.Tensor | None = None
 ) -> Figure:
@@ -211,6 +215,7 @@ def plot_coupling_sharpening(
     return fig
 
 
+@checked
 def plot_reconstructions(
     images: torch.Tensor,
     recons: torch.Tensor,
@@ -274,6 +279,7 @@ def plot_lengths(ax, lengths: np.ndarray, highlight: int | None = None, classes:
     ax.set_title("capsule lengths")
 
 
+@checked
 def plot_perturbation(
     model: torch.nn.Module,
     image: torch.Tensor,
@@ -302,6 +308,7 @@ def plot_perturbation(
     return fig
 
 
+@checked
 def plot_perturbation_grid(
     model: torch.nn.Module,
     poses: torch.Tensor,
@@ -348,6 +355,7 @@ def plot_perturbation_grid(
     return fig
 
 
+@checked
 def plot_segmentation(
     images: torch.Tensor,
     recon_a: torch.Tensor,
@@ -373,6 +381,7 @@ def plot_segmentation(
     return _inputs_above(images, bottoms, titles, "red/green", (max(1.1 * n, 3.3), 2.9))  # 8 images: 8.8 in
 
 
+@checked
 def plot_image_grid(
     images: torch.Tensor, titles: Sequence[str] | None = None, cols: int = 10, size: float | None = None
 ) -> Figure:
@@ -395,6 +404,7 @@ def plot_image_grid(
     return fig
 
 
+@checked
 def plot_self_attention(
     image: torch.Tensor,
     trace: RoutingTrace,

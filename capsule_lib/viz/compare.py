@@ -14,6 +14,7 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
+from .._contracts import checked
 from .plots import finish_figure
 
 __all__ = [
@@ -48,6 +49,7 @@ def pareto_front(rows: Sequence[dict[str, Any]], x: str, y: str = "accuracy", lo
     return [r["model"] for r in sorted(front, key=lambda r: r[x])]
 
 
+@checked
 def plot_pareto(
     rows: Sequence[dict[str, Any]],
     axes: Sequence[tuple[str, str, bool]] = (
@@ -78,6 +80,7 @@ def plot_pareto(
     return finish_figure(fig, title)
 
 
+@checked
 def plot_robustness(
     rows: Sequence[dict[str, Any]],
     clean: str,
@@ -108,6 +111,7 @@ def plot_robustness(
     return fig
 
 
+@checked
 def plot_budget_curves(
     histories: dict[str, Any],
     title: str = "",
@@ -142,6 +146,7 @@ def plot_budget_curves(
     return fig
 
 
+@checked
 def plot_iteration_sweeps(
     sweeps: dict[str, Sequence[dict[str, Any]]], trained: dict[str, int] | None = None, title: str = ""
 ) -> Figure:
@@ -168,6 +173,7 @@ def plot_iteration_sweeps(
     return finish_figure(fig, title, rect=(0, 0.08 * (1 + (len(names) - 1) // 3), 1, 1))
 
 
+@checked
 def plot_routing_costs(rows: Sequence[dict[str, Any]], title: str = "") -> Figure:
     """The routing layers alone (rows of :func:`~capsule_lib.cost.routing_scaling`, with ``sweep`` = ``"size"``
     or ``"iterations"`` as ``benchmarks/routing_scaling.py`` writes them): forward + backward time (top) and peak

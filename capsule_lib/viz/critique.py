@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
+from .._contracts import checked
 from ..critique import ImageRouting, LayerRouting, RoutingChanges
 from .data import to_display
 from .plots import finish_figure
@@ -38,6 +39,7 @@ COUPLING_STYLES: dict[str, tuple[str, str]] = {
 }
 
 
+@checked
 def plot_couplings_compared(
     panels: Mapping[str, Mapping[str, Mapping[str, Any]]], labels: Mapping[str, str], title: str = ""
 ) -> Figure:
@@ -77,6 +79,7 @@ def plot_couplings_compared(
     return finish_figure(fig, title, rect=(0, 0.07, 1, 1))
 
 
+@checked
 def plot_routing_changes(changes: Mapping[str, RoutingChanges], title: str = "") -> Figure:
     """Left: the share of images whose prediction differs from the one-pass prediction (uniform couplings, ``T =
     1``) against the test-time iterations ``T``; right: the couplings' mean normalised entropy (1: uniform); one
@@ -102,6 +105,7 @@ def plot_routing_changes(changes: Mapping[str, RoutingChanges], title: str = "")
     return finish_figure(fig, title, rect=(0, 0.09 * (1 + (len(names) - 1) // 3), 1, 1))
 
 
+@checked
 def plot_layers(layers: Mapping[str, Sequence[LayerRouting]], title: str = "") -> Figure:
     """Each network's routing layers by depth (1 = nearest the image): the couplings' entropy, how much they vary
     between images, and the share of parents alive; one line per network and number of iterations ``T``."""
@@ -139,6 +143,7 @@ def _coupling_maps(couplings: torch.Tensor, grid: tuple[int, int, int]) -> np.nd
     return (couplings.reshape(types, h, w, K).mean(0).permute(2, 0, 1) * K).float().numpy()
 
 
+@checked
 def plot_depth_series(series: Mapping[int, Any], title: str = "") -> Figure:
     """The depth series (routing layers -> :class:`~capsule_lib.routing_critique.DepthPoint`): left, MNIST test and
     affine accuracy against the number of routing layers (± 2 standard errors); right, the RMS gradient of each
@@ -216,6 +221,7 @@ def plot_rerouted_image(
     return finish_figure(fig, title, rect=(0, 0.05, 1, 1))
 
 
+@checked
 def plot_image_iterations(routing: ImageRouting, classes: Sequence[str] | None = None, title: str = "") -> Figure:
     """One image against the test-time iterations: every class score (the classes that win at some ``T``
     labelled), and the couplings' mean normalised entropy (polarisation: 1 = uniform)."""

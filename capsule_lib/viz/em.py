@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
+from .._contracts import checked
 from ..types import RoutingTrace
 from .data import to_display
 from .plots import finish_figure
@@ -67,6 +68,7 @@ def _heatmap(ax, R: torch.Tensor, order: torch.Tensor, names: list[str], title: 
     ax.set_title(title, fontsize=fontsize + 1)
 
 
+@checked
 def plot_em_iterations(
     image: torch.Tensor,
     trace: RoutingTrace,
@@ -118,6 +120,7 @@ def plot_em_iterations(
     return fig
 
 
+@checked
 def plot_em_state(
     image: torch.Tensor,
     trace: RoutingTrace,

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 import ipywidgets as W
 import torch
 
+from .._contracts import checked
 from ..analysis import (
     class_attention_maps,
     class_credit_maps,
@@ -51,6 +52,7 @@ def lengths_readout(lengths: Sequence[float], label: int | None = None) -> str:
     return "capsule lengths: " + " ".join(parts)
 
 
+@checked
 def capsule_routing_explorer(
     images: torch.Tensor,
     trace: RoutingTrace,
@@ -78,6 +80,7 @@ def capsule_routing_explorer(
     )
 
 
+@checked
 def perturbation_explorer(
     model: torch.nn.Module,
     images: torch.Tensor,
@@ -127,6 +130,7 @@ def perturbation_explorer(
     return explorer(controls, draw, readout, buttons={"reset": reset})
 
 
+@checked
 def em_routing_explorer(
     model: torch.nn.Module,
     images: torch.Tensor,
@@ -173,6 +177,7 @@ def em_routing_explorer(
     return explorer(controls, draw, readout)
 
 
+@checked
 def pose_trajectory_explorer(
     model: torch.nn.Module,
     sweep: Callable[[int, int], torch.Tensor],
@@ -232,6 +237,7 @@ def pose_trajectory_explorer(
     return explorer(controls, draw, readout)
 
 
+@checked
 def class_credit_explorer(
     model: torch.nn.Module,
     images: torch.Tensor,
@@ -266,6 +272,7 @@ def class_credit_explorer(
     return explorer(controls, draw, readout)
 
 
+@checked
 def attention_explorer(
     model: torch.nn.Module,
     images: torch.Tensor,
@@ -316,6 +323,7 @@ def attention_explorer(
     return explorer(controls, draw, readout)
 
 
+@checked
 def iteration_explorer(
     models: dict[str, torch.nn.Module],
     images: torch.Tensor,

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
+from .._contracts import checked
 from ..analysis import pose_projection
 from .data import to_display
 from .plots import finish_figure
@@ -31,6 +32,7 @@ __all__ = [
 ]
 
 
+@checked
 def plot_pose_trajectories(
     poses: torch.Tensor,
     steps: Sequence[float],
@@ -88,6 +90,7 @@ def plot_pose_trajectories(
     return finish_figure(fig, title, layout=False)
 
 
+@checked
 def plot_viewpoint_state(
     image: torch.Tensor,
     probs: torch.Tensor,
@@ -130,6 +133,7 @@ def plot_viewpoint_state(
     return fig
 
 
+@checked
 def plot_class_credits(
     image: torch.Tensor,
     maps: torch.Tensor,
@@ -184,6 +188,7 @@ def credit_readout(maps: torch.Tensor, probs: torch.Tensor, classes: Sequence[st
     return f"predicts {classes[pred]} (p={float(probs[pred]):.2f}); share of credit {parts}"
 
 
+@checked
 def plot_token_credits(
     tokens: torch.Tensor,
     credits: torch.Tensor,
@@ -232,6 +237,7 @@ def plot_token_credits(
 _KIND_NAMES = {"dynamic": "dynamic routing (2017)", "heinsen_2019": "Heinsen 2019", "heinsen_2022": "Heinsen 2022"}
 
 
+@checked
 def plot_routing_scaling(rows: Sequence[dict[str, Any]], title: str = "") -> Figure:
     """Log-log plots of :func:`~capsule_lib.cost.routing_scaling` rows: activation memory (top) and forward +
     backward time (bottom, if measured) against ``n_inp`` (left; rows with the most common ``n_out``) and

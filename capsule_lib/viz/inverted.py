@@ -18,6 +18,7 @@ import torch
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
+from .._contracts import checked
 from ..analysis import expansion_sources
 from .data import to_display
 from .plots import finish_figure
@@ -33,6 +34,7 @@ __all__ = [
 
 
 # ------------------------------------------------------------------------------------------- schedules
+@checked
 def plot_schedules(n_layers: int = 3, iterations: int = 3) -> Figure:
     """Which pose feeds which update, for ``n_layers`` capsule layers and ``T = iterations``, in the
     concurrent (Jacobi) and the sequential schedule of :meth:`~capsule_lib.models.CapsModel.route`.
@@ -121,6 +123,7 @@ def _overlay(ax, image: torch.Tensor, amap: np.ndarray, geometry: tuple[float, f
     return im
 
 
+@checked
 def plot_attention_maps(
     images: torch.Tensor,
     maps: torch.Tensor,
@@ -184,6 +187,7 @@ def attention_readout(maps: torch.Tensor, probs: torch.Tensor, classes: Sequence
 
 
 # -------------------------------------------------------------------------------------- conv windows
+@checked
 def plot_conv_window(
     image: torch.Tensor,
     coefficients: torch.Tensor,
@@ -231,6 +235,7 @@ def plot_conv_window(
 
 
 # ---------------------------------------------------------------------------------- the official bug
+@checked
 def plot_expansion_bug(size: int = 7, kernel_size: int = 3, stride: int = 2, d: int = 16) -> Figure:
     """What one output position's window reads under the correct expansion (``unfold``) and the official
     ``input_expansion`` (``official_bug``), on a ``size x size`` grid: for output positions (0, 0) and the
@@ -278,6 +283,7 @@ def plot_expansion_bug(size: int = 7, kernel_size: int = 3, stride: int = 2, d: 
 
 
 # ------------------------------------------------------------------------------------ iteration sweep
+@checked
 def plot_iteration_sweep(rows: Sequence[dict[str, Any]], title: str = "") -> Figure:
     """Accuracy and time per image against the number of routing iterations, one line per schedule:
     ``rows`` from :func:`~capsule_lib.evaluation.iteration_sweep` (keys ``setting``, ``iterations``,

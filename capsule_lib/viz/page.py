@@ -22,6 +22,7 @@ import ipywidgets as W
 import numpy as np
 import torch
 
+from .._contracts import checked
 from ..analysis import (
     ToyVotes,
     class_attention_maps,
@@ -139,6 +140,7 @@ def page_explorer(
     return box
 
 
+@checked
 def perturbation_page_explorer(
     model: torch.nn.Module,
     image: torch.Tensor,
@@ -173,6 +175,7 @@ def perturbation_page_explorer(
     )
 
 
+@checked
 def routing_page_explorer(
     images: torch.Tensor,
     trace: RoutingTrace,
@@ -199,6 +202,7 @@ def routing_page_explorer(
     )
 
 
+@checked
 def toy_routing_page_explorer(toy: ToyVotes, trace: RoutingTrace, sample: int = 0, dpi: int = 60) -> W.VBox:
     """The primer's routing-iteration explorer in page mode: :func:`~capsule_lib.viz.toy.plot_routing_state`
     at every iteration of ``trace``, chosen by one slider in the browser."""
@@ -214,6 +218,7 @@ def toy_routing_page_explorer(toy: ToyVotes, trace: RoutingTrace, sample: int = 
     )
 
 
+@checked
 def em_routing_page_explorer(
     model: torch.nn.Module,
     image: torch.Tensor,
@@ -252,6 +257,7 @@ def em_routing_page_explorer(
     )
 
 
+@checked
 def pose_page_explorer(
     model: torch.nn.Module,
     sweep,
@@ -302,6 +308,7 @@ def pose_page_explorer(
     )
 
 
+@checked
 def attention_page_explorer(
     model: torch.nn.Module,
     images: torch.Tensor,
@@ -348,6 +355,7 @@ def attention_page_explorer(
     )
 
 
+@checked
 def adversarial_page_explorer(
     frames: dict[str, Sequence[dict]],
     eps: Sequence[float],
@@ -376,6 +384,7 @@ def adversarial_page_explorer(
     )
 
 
+@checked
 def iteration_page_explorer(
     image: torch.Tensor,
     routings: dict[str, ImageRouting],

@@ -16,6 +16,7 @@ import torch
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from .._contracts import checked
 from ..functional import capsule_lengths, squash_efficient, squash_hinton
 from ..types import RoutingTrace
 
@@ -75,6 +76,7 @@ def finish_figure(
     return fig
 
 
+@checked
 def plot_squash(max_norm: float = 5.0, n: int = 400, ax: Axes | None = None) -> Figure:
     """Output length ``|v|`` against input length ``|s|`` for both squash functions.
 
@@ -105,6 +107,7 @@ def plot_squash(max_norm: float = 5.0, n: int = 400, ax: Axes | None = None) -> 
     return fig
 
 
+@checked
 def plot_capsules(
     vectors: torch.Tensor | np.ndarray,
     labels: Sequence[str] | None = None,
@@ -152,6 +155,7 @@ def _unit_circle(ax: Axes) -> None:
     ax.axvline(0, color="0.8", lw=0.6, zorder=0)
 
 
+@checked
 def plot_coefficients(
     trace: RoutingTrace,
     sample: int = 0,
@@ -195,6 +199,7 @@ def history_records(history: Any) -> list[Mapping[str, Any]]:
     return list(history)
 
 
+@checked
 def plot_history(history: Any, title: str | None = None) -> Figure:
     """Loss and accuracy per epoch (train / val / test where recorded) of a training history.
 
@@ -234,6 +239,7 @@ class LivePlot:
     ``every``: redraw every ``every`` epochs (the last epoch is not special-cased; call :meth:`redraw`).
     """
 
+    @checked
     def __init__(self, title: str | None = None, every: int = 1) -> None:
         if every < 1:
             raise ValueError(f"every must be >= 1, got {every}")

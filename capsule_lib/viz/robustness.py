@@ -13,6 +13,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
 
+from .._contracts import checked
 from ..robustness import AdversarialExample, AttackCurve, Detection
 from .data import to_display
 from .plots import finish_figure
@@ -23,6 +24,7 @@ __all__ = ["plot_attack_curves", "plot_detection", "plot_adversarial_frame", "pl
 _BASELINE = {"color": "black", "linestyle": "--", "linewidth": 2.0}
 
 
+@checked
 def plot_attack_curves(
     curves: Mapping[str, Mapping[str, AttackCurve]],
     title: str = "",
@@ -57,6 +59,7 @@ def plot_attack_curves(
     return finish_figure(fig, title, rect=(0, 0.07 * rows, 1, 1))
 
 
+@checked
 def plot_detection(detections: Mapping[str, Mapping[str, Detection]], title: str = "") -> Figure:
     """Reconstruction distances, one panel per model: the clean test images and, per attack, the adversarial
     images that fooled the model, with the detection threshold (5% false positives on clean validation images).
@@ -128,6 +131,7 @@ def plot_adversarial_frame(
     return fig
 
 
+@checked
 def plot_adversarial_grid(
     frames: Sequence[Mapping[str, AdversarialExample]],
     eps: Sequence[float],

@@ -17,6 +17,7 @@ import torch
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from .._contracts import checked
 from ..analysis import PARENT_NAMES, ToyVotes, group_shares
 from ..types import RoutingTrace
 from .plots import _np, _unit_circle
@@ -140,6 +141,7 @@ def plot_routing_state(toy: ToyVotes, trace: RoutingTrace, t: int, sample: int =
     return fig
 
 
+@checked
 def plot_toy_iterations(
     toy: ToyVotes, trace: RoutingTrace, iterations: Sequence[int] | None = None, sample: int = 0
 ) -> Figure:
@@ -163,6 +165,7 @@ def plot_toy_iterations(
     return fig
 
 
+@checked
 def routing_readout(toy: ToyVotes, trace: RoutingTrace, t: int, sample: int = 0) -> str:
     """One short line for iteration ``t``: parent lengths and the share each group sends to its parent,
     ``"iteration <t>: |v_A|=<length> |v_B|=...; A→A <share>%, B→B ...; outliers→A/B <shares>%"``."""
@@ -179,6 +182,7 @@ def routing_readout(toy: ToyVotes, trace: RoutingTrace, t: int, sample: int = 0)
     return "; ".join(p for p in parts if p)
 
 
+@checked
 def plot_outlier_sweep(sweep: dict[str, np.ndarray]) -> Figure:
     """The results of :func:`~capsule_lib.analysis.outlier_sweep` in two panels (plain / leaky routing): mean
     length of parent A (agreed on) and parent B (agreed on by nobody) against the number of outliers, one line

@@ -20,6 +20,7 @@ import ipywidgets as W
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
+from .._contracts import checked
 from ..analysis import ToyVotes
 from ..types import RoutingTrace
 from .toy import plot_routing_state, routing_readout
@@ -129,6 +130,7 @@ def explorer(
     return Explorer(controls, draw, readout, buttons)
 
 
+@checked
 def routing_explorer(toy: ToyVotes, trace: RoutingTrace, initial: int = 1, sample: int = 0) -> Explorer:
     """Slider over the routing iterations of a recorded trace.
 
