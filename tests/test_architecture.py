@@ -57,6 +57,7 @@ LAYERS = [
     "published",
     "results",
     "analysis",
+    "exercises",  # the chapters' questions and code exercises, checked against the library's references
     "viz",
     "notebook",  # the one reader of the CAPSULE_* environment variables
     "train.__main__",  # python -m capsule_lib.train: the command line with the environment's defaults
