@@ -129,9 +129,9 @@ def _tolerances(t: torch.Tensor) -> tuple[float, float]:
 
 
 def _close(got: torch.Tensor, want: torch.Tensor, atol: float | None = None) -> bool:
-    """Equal shapes and values within the dtype's tolerance (or ``atol``), scaled by the reference's size; NaN equals
-    NaN."""
-    if got.shape != want.shape:
+    """Equal shapes, dtypes and values within the dtype's tolerance (or ``atol``), scaled by the reference's size;
+    NaN equals NaN."""
+    if got.shape != want.shape or got.dtype != want.dtype:
         return False
     if not torch.is_floating_point(want):
         return bool(torch.equal(got.to(want.dtype), want))
@@ -159,7 +159,9 @@ def _same(got: Any, want: Any, atol: float | None = None) -> bool:
                 return False
         elif isinstance(w, float):
             if isinstance(g, torch.Tensor) and g.numel() == 1:
-                g = float(g)
+                g = float(g.detach())
+            if isinstance(g, (int, float)) and math.isnan(g) and math.isnan(w):
+                continue
             if not isinstance(g, (int, float)) or not math.isclose(float(g), w, rel_tol=1e-5, abs_tol=1e-9):
                 return False
         elif g != w:
