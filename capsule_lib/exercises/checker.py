@@ -261,7 +261,7 @@ def _first_difference(got: Any, want: Any) -> str:
                 kind = "NaN" if bool(torch.isnan(g.detach()[bad]).any()) else "inf"
                 return f"{which}has {kind} in {int(bad.sum())} of {g.numel()} entries where the reference is finite"
             if not _close(g, w):
-                diff = float((g.detach().double() - w.double()).abs().max())
+                diff = float((g.detach().double() - w.detach().double()).abs().max())
                 return f"{which}differs from the reference by up to {diff:.3g}"
         elif not _same(g, w):
             return f"{which}is {g!r}, expected {w!r}"

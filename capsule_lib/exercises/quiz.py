@@ -170,3 +170,20 @@ class Quiz:
                 right = f"{q.answer:g}{' ' + q.unit if q.unit else ''} (within {q.tolerance:g})"
             answers.append(f"{k}. {right}: {q.explanation}")
         return "\n".join([*lines, "", "Answers:", *answers])
+
+
+# ------------------------------------------------------------------------------- building questions
+def choices(correct: str, *wrong: str, feedback: dict[str, str] | None = None) -> tuple[Choice, ...]:
+    """The correct answer first, then the wrong ones (the page keeps this order: the correct one is not always a)."""
+    fb = feedback or {}
+    return (Choice(correct, True, fb.get(correct, "")), *(Choice(w, False, fb.get(w, "")) for w in wrong))
+
+
+def rotate(choices: tuple[Choice, ...], k: int) -> tuple[Choice, ...]:
+    k %= len(choices)
+    return choices[k:] + choices[:k]
+
+
+def ranked(correct_label: str, labels: list[str]) -> tuple[Choice, ...]:
+    """One choice per label, in the given order, the measured one correct."""
+    return tuple(Choice(label, label == correct_label) for label in labels)
