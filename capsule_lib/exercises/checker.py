@@ -320,9 +320,8 @@ def _run(exercise: Exercise, fn: Any) -> CheckResult:
                 return fail(*verdict)
         done.append(case.name)
     grads = " and gradients" if any(c.grad != "none" for c in cases) else ""
-    return CheckResult(
-        name, True, f"right on all {len(cases)} cases{grads} ({', '.join(c.name for c in cases)})", None, "passed", done
-    )
+    shown = ", ".join(c.name for c in cases[:3]) + (", ..." if len(cases) > 3 else "")
+    return CheckResult(name, True, f"right on all {len(cases)} cases{grads} ({shown})", None, "passed", done)
 
 
 def _check_gradient(exercise: Exercise, case: Case, fn: Callable) -> tuple[str, Mistake | None] | None:
