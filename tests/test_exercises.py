@@ -509,3 +509,9 @@ def test_each_chapter_has_three_to_six_questions_whose_predictions_come_from_its
     assert all("Measured" in q.explanation for q in predict)
     assert all(q.explanation for q in qs)
     quiz(chapter, **MEASURED[chapter])._repr_html_()
+
+
+def test_a_tie_at_the_top_is_one_choice():
+    qs = questions_of("robustness", curves={"CNN": {"BIM": _Curve(0.5)}, "EM": {"BIM": _Curve(0.5)},
+                                            "dynamic": {"BIM": _Curve(0.2)}})  # fmt: skip
+    assert [(c.text, c.correct) for c in qs[-1].choices] == [("CNN / EM", True), ("dynamic", False)]

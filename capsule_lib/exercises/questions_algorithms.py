@@ -10,7 +10,7 @@ import torch
 
 from ..functional import capsule_lengths, squash_efficient, squash_hinton
 from ..report import pct
-from .quiz import Choice, Question, choices, ranked, rotate
+from .quiz import Choice, Question, best_of, choices, ranked, rotate
 
 
 # ------------------------------------------------------------------------------------------------- primer
@@ -91,7 +91,6 @@ def dynamic_routing_questions(*, entropy: Any, axis_runs: dict[str, Any]) -> lis
     uniform = math.log(10.0)
     moved = uniform - ent[-1]
     acc = {axis: float(run[0].records[-1]["val_acc"]) for axis, run in axis_runs.items()}
-    better = max(acc, key=acc.get)
     bins = [("less than 0.01 nats", 0.0, 0.01), ("0.01 to 0.1 nats", 0.01, 0.1), ("0.1 to 1 nat", 0.1, 1.0),
             ("more than 1 nat", 1.0, math.inf)]  # fmt: skip
     right = next(label for label, lo, hi in bins if lo <= moved < hi)
@@ -149,7 +148,7 @@ def dynamic_routing_questions(*, entropy: Any, axis_runs: dict[str, Any]) -> lis
         ),
         Question(
             "Predict: after the same 2 short epochs, which softmax axis gives the higher validation accuracy?",
-            ranked(better, list(acc)),
+            best_of(acc),
             "Measured on this page: " + ", ".join(f"over the {k}: {pct(v)}" for k, v in acc.items()) + ".",
         ),
     ]
@@ -165,7 +164,6 @@ def em_routing_questions(*, naive: dict[str, dict[str, float]], results: dict[st
             ("nearly all or all (90 % or more)", 0.9, 1.01)]  # fmt: skip
     right = next(label for label, lo, hi in bins if lo <= fp16 < hi)
     drop = {kind: sum(results[n]["drop"] for n in names) / len(names) for kind, names in runs.items()}
-    less = min(drop, key=drop.get)
     return [
         Question(
             "A matrix capsule is ...",
@@ -214,7 +212,7 @@ def em_routing_questions(*, naive: dict[str, dict[str, float]], results: dict[st
         ),
         Question(
             "Predict: averaged over the two seeds, which network loses fewer points from familiar to novel viewpoints?",
-            ranked(less, list(drop)),
+            best_of(drop, lowest=True),
             "Measured on this page (mean of 2 seeds): "
             + ", ".join(f"{k} {100 * v:.1f} points" for k, v in drop.items())
             + ".",
@@ -228,7 +226,6 @@ def heinsen_routing_questions(*, results: dict[str, dict[str, float]], runs: dic
     """``results``: network -> viewpoint accuracies; ``runs``: kind -> its networks; ``sequence_accuracy``: the
     token task's test accuracy."""
     novel = {kind: sum(results[n]["novel"] for n in names) / len(names) for kind, names in runs.items()}
-    best = max(novel, key=novel.get)
     bins = [("below 50 %", 0.0, 0.5), ("50 % to 90 %", 0.5, 0.9), ("90 % to 99 %", 0.9, 0.99),
             ("99 % or more", 0.99, 1.01)]  # fmt: skip
     right = next(label for label, lo, hi in bins if lo <= sequence_accuracy < hi)
@@ -273,7 +270,7 @@ def heinsen_routing_questions(*, results: dict[str, dict[str, float]], runs: dic
         ),
         Question(
             "Predict: averaged over the two seeds, which network is more accurate on the novel viewpoints?",
-            ranked(best, list(novel)),
+            best_of(novel),
             "Measured on this page: " + ", ".join(f"{k} {pct(v, 1)}" for k, v in novel.items()) + ".",
         ),
         Question(

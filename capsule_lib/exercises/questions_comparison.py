@@ -7,7 +7,7 @@ from typing import Any
 
 from ..report import pct
 from ..routing_critique import versus
-from .quiz import Question, choices, ranked, rotate
+from .quiz import Question, best_of, choices, ranked, rotate
 
 
 # ------------------------------------------------------------------------------------------ the comparison
@@ -15,8 +15,6 @@ def routing_compared_questions(*, results: dict[str, dict[str, Any]], sweeps: di
                      trained: dict[str, int]) -> list[Question]:  # fmt: skip
     """``results``: contestant -> its row (``model``, ``accuracy``, ...); ``sweeps``: label -> iteration sweep;
     ``trained``: label -> the iterations it was trained with."""
-    labels = [r["model"] for r in results.values()]
-    best = max(results.values(), key=lambda r: r["accuracy"])["model"]
     own = {lab: next(r["accuracy"] for r in rows if r["iterations"] == trained[lab]) for lab, rows in sweeps.items()}
     gains = {lab: max(r["accuracy"] for r in rows) - own[lab] for lab, rows in sweeps.items()}
     helped = sum(g > 0.005 for g in gains.values())
@@ -46,7 +44,7 @@ def routing_compared_questions(*, results: dict[str, dict[str, Any]], sweeps: di
         ),
         Question(
             "Predict: at equal budget, which model is the most accurate on the test digits?",
-            ranked(best, labels),
+            best_of({r["model"]: r["accuracy"] for r in results.values()}),
             "Measured on this page: " + ", ".join(f"{r['model']} {pct(r['accuracy'])}" for r in results.values()) + ".",
         ),
         Question(
@@ -64,7 +62,6 @@ def routing_compared_questions(*, results: dict[str, dict[str, Any]], sweeps: di
 def robustness_questions(*, curves: dict[str, dict[str, Any]], eps: float = 0.1) -> list[Question]:
     """``curves``: model -> attack -> :class:`~capsule_lib.robustness.AttackCurve` (MNIST)."""
     kept = {name: c["BIM"].at(eps) for name, c in curves.items()}
-    best = max(kept, key=kept.get)
     return [
         Question(
             "What does an L∞ budget ε = 0.1 allow an attack to do?",
@@ -106,7 +103,7 @@ def robustness_questions(*, curves: dict[str, dict[str, Any]], eps: float = 0.1)
         ),
         Question(
             f"Predict: under BIM at ε = {eps:g}, which MNIST model keeps the most test digits?",
-            ranked(best, list(kept)),
+            best_of(kept),
             "Measured on this page: " + ", ".join(f"{k} {100 * v:.0f} %" for k, v in kept.items()) + ".",
         ),
     ]
@@ -118,7 +115,6 @@ def routing_critique_questions(*, summary: dict[str, dict[str, Any]], changes: d
     routed, uniform = summary["mnist"]["dynamic_routed"]["test_acc"], summary["mnist"]["dynamic_uniform"]["test_acc"]
     verdict = versus(routed, uniform)
     changed = {k: float(c.changed_from_first[-1]) for k, c in changes.items()}
-    most = max(changed, key=changed.get)
     return [
         Question(
             "For an iterative routing, what are 'uniform couplings'?",
@@ -168,7 +164,7 @@ def routing_critique_questions(*, summary: dict[str, dict[str, Any]], changes: d
         Question(
             "Predict: routed again with 10 iterations at test time, which network changes the most predictions "
             "relative to T = 1?",
-            ranked(most, list(changed)),
+            best_of(changed),
             "Measured on this page: " + ", ".join(f"{k} {pct(v, 1)}" for k, v in changed.items()) + ".",
         ),
     ]

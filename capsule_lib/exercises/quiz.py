@@ -187,3 +187,13 @@ def rotate(choices: tuple[Choice, ...], k: int) -> tuple[Choice, ...]:
 def ranked(correct_label: str, labels: list[str]) -> tuple[Choice, ...]:
     """One choice per label, in the given order, the measured one correct."""
     return tuple(Choice(label, label == correct_label) for label in labels)
+
+
+def best_of(values: dict[str, float], lowest: bool = False) -> tuple[Choice, ...]:
+    """One choice per label (labels with equal values joined, "A / B"), the one with the highest value (the lowest
+    with ``lowest``) correct: a prediction of "which is best" whose answer is the chapter's measurement."""
+    groups: dict[float, list[str]] = {}
+    for label, v in values.items():
+        groups.setdefault(float(v), []).append(label)
+    best = (min if lowest else max)(groups)
+    return tuple(Choice(" / ".join(labels), v == best) for v, labels in groups.items())
