@@ -59,6 +59,7 @@ LAYERS = [
     "published",
     "results",
     "analysis",
+    "exercises",  # the chapters' questions and code exercises, checked against the library's references
     "viz",
     "notebook",  # the one reader of the CAPSULE_* environment variables
     "commands",  # the commands (train, train.speedrun) and their python -m entry modules (SHIMS): nothing imports them

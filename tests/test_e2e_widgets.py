@@ -501,6 +501,53 @@ def test_explorer_slider_redraws_figure(case: ExplorerCase, jupyterlab, browser)
             ctx.close()
 
 
+# ------------------------------------------------------------------------ the chapters' exercises, live
+#: a reader's notebook: the questions of a chapter's end and an exercise filled in (the chapters' own cells)
+QUIZ_NOTEBOOK = {
+    "cells": [
+        {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [], "source": [
+            "import torch\n", "from capsule_lib.exercises import Choice, Question, Quiz, check\n",
+            "Quiz('Check your understanding', [Question('Over which axis?', (Choice('children'), "
+            "Choice('parents', True)), 'Each child shares its vote.')])"]},
+        {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [], "source": [
+            "def squash_hinton(s):\n", "    n2 = (s**2).sum(-1, keepdim=True)\n",
+            "    return n2 / (1 + n2) * s / torch.sqrt(n2)   # no epsilon\n", "\n",
+            "check('squash_hinton', squash_hinton)"]},
+    ],
+    "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+    "nbformat": 4,
+    "nbformat_minor": 5,
+}  # fmt: skip
+
+
+@needs_chromium
+@pytest.mark.slow
+def test_questions_answer_and_exercises_check_in_jupyterlab(jupyterlab, browser):
+    """In a live notebook: a quiz's answer shows its verdict and explanation, and ``check`` names a mistake."""
+    (jupyterlab.root / "_quiz_e2e.ipynb").write_text(json.dumps(QUIZ_NOTEBOOK))
+    OUT.mkdir(parents=True, exist_ok=True)
+    ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = ctx.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        open_notebook(page, jupyterlab, "_quiz_e2e.ipynb")
+        run_all_cells(page, timeout_s=180)
+        quiz = page.locator(".capsule-quiz").first
+        quiz.wait_for(timeout=30_000)
+        quiz.locator(".cq-choice", has_text="parents").click()
+        feedback = quiz.locator(".cq-feedback")
+        feedback.wait_for(state="visible", timeout=10_000)
+        assert feedback.inner_text().startswith("Right.") and "Each child shares its vote." in feedback.inner_text()
+        verdict = page.locator(".capsule-check").first
+        verdict.wait_for(timeout=30_000)
+        assert "NaN for a zero vector" in verdict.inner_text(), verdict.inner_text()
+        page.screenshot(path=str(OUT / "exercises-jupyterlab.png"))
+        assert not errors, errors
+    finally:
+        ctx.close()
+
+
 # ----------------------------------------------------------------------------------- Colab, offline
 def _first_cell(nb_path: Path) -> str:
     cell = json.loads(nb_path.read_text())["cells"][0]

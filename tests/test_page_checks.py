@@ -5,6 +5,7 @@ A deliberately broken page must fail each check; a clean page must pass them all
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 from pathlib import Path
 
@@ -130,3 +131,37 @@ def test_page_checks_pass_on_a_table_and_figure_that_fit(tmp_path, capsys):
     mod = _screenshots()
     html = _site(tmp_path, FITTING_TABLE)
     assert mod.main(["--html", str(html), "--out", str(tmp_path / "shots")]) == 0, capsys.readouterr().err
+
+
+# concept questions (capsule_lib.exercises): on the page, without a kernel, an answer must show its verdict
+def _quiz_page() -> str:
+    from capsule_lib.exercises import Choice, Question, Quiz
+
+    q = Quiz(
+        "Check your understanding",
+        [
+            Question("Over which axis?", (Choice("children"), Choice("parents", True)), "Each child shares its vote."),
+            Question("How many capsules?", answer=1152, tolerance=0.5, explanation="32 x 36."),
+        ],
+    )
+    return PAGE.format(code="quiz()", output=q._repr_html_(), gap="", text="questions")
+
+
+@pytest.mark.slow
+def test_page_checks_answer_the_questions_of_a_quiz(tmp_path, capsys):
+    mod = _screenshots()
+    html = _site(tmp_path, _quiz_page())
+    assert mod.main(["--html", str(html), "--out", str(tmp_path / "shots")]) == 0, capsys.readouterr().err
+    assert "1 quiz(zes) answered" in capsys.readouterr().out
+    assert (tmp_path / "shots" / "book__chapter__quiz.png").exists()
+
+
+@pytest.mark.slow
+def test_page_checks_fail_on_a_quiz_that_does_not_answer(tmp_path, capsys):
+    mod = _screenshots()
+    broken = re.sub(r"<script>.*?</script>", "", _quiz_page(), flags=re.S)  # the questions without their script
+    html = _site(tmp_path, broken)
+    assert mod.main(["--html", str(html), "--out", str(tmp_path / "shots")]) == 1
+    err = capsys.readouterr().err
+    assert "book/chapter.html: quiz question 1: answering showed None, expected 'Not quite.'" in err
+    assert "quiz question 2: answering showed None, expected 'Right.'" in err

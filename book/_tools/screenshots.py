@@ -12,6 +12,9 @@ Debian's Chromium through Playwright, waits for MathJax and the widget renderer,
 * widget views in the saved state that did not render, and JavaScript errors,
 * code blocks wider than their box (cut off at the right edge), absolute filesystem paths of the build
   machine in the page text, and output areas that show nothing (a blank gap),
+* concept questions (``capsule_lib.exercises`` quizzes) that do not answer: in every quiz, clicking each question's
+  right and a wrong choice (typing the answer of a numeric one) must show the verdict and the explanation, with no
+  JavaScript error on the page (a screenshot of the first answered quiz goes next to the page's),
 * tables and images wider than the content column (the ``article``'s content box, 688 px at the default
   1280 px wide viewport): a table whose scrolling wrapper scrolls sideways (hidden columns) or that reaches past
   the column's right edge, an image cut off or past that edge (one scaled down by ``max-width: 100%`` fits);
@@ -131,6 +134,42 @@ def check_page_explorer(page, box) -> list[str]:
     return problems
 
 
+_ANSWER = """(q) => {
+  const box = q.querySelector('.cq-feedback'), verdict = q.querySelector('.cq-verdict');
+  const shown = box && !box.hidden && box.offsetParent !== null;
+  return shown ? verdict.textContent.trim() + ' | ' + q.querySelector('.cq-explanation').textContent.trim() : null;
+}"""
+
+
+def check_quiz(page, box) -> list[str]:
+    """Answer every question of one quiz as a reader would (click the right choice and a wrong one; type a numeric
+    answer): each must show its verdict and explanation."""
+    problems = []
+    questions = box.locator(".cq-question")
+    for k in range(questions.count()):
+        q = questions.nth(k)
+        if q.get_attribute("data-kind") == "number":
+            q.locator(".cq-input").fill(q.get_attribute("data-answer"))
+            q.locator(".cq-submit").click()
+            tries = [("Right.", q.evaluate(_ANSWER))]
+        else:
+            tries = []
+            for wanted, sel in (
+                ("Not quite.", '.cq-choice[data-correct="0"]'),
+                ("Right.", '.cq-choice[data-correct="1"]'),
+            ):
+                choice = q.locator(sel).first
+                if choice.count():
+                    choice.click()
+                    tries.append((wanted, q.evaluate(_ANSWER)))
+        for wanted, got in tries:
+            if got is None or not got.startswith(wanted) or got.endswith("|"):
+                problems.append(
+                    f"quiz question {k + 1}: answering showed {got!r}, expected {wanted!r} and an explanation"
+                )
+    return problems
+
+
 def default_pages(html: Path) -> list[Path]:
     pages = sorted((html / "book").rglob("*.html"))
     return pages + [p for p in (html / "genindex.html",) if p.exists()]
@@ -202,6 +241,14 @@ def main(argv: list[str] | None = None) -> int:
                     problems += check_page_explorer(page, explorers.nth(k))
                 if info["page_explorers"] and errors:  # the explorers run in the page's JavaScript
                     problems.append(f"{len(errors)} JavaScript error(s) on a page with page-mode explorers")
+                quizzes = page.locator(".capsule-quiz")
+                info["quizzes"] = quizzes.count()
+                for k in range(info["quizzes"]):
+                    problems += check_quiz(page, quizzes.nth(k))
+                    if k == 0:
+                        quizzes.nth(k).screenshot(path=str(shot.with_name(shot.stem + "__quiz.png")))
+                if info["quizzes"] and errors:
+                    problems.append(f"{len(errors)} JavaScript error(s) on a page with questions")
                 if info["page_explorers"] and info["page_kb"] > PAGE_EXPLORER_MAX_KB:
                     problems.append(f"page weight {info['page_kb']} KB > {PAGE_EXPLORER_MAX_KB} KB")
                 if remote:
@@ -236,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"{rel}: math {info['typeset']}/{info['math']} typeset, images {info['images']}, widgets "
                     f"{info['widgets_rendered']} rendered of {info['widget_views']} views, "
                     f"{info['page_explorers']} page-mode explorer(s) moved ({info['page_kb']} KB), "
+                    f"{info['quizzes']} quiz(zes) answered, "
                     f"{len(errors)} JS error(s) -> {shot} [{status}]"
                 )
                 for e in errors:
