@@ -44,12 +44,20 @@ def safe_norm(x: torch.Tensor, dim: int = -1, eps: float = 1e-8, keepdim: bool =
     return n.to(x.dtype)
 
 
+def _check_squash_input(s: torch.Tensor, dim: int, eps: float, name: str) -> None:
+    """One line for what no squash can take (a forward pass calls the squashes: plain checks, no decorator)."""
+    check_tensor(s, f"{name}: s", "[..., d]", [None], min_leading=0)
+    check_value(dim, int, f"{name}: dim")
+    check_value(eps, float, f"{name}: eps")
+
+
 def squash_hinton(s: torch.Tensor, dim: int = -1, eps: float = 1e-8) -> torch.Tensor:
     """Sabour et al. (2017) squash ``v = |s|^2 / (1 + |s|^2) * s / |s|``; ``[..., d] -> [..., d]``.
 
     Written as ``s / (n + 1/n)`` with ``n = safe_norm(s)``: no division by zero at ``s = 0``, no overflow of
     ``n**2`` for huge capsules, output norm in ``[0, 1)``.
     """
+    _check_squash_input(s, dim, eps, "squash_hinton")
     sf = _up(s)
     n = torch.sqrt(sf.pow(2).sum(dim=dim, keepdim=True) + eps)
     v = sf / (n + 1.0 / n)

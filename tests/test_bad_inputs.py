@@ -122,6 +122,8 @@ HOT = {
     "capsule_lib.routing.dynamic.dynamic_routing",
     "capsule_lib.routing.dynamic.dynamic_routing_reference",
     "capsule_lib.routing.inverse_temperature_schedule",
+    "capsule_lib.squash_hinton",
+    "capsule_lib.functional.squash_hinton",
 }
 
 

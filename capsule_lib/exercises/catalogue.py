@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._checks import check_choice
+from .._contracts import checked
 from .checker import CheckResult, Exercise, ExerciseFailed, run_exercise
 from .matrices import CONV_WINDOWS, EM_E_STEP, EM_M_STEP, HEINSEN_E_STEP, HEINSEN_M_STEP, INVERTED_UPDATE
 from .measures import CAPSULE_VOTES, COUPLING_ENTROPY, FGSM, LOGLOG_SLOPE, RECONSTRUCTION_DISTANCE, VERSUS
@@ -64,6 +65,7 @@ def exercises_of(chapter: str) -> list[Exercise]:
     return [e for e in EXERCISES.values() if e.chapter == chapter]
 
 
+@checked
 def check(name: str, fn: Any, *, must_pass: bool = False) -> CheckResult:
     """Check a reader's function ``fn`` against the library's reference for the exercise ``name``.
 
