@@ -70,14 +70,35 @@ def checked(fn: _F | None = None, *, allow_inf: tuple[str, ...] = ()) -> Any:
 
 
 def check_fields(config: Any, skip: tuple[str, ...] = ()) -> None:
-    """Check every field of the dataclass ``config`` against its annotation (the module docstring's rules): what a
-    config's ``__post_init__`` calls first, so ``CapsNetConfig(iterations="3")`` is refused in one line. ``skip``:
-    fields the config converts first (read back from JSON) and checks afterwards."""
+    """Check every field of the dataclass ``config`` against its annotation (the module docstring's rules) and the
+    range its name gives (:func:`_config_range`: counts >= 1, ``eps`` > 0...): what a model config's ``__post_init__``
+    calls first, so ``CapsNetConfig(iterations="3")`` or ``iterations=0`` is refused in one line. ``skip``: fields the
+    config converts first (read back from JSON) and checks afterwards."""
     hints = resolve_hints(type(config))
     owner = type(config).__name__
     for f in dataclasses.fields(config):
         if f.name in hints and f.name not in skip:
-            check_value(getattr(config, f.name), hints[f.name], f"{owner}: {f.name}")
+            value = getattr(config, f.name)
+            check_value(value, hints[f.name], f"{owner}: {f.name}")
+            ok, what = _config_range(f.name, value)
+            if not ok:
+                raise ValueError(f"{owner}: {f.name} must be {what}, got {value!r}")
+
+
+def _config_range(name: str, value: Any) -> tuple[bool, str]:
+    """The range of a model config's number field, from its name: counts and sizes (every ``int``) >= 1, a padding
+    >= 0; an ``eps``, a standard deviation > 0; a dropout or a momentum a fraction. ``(ok, the range in words)``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return True, ""
+    if isinstance(value, numbers.Integral):
+        return (value >= 0, ">= 0") if name.endswith("padding") else (value >= 1, ">= 1")
+    if name == "eps" or name.endswith("_eps") or name.endswith("_std"):
+        return value > 0, "> 0"
+    if name == "dropout":
+        return 0 <= value < 1, "in [0, 1)"
+    if name.endswith("momentum"):
+        return 0 <= value <= 1, "in [0, 1]"
+    return True, ""
 
 
 def check_value(value: Any, hint: Any, name: str, *, finite: bool = True) -> None:

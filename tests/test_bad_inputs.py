@@ -279,3 +279,124 @@ def _assert_refused(call: Any, argument: str) -> str:
 def test_a_wrong_type_is_refused_in_one_line_naming_the_argument(path, argument, k):
     bad = _wrong_values(_hints(DOCUMENTED[path])[argument])[k]
     _assert_refused(lambda: _call(path, {argument: bad}), argument)
+
+
+# ------------------------------------------------------------------------------------------------ the commands
+#: a tiny, fast run (two batches of the generated stand-in) for the rows that must start training
+TINY_RUN = ["--set", "train_subset=32", "eval_subset=16", "epochs=1", "batch_size=16"]
+
+
+def _commands() -> dict[str, Any]:
+    from capsule_lib.commands import speedrun, train
+
+    return {"train": train, "speedrun": speedrun}
+
+
+#: (command, argv with OUT for the output folder, exit status, what the one line must name); every option of every
+#: command appears in at least one row (test_every_entry_point_has_rows)
+COMMAND_ROWS: list[tuple[str, list[str], int, str]] = [
+    # python -m capsule_lib.train
+    ("train", ["--out", "OUT"], 2, "recipe"),
+    ("train", ["nope", "--out", "OUT"], 2, "recipe"),
+    ("train", ["capsnet"], 2, "--out"),
+    ("train", ["capsnet", "--shipped", "capsnet_mnist", "--out", "OUT"], 2, "--shipped"),
+    ("train", ["--shipped", "nope", "--out", "OUT"], 2, "nope"),
+    ("train", ["capsnet", "--out", "OUT", "--set", "lr=1e999"], 2, "lr"),
+    ("train", ["capsnet", "--out", "OUT", "--set", "lr=nan"], 2, "lr"),
+    ("train", ["capsnet", "--out", "OUT", "--set", "lr=-1"], 2, "lr"),
+    ("train", ["capsnet", "--out", "OUT", "--set", "epochs=-1"], 2, "epochs"),
+    ("train", ["capsnet", "--out", "OUT", "--set", "epochs=1.5"], 2, "epochs"),
+    ("train", ["capsnet", "--out", "OUT", "--set", "bogus_key=1"], 2, "bogus_key"),
+    ("train", ["capsnet", "--out", "OUT", "--set", "lr"], 2, "--set"),
+    ("train", ["capsnet", "--out", "OUT", "--set", "=1"], 2, "--set"),
+    ("train", ["capsnet", "--out", "OUT", "--set", "epochs=1", "--set", "epochs=2"], 2, "epochs"),
+    ("train", ["capsnet", "--out", "OUT", "--set", "model.iterations=0"], 2, "iterations"),
+    ("train", ["capsnet", "--out", "OUT", "--set", "model.iterations=true"], 2, "iterations"),
+    ("train", ["capsnet", "--out", "OUT", "--set", "device=cuda"], 2, "device"),
+    ("train", ["capsnet", "--out", "OUT", "--set", "device=gpu"], 2, "device"),
+    ("train", ["capsnet", "--out", "OUT", "--set", "lr_decay=2"], 2, "lr_decay"),
+    ("train", ["capsnet", "--out", "OUT", "--threads", "-1"], 2, "--threads"),
+    ("train", ["capsnet", "--out", "OUT", "--threads", "two"], 2, "--threads"),
+    ("train", ["capsnet", "--out", "OUT", "--budget-minutes", "0"], 2, "--budget-minutes"),
+    ("train", ["capsnet", "--out", "OUT", "--budget-minutes", "nan"], 2, "--budget-minutes"),
+    ("train", ["capsnet", "--out", "OUT", "--start-from", "nope"], 2, "start_from"),
+    ("train", ["capsnet", "--out", "OUT", "--start-from", "baseline_cnn_mnist"], 2, "start_from"),
+    ("train", ["capsnet", "--out", "OUT", "--export", "../x"], 2, "--export"),
+    ("train", ["capsnet", "--out", "OUT", "--export", "capsnet_mnist"], 2, "--export"),
+    ("train", ["capsnet", "--out", "OUT", "--compile", "fast"], 2, "--compile"),
+    ("train", ["capsnet", "--out", "OUT", "--resume", "--overwrite"], 2, "--resume"),
+    ("train", ["capsnet", "--out", "OUT", "--resume", "--fresh"], 2, "--resume"),
+    ("train", ["capsnet", "--out", "FILE"], 2, "--out"),
+    ("train", ["capsnet", "--out", "FULL", *TINY_RUN], 2, "--out"),
+    ("train", ["capsnet", "--out", "OUT", "--data-root", "FILE"], 2, "--data-root"),
+    ("train", ["capsnet", "--out", "OUT", "--offline", "--bogus"], 2, "--bogus"),
+    ("train", ["capsnet", "--out", "OUT", *TINY_RUN, "lr=1e30"], 1, "lr"),
+    ("train", ["capsnet", "--out", "READONLY", *TINY_RUN], 1, "READONLY"),
+    # python -m capsule_lib.train.speedrun
+    ("speedrun", ["--out", "OUT"], 2, "--minutes"),
+    ("speedrun", ["--minutes", "1"], 2, "--out"),
+    ("speedrun", ["--minutes", "abc", "--out", "OUT"], 2, "--minutes"),
+    ("speedrun", ["--minutes", "0", "--out", "OUT"], 2, "--minutes"),
+    ("speedrun", ["--minutes", "inf", "--out", "OUT"], 2, "--minutes"),
+    ("speedrun", ["--minutes", "1", "--out", "OUT", "nope"], 2, "nope"),
+    ("speedrun", ["--minutes", "1", "--out", "OUT", "--device", "cuda"], 2, "--device"),
+    ("speedrun", ["--minutes", "1", "--out", "OUT", "--device", "gpu"], 2, "--device"),
+    ("speedrun", ["--minutes", "1", "--out", "OUT", "--threads", "-1"], 2, "--threads"),
+    ("speedrun", ["--minutes", "1", "--out", "OUT", "--tag", "a/b"], 2, "--tag"),
+    ("speedrun", ["--minutes", "1", "--out", "OUT", "--set", "bogus_key=1", "capsnet_speedrun"], 2, "bogus_key"),
+    ("speedrun", ["--minutes", "1", "--out", "OUT", "--set", "epochs=-1"], 2, "epochs"),
+    ("speedrun", ["--minutes", "1", "--out", "OUT", "--set", "ema=2"], 2, "ema"),
+    ("speedrun", ["--minutes", "1", "--out", "FILE"], 2, "--out"),
+    ("speedrun", ["--minutes", "1", "--out", "FULL", "--quick"], 2, "--out"),
+    ("speedrun", ["--minutes", "1", "--out", "OUT", "--data-root", "FILE", "--offline"], 2, "--data-root"),
+    ("speedrun", ["--minutes", "1", "--out", "OUT", "--overwrite", "--quick", "--bogus"], 2, "--bogus"),
+]
+
+
+def _folders(tmp_path: Path) -> dict[str, str]:
+    """The placeholders of :data:`COMMAND_ROWS`: a new folder, a file, a folder holding an earlier run's file, and a
+    folder whose writes fail as on a read-only file system."""
+    (tmp_path / "a_file").write_text("x")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "history.json").write_text("{}")
+    return {
+        "OUT": str(tmp_path / "out" / "run"),
+        "FILE": str(tmp_path / "a_file"),
+        "FULL": str(tmp_path / "full"),
+        "READONLY": str(tmp_path / "readonly" / "run"),
+    }
+
+
+def _tree(root: Path) -> list[str]:
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*"))
+
+
+@pytest.mark.parametrize(
+    "command, argv, status, names", COMMAND_ROWS, ids=[f"{c}:{' '.join(a)}"[:80] for c, a, _, _ in COMMAND_ROWS]
+)
+def test_a_command_refuses_a_bad_argument_in_one_line_and_leaves_nothing(
+    command, argv, status, names, tmp_path, capsys, monkeypatch
+):
+    folders = _folders(tmp_path)
+    argv = [folders.get(a, a) for a in argv]
+    if "READONLY" in names:  # the run's folder becomes unwritable: every write fails as on a read-only mount
+        names = folders["READONLY"]
+        real = torch.save
+
+        def read_only(obj, f, *a, **k):
+            if str(f).startswith(str(tmp_path / "readonly")):
+                raise OSError(30, "Read-only file system", str(f))
+            return real(obj, f, *a, **k)
+
+        monkeypatch.setattr(torch, "save", read_only)
+    before = _tree(tmp_path)
+    data = tmp_path / "no_data"
+    with pytest.raises(SystemExit) as info:
+        _commands()[command].main(argv, data_root=str(data), offline=True)
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip() and "[GENERATED stand-in data]" not in line]
+    assert info.value.code == status, err[-2000:]
+    assert 1 <= len(lines) <= 2, f"{len(lines)} lines on stderr:\n{err[-3000:]}"
+    assert names in lines[-1], f"the error does not name {names!r}: {lines[-1]}"
+    after = [p for p in _tree(tmp_path) if not p.startswith("no_data")]
+    assert after == before, f"left behind: {sorted(set(after) - set(before))}"

@@ -119,6 +119,8 @@ def make_recipe(name: str | Recipe, **overrides: Any) -> Recipe:
             _set(recipe.model, key[len("model.") :], value)
         else:
             _set(recipe, key, value)
+    if dataclasses.is_dataclass(getattr(recipe, "model", None)):  # the model config's own checks, on the new values
+        recipe.model = dataclasses.replace(recipe.model)
     recipe.validate()
     return recipe
 
