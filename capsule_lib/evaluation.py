@@ -16,6 +16,8 @@ from ._checks import (
     check_device,
     check_image_range,
     check_image_values,
+    check_images,
+    check_iterations,
     check_tensor,
     module_device,
 )
@@ -77,10 +79,13 @@ def predict(
             f"predict: the model is on {here} but device={str(device)!r}; move the model first "
             f"(model.to({str(device)!r})) or leave device unset"
         )
+    contract = getattr(model, "input_contract", None)
+    if contract is not None:  # the whole input's shape, before any batch runs
+        check_images(images, contract, f"{name}: images")
     modes = [(m, m.training) for m in model.modules()]
     model.eval()
     try:
-        scores, poses = _predict_batches(model, images, batch_size, device, keep_poses, progress, name)
+        scores, poses = _predict_batches(model, images, batch_size, device, keep_poses, progress, f"{name}: images")
     finally:  # the model's own train() first (it may do more than set flags), then each submodule's mode as it was
         model.train(modes[0][1])
         for m, training in modes:
@@ -130,6 +135,10 @@ def accuracy(scores: torch.Tensor, labels: torch.Tensor) -> float:
 def accuracy_standard_error(p: float, n: int) -> float:
     """The binomial standard error of an accuracy ``p`` measured on ``n`` images, ``sqrt(p (1 - p) / n)`` (a
     fraction; at least ``1e-6 / sqrt(n)``, so an accuracy of exactly 0 or 1 still has one)."""
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"accuracy_standard_error: p must be an accuracy in [0, 1], got {p!r}")
+    if n < 1:
+        raise ValueError(f"accuracy_standard_error: n must be a number of images >= 1, got {n!r}")
     return math.sqrt(max(p * (1 - p), 1e-12) / max(n, 1))
 
 
@@ -140,6 +149,14 @@ def multimnist_accuracy(scores: torch.Tensor, labels: torch.Tensor) -> dict[str,
     * ``both_correct``: Sabour et al.'s metric, an image counts only if both digits are found.
     * ``per_digit``: Efficient-CapsNet's ``multiAccuracy``, the share of the two digits found (0, 1/2, 1).
     """
+    check_tensor(scores, "multimnist_accuracy: scores", "[N, K >= 2]", [None, None])
+    if scores.shape[1] < 2:
+        raise ValueError(f"multimnist_accuracy: scores must have K >= 2 classes, got {tuple(scores.shape)}")
+    check_tensor(
+        labels, "multimnist_accuracy: labels", f"[N={scores.shape[0]}, 2]", [scores.shape[0], 2], floating=False
+    )
+    for k in range(2):
+        check_class_labels(labels[:, k], scores.shape[1], "multimnist_accuracy", n=scores.shape[0])
     top2 = scores.topk(2, dim=1).indices  # [N, 2]
     hit = (top2[:, :, None] == labels[:, None, :].to(top2.device)).any(1)  # [N, 2]: is label k among top-2
     return {"both_correct": hit.all(1).float().mean().item(), "per_digit": hit.float().mean().item()}
@@ -183,11 +200,18 @@ def iteration_sweep(
     import time
 
     settings = settings or {"model": {}}
+    its = tuple(check_iterations(t) for t in iterations)
+    if not its:
+        raise ValueError("iteration_sweep: iterations must name at least one number of iterations, got ()")
+    check_tensor(images, "iteration_sweep: images", "[N, C, H, W]", [None, None, None, None], floating=False)
+    check_class_labels(labels, 1 << 30, "iteration_sweep", n=images.shape[0])
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"iteration_sweep: batch_size must be an integer >= 1, got {batch_size!r}")
     device = module_device(model)
     model.eval()
     rows = []
     for name, kwargs in settings.items():
-        for T in iterations:
+        for T in its:
             x0 = images[:batch_size].to(device)
             model(x0.float() / 255 if x0.dtype == torch.uint8 else x0, iterations=T, **kwargs)  # warm-up
             correct, t0 = 0, time.perf_counter()

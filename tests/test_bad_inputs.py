@@ -22,6 +22,7 @@ the parents, entropies and shares stay in [0, 1].
 from __future__ import annotations
 
 import ast
+import functools
 import glob
 import importlib
 import inspect
@@ -35,7 +36,11 @@ import pytest
 import torch
 from torch import nn
 
-from capsule_lib import _contracts
+import capsule_lib.evaluation as ev
+import capsule_lib.models as M
+from capsule_lib import RoutingTrace, _contracts
+from capsule_lib.routing import kinds
+from capsule_lib.routing_critique import CritiqueRun
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -188,12 +193,12 @@ def _image_routing() -> Any:
 
 #: made-up values of the library's own classes, by class name (for the arguments a type row does not change)
 BY_TYPE: dict[str, Any] = {
-    "RoutingTrace": lambda: __import__("capsule_lib").RoutingTrace("dynamic"),
+    "RoutingTrace": lambda: RoutingTrace("dynamic"),
     "Settings": _settings,
     "ToyVotes": _toy,
     "AttackCurve": _attack_curve,
     "ImageRouting": _image_routing,
-    "CritiqueRun": lambda: __import__("capsule_lib.routing_critique", fromlist=["x"]).CritiqueRun("mnist", "dynamic"),
+    "CritiqueRun": lambda: CritiqueRun("mnist", "dynamic"),
 }
 
 
@@ -400,3 +405,407 @@ def test_a_command_refuses_a_bad_argument_in_one_line_and_leaves_nothing(
     assert names in lines[-1], f"the error does not name {names!r}: {lines[-1]}"
     after = [p for p in _tree(tmp_path) if not p.startswith("no_data")]
     assert after == before, f"left behind: {sorted(set(after) - set(before))}"
+
+
+# ------------------------------------------------------------------------------------------------ value rows
+class Row(typing.NamedTuple):
+    """A bad value of the right type: ``call()`` must be refused in one line naming ``argument``; ``path``: the
+    documented function (or method, by its dotted name) the row belongs to."""
+
+    path: str
+    argument: str
+    call: Any
+
+
+@functools.cache
+def _classifier() -> nn.Module:
+    from capsule_lib.models import RoutingClassifier, RoutingClassifierConfig
+
+    torch.manual_seed(0)
+    return RoutingClassifier(RoutingClassifierConfig(stem_channels=(4, 8), primary_types=2, caps_dim=4)).eval()
+
+
+def _images(n: int = 4, side: int = 28) -> torch.Tensor:
+    return torch.rand(n, 1, side, side)
+
+
+def _layer(kind: str = "dynamic") -> nn.Module:
+    from capsule_lib.routing.kinds import build_routing
+
+    torch.manual_seed(0)
+    return build_routing(kind, 12, 3, 4)
+
+
+def _route(kind: str, **kw: Any) -> Any:
+    poses, acts = torch.randn(2, 12, 4), torch.rand(2, 12) if kind in ("em", "heinsen_2019") else None
+    args = {"poses": poses, "activations": acts, **kw}
+    return lambda: _layer(kind).route(args.pop("poses"), args.pop("activations"), **args)
+
+
+def _p(name: str) -> str:
+    return f"capsule_lib.{name}"
+
+
+def _call_row(path: str, argument: str, **replace: Any) -> Row:
+    return Row(path, argument, lambda: _call(path, replace))
+
+
+VALUE_ROWS: list[Row] = [
+    # evaluation
+    Row(
+        _p("evaluation.predict"),
+        "images",
+        lambda: ev.predict(_classifier(), torch.rand(0, 1, 28, 28)),
+    ),
+    Row(
+        _p("evaluation.predict"),
+        "images",
+        lambda: ev.predict(_classifier(), torch.rand(2, 3, 28, 28)),
+    ),
+    Row(
+        _p("evaluation.predict"),
+        "images",
+        lambda: ev.predict(_classifier(), torch.full((2, 1, 28, 28), float("nan"))),
+    ),
+    Row(
+        _p("evaluation.predict"),
+        "images",
+        lambda: ev.predict(_classifier(), torch.rand(2, 1, 28, 28) * 255),
+    ),
+    Row(
+        _p("evaluation.predict"),
+        "batch_size",
+        lambda: ev.predict(_classifier(), _images(), batch_size=0),
+    ),
+    Row(
+        _p("evaluation.predict"),
+        "device",
+        lambda: ev.predict(_classifier(), _images(), device="cuda:7"),
+    ),
+    _call_row(_p("evaluation.accuracy"), "labels", scores=torch.randn(4, 10), labels=torch.tensor([1.0, 2, 3, 4])),
+    _call_row(_p("evaluation.accuracy"), "labels", scores=torch.randn(4, 10), labels=torch.tensor([1, 2, 3])),
+    _call_row(_p("evaluation.accuracy"), "labels", scores=torch.randn(4, 10), labels=torch.tensor([1, 2, 3, 12])),
+    _call_row(_p("evaluation.accuracy"), "scores", scores=torch.randn(4), labels=torch.tensor([1, 2, 3, 4])),
+    _call_row(_p("evaluation.accuracy_standard_error"), "p", p=1.5, n=10),
+    _call_row(_p("evaluation.accuracy_standard_error"), "n", p=0.5, n=0),
+    _call_row(
+        _p("evaluation.multimnist_accuracy"), "labels", scores=torch.randn(4, 10), labels=torch.tensor([1, 2, 3, 4])
+    ),
+    _call_row(
+        _p("evaluation.multimnist_accuracy"),
+        "labels",
+        scores=torch.randn(4, 10),
+        labels=torch.tensor([[1, 2], [3, 4], [5, 6], [7, 12]]),
+    ),
+    Row(
+        _p("evaluation.iteration_sweep"),
+        "iterations",
+        lambda: ev.iteration_sweep(_classifier(), _images(), torch.tensor([1, 2, 3, 4]), iterations=(0, 1)),
+    ),
+    Row(
+        _p("evaluation.iteration_sweep"),
+        "iterations",
+        lambda: ev.iteration_sweep(_classifier(), _images(), torch.tensor([1, 2, 3, 4]), iterations=()),
+    ),
+    Row(
+        _p("evaluation.iteration_sweep"),
+        "labels",
+        lambda: ev.iteration_sweep(_classifier(), _images(), torch.tensor([1, 2, 3])),
+    ),
+    # routing: the protocol every layer is called through, and the functional forms
+    *[
+        Row("capsule_lib.routing.RoutingProtocol.route", "poses", _route(k, poses=torch.randn(0, 12, 4)))
+        for k in ("dynamic", "em", "heinsen_2019", "heinsen_2022", "inverted", "self_attention")
+    ],
+    *[
+        Row(
+            "capsule_lib.routing.RoutingProtocol.route",
+            "poses",
+            _route(k, poses=torch.randn(0, 12, 4), couplings="uniform"),
+        )
+        for k in ("dynamic", "em", "heinsen_2019", "heinsen_2022", "inverted", "self_attention")
+    ],
+    *[
+        Row("capsule_lib.routing.RoutingProtocol.route", "poses", _route(k, poses=torch.randn(2, 12, 5)))
+        for k in ("dynamic", "em", "heinsen_2019", "heinsen_2022", "inverted", "self_attention")
+    ],
+    *[
+        Row("capsule_lib.routing.RoutingProtocol.route", "couplings", _route(k, couplings=torch.ones(3, 3)))
+        for k in ("dynamic", "em", "heinsen_2019", "heinsen_2022", "inverted", "self_attention")
+    ],
+    *[
+        Row("capsule_lib.routing.RoutingProtocol.route", "iterations", _route(k, iterations=0))
+        for k in ("dynamic", "em", "heinsen_2019", "heinsen_2022", "inverted")
+    ],
+    Row(
+        "capsule_lib.routing.RoutingProtocol.route",
+        "activations",
+        _route("heinsen_2019", activations=torch.full((2, 12), float("nan"))),
+    ),
+    Row("capsule_lib.routing.RoutingProtocol.route", "activations", _route("em", activations=torch.rand(2, 11))),
+    Row("capsule_lib.routing.RoutingProtocol.route", "activations", _route("em", activations=torch.rand(2, 12) + 1)),
+    Row(
+        "capsule_lib.routing.kinds.build_routing",
+        "kind",
+        lambda: kinds.build_routing("nope", 12, 3, 4),
+    ),
+    _call_row(_p("dynamic_routing"), "votes", votes=torch.randn(0, 6, 3, 4)),
+    _call_row(_p("dynamic_routing"), "iterations", votes=torch.randn(2, 6, 3, 4), iterations=0),
+    _call_row(_p("dynamic_routing"), "bias", votes=torch.randn(2, 6, 3, 4), bias=torch.zeros(3, 5)),
+    _call_row(_p("dynamic_routing"), "squash_kind", votes=torch.randn(2, 6, 3, 4), squash_kind="nope"),
+    _call_row(_p("routing.dynamic.dynamic_routing_reference"), "votes", votes=torch.randn(2, 6, 4)),
+    _call_row(_p("capsule_lengths"), "v", v=torch.zeros(3, 4, dtype=torch.int64)),
+    _call_row(_p("routing.inverse_temperature_schedule"), "iterations", iterations=0),
+    _call_row(_p("routing.inverse_temperature_schedule"), "kind", iterations=3, kind="nope"),
+    # models and their configs
+    *[
+        _call_row(_p("models.CapsNetConfig"), f, **{f: v})
+        for f, v in (("iterations", 0), ("conv_channels", 0), ("primary_dim", -1), ("n_classes", 0), ("init_std", 0.0))
+    ],
+    *[
+        _call_row(_p("models.EMCapsNetConfig"), f, **{f: v})
+        for f, v in (("iterations", 0), ("pose_size", 0), ("eps", 0.0), ("conv_padding", -1))
+    ],
+    *[_call_row(_p("models.SmallNORBConfig"), f, **{f: v}) for f, v in (("iterations", 0), ("n_objs", 0))],
+    Row(_p("models.CapsNet"), "x", lambda: _tiny_capsnet()(torch.rand(0, 1, 28, 28))),
+    Row(_p("models.CapsNet"), "x", lambda: _tiny_capsnet()(torch.rand(2, 3, 28, 28))),
+    Row(_p("models.CapsNet"), "x", lambda: _tiny_capsnet()(torch.rand(2, 1, 32, 32))),
+    Row(_p("models.CapsNet"), "x", lambda: _tiny_capsnet()(torch.zeros(2, 1, 28, 28, dtype=torch.uint8))),
+    Row(
+        _p("models.CapsNet"),
+        "config",
+        lambda: M.CapsNet(M.EMCapsNetConfig()),
+    ),
+    Row(
+        "capsule_lib.models.RoutingClassifierConfig",
+        "hidden",
+        lambda: M.RoutingClassifierConfig(hidden=32),
+    ),
+    Row(
+        "capsule_lib.models.RoutingClassifierConfig",
+        "hidden",
+        lambda: M.RoutingClassifierConfig(hidden={8: 1}),
+    ),
+    Row(
+        "capsule_lib.models.RoutingClassifierConfig",
+        "iterations",
+        lambda: M.RoutingClassifierConfig(iterations=True),
+    ),
+    Row(
+        "capsule_lib.models.RoutingClassifierConfig",
+        "routing",
+        lambda: M.RoutingClassifierConfig(routing="nope"),
+    ),
+    Row(
+        "capsule_lib.models.RoutingClassifierConfig",
+        "caps_dim",
+        lambda: M.RoutingClassifierConfig(caps_dim=15),
+    ),
+]
+
+
+@functools.cache
+def _folder_fixture() -> dict[str, str]:
+    """A file and an empty folder for the path rows (made once per test process, in a temporary folder)."""
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="bad_inputs_"))
+    (root / "a_file").write_text("x")
+    (root / "empty").mkdir()
+    return {"FILE": str(root / "a_file"), "EMPTY": str(root / "empty"), "MISSING": str(root / "missing")}
+
+
+def _path(key: str) -> str:
+    return _folder_fixture()[key]
+
+
+def _with(path: str, argument: str, make: Any) -> Row:
+    """A row whose bad arguments are made when it runs (``make()`` -> the replacements)."""
+    return Row(path, argument, lambda: _call(path, make()))
+
+
+VALUE_ROWS += [
+    # data
+    _call_row(_p("data.get_dataset"), "name", name="nope"),
+    _call_row(_p("data.get_dataset"), "split", name="mnist", split="nope", offline=True),
+    _with(_p("data.get_dataset"), "data_root", lambda: {"name": "mnist", "data_root": _path("FILE")}),
+    _with(
+        _p("data.get_dataset"),
+        "mnist",
+        lambda: {"name": "mnist", "data_root": _path("EMPTY"), "offline": True, "standin": False},
+    ),
+    _call_row(_p("data.sequences.marker_sequences"), "n", n=0),
+    _call_row(_p("data.sequences.marker_sequences"), "n_markers", n=4, n_markers=0),
+    _call_row(_p("data.sequences.marker_sequences"), "min_len", n=4, min_len=50, max_len=10),
+    _call_row(_p("data.transforms.random_crop_flip"), "x", x=torch.rand(2, 3, 32)),
+    _call_row(_p("data.transforms.random_crop_flip"), "padding", x=torch.rand(2, 3, 32, 32), padding=-1),
+    _call_row(_p("data.viewpoints.viewpoint_sets"), "dataset", dataset="nope"),
+    _call_row(_p("data.viewpoints.viewpoint_sets"), "axis", dataset="smallnorb_rendered", axis="nope"),
+    _call_row(_p("data.overlap_stats"), "ds", ds={}),
+    # the chapters' settings and models
+    _call_row(_p("notebook.settings"), "EPOCHS", SMOKE=True, EPOCHS=0, style=False, quiet=True),
+    _call_row(_p("notebook.settings"), "DEVICE", SMOKE=True, DEVICE="gpu", style=False, quiet=True),
+    _with(
+        _p("notebook.settings"),
+        "DATA_ROOT",
+        lambda: {"SMOKE": True, "DATA_ROOT": _path("FILE"), "style": False, "quiet": True},
+    ),
+    _call_row(_p("notebook.settings"), "data", SMOKE=True, data=("nope",), style=False, quiet=True),
+    _with(_p("notebook.chapter_dataset"), "name", lambda: {"name": "nope", "split": "train", "cfg": _settings()}),
+    _with(_p("notebook.chapter_dataset"), "split", lambda: {"name": "mnist", "split": "nope", "cfg": _settings()}),
+    _with(
+        _p("notebook.chapter_dataset"),
+        "n_smoke",
+        lambda: {"name": "mnist", "split": "train", "cfg": _settings(), "n_smoke": 0},
+    ),
+    _with(_p("notebook.train_or_load"), "nope", lambda: {"checkpoints": "nope", "cfg": _settings()}),
+    _with(
+        _p("notebook.train_or_load"),
+        "retrain",
+        lambda: {"checkpoints": ["capsnet_mnist"], "cfg": _settings(), "retrain": ["nope"]},
+    ),
+    _with(_p("notebook.train_or_load"), "checkpoints", lambda: {"checkpoints": [], "cfg": _settings()}),
+    # the shipped checkpoints and training
+    _with(_p("pretrained.registry"), "directory", lambda: {"directory": _path("FILE")}),
+    _with(_p("pretrained.load_heinsen_2019"), "source", lambda: {"source": _path("MISSING")}),
+    _call_row(_p("train.train"), "recipe", recipe="nope"),
+    _call_row(_p("train.train"), "lr", recipe="capsnet", lr=float("nan")),
+    _call_row(_p("train.train"), "bogus", recipe="capsnet", bogus=1),
+    _call_row(_p("train.train"), "start_from", recipe="capsnet", start_from="nope"),
+    _call_row(_p("train.train"), "budget_minutes", recipe="capsnet", budget_minutes=0.0),
+    _call_row(_p("train.train"), "compile", recipe="capsnet", compile="fast"),
+    _with(_p("train.train"), "out_dir", lambda: {"recipe": "capsnet", "out_dir": _path("FILE"), "train_subset": 16}),
+    _call_row(_p("train.shipped_recipe"), "nope", checkpoint="nope"),
+    _call_row(_p("train.shipped_recipe"), "phase", checkpoint="capsnet_mnist", phase=5),
+    # what routing does, measured
+    Row(_p("critique.routing_changes"), "labels", lambda: _critique("routing_changes", labels=12)),
+    Row(_p("critique.routing_changes"), "labels", lambda: _critique("routing_changes", labels=torch.rand(4))),
+    Row(_p("critique.routing_changes"), "labels", lambda: _critique("routing_changes", labels=torch.tensor([1, 2]))),
+    Row(
+        _p("critique.routing_changes"),
+        "labels",
+        lambda: _critique("routing_changes", labels=torch.tensor([1, 2, 3, 12])),
+    ),
+    Row(_p("critique.routing_changes"), "iterations", lambda: _critique("routing_changes", iterations=(2, 3))),
+    Row(
+        _p("critique.routing_changes"), "images", lambda: _critique("routing_changes", images=torch.rand(1, 1, 28, 28))
+    ),
+    Row(_p("critique.routing_by_layer"), "threshold", lambda: _critique("routing_by_layer", threshold=float("nan"))),
+    Row(_p("critique.routing_by_layer"), "iterations", lambda: _critique("routing_by_layer", iterations=(0,))),
+    Row(
+        _p("critique.reroute_image"),
+        "image",
+        lambda: _critique("reroute_image", image=torch.rand(3, 28, 28), images=None),
+    ),
+    Row(_p("critique.gradient_by_layer"), "layers", lambda: _critique("gradient_by_layer", layers=["nope"])),
+    Row(
+        "capsule_lib.critique.coupling_stats",
+        "couplings",
+        lambda: __import__("capsule_lib.critique", fromlist=["x"]).coupling_stats(
+            torch.full((4, 5, 3), -0.5) + torch.eye(3)[:1]
+        ),
+    ),
+    Row(
+        "capsule_lib.critique.coupling_stats",
+        "activity",
+        lambda: __import__("capsule_lib.critique", fromlist=["x"]).coupling_stats(
+            torch.full((4, 5, 2), 0.5), torch.full((4, 2), float("nan"))
+        ),
+    ),
+    Row(
+        "capsule_lib.critique.alive_share",
+        "min_share",
+        lambda: __import__("capsule_lib.critique", fromlist=["x"]).alive_share(torch.rand(4, 3), min_share=2.0),
+    ),
+    # attacks and their tables
+    Row(_p("robustness.attack_curves"), "eps", lambda: _robust("attack_curves", plan={"fgsm": {"eps": [-0.1, 0.1]}})),
+    Row(_p("robustness.attack_curves"), "nope", lambda: _robust("attack_curves", plan={"nope": {"eps": [0.1]}})),
+    Row(_p("robustness.targeted_success"), "eps", lambda: _robust("targeted_success", eps=[-0.1])),
+    Row(_p("robustness.targeted_success"), "n_classes", lambda: _robust("targeted_success", eps=[0.1], n_classes=1)),
+    Row(_p("robustness.adversarial_examples"), "label", lambda: _robust("adversarial_examples", label=12)),
+    Row(_p("robustness.adversarial_examples"), "attack", lambda: _robust("adversarial_examples", attack="nope")),
+    # formatting
+    _call_row(_p("report.pct"), "digits", x=0.5, digits=-1),
+    _call_row(_p("report.duration"), "seconds", seconds=-5.0),
+    _call_row(_p("report.show_table"), "rows", headers=["a", "b"], rows=[["1"]]),
+    _call_row(_p("report.show_budgets"), "nope", names=["nope"]),
+    _call_row(_p("results.show_results"), "family", family="nope"),
+    _call_row(_p("results.speedrun_references"), "nope", names=["nope"]),
+    _call_row(_p("comparison.contestant_recipe"), "name", name="nope"),
+    _call_row(_p("comparison.contestant_recipe"), "dataset", name="dynamic", dataset="nope"),
+    _call_row(_p("comparison.shipped_name"), "name", name="nope"),
+    # costs
+    _call_row(_p("cost.routing_scaling"), "sizes", sizes=[]),
+    _call_row(_p("cost.routing_scaling"), "kinds", sizes=[(8, 2)], kinds=["nope"]),
+    _call_row(_p("cost.routing_scaling"), "d", sizes=[(8, 2)], d=0),
+    _call_row(_p("cost.loglog_slope"), "x", x=[1.0], y=[2.0]),
+    _call_row(_p("cost.loglog_slope"), "y", x=[1.0, 2.0], y=[1.0]),
+    _call_row(_p("cost.loglog_slope"), "x", x=[0.0, 2.0], y=[1.0, 2.0]),
+    _call_row(_p("cost.machine_info"), "device", device="gpu"),
+    _call_row(
+        _p("cost.time_forward_backward"), "repeats", fn=lambda: torch.zeros(1, requires_grad=True).sum(), repeats=0
+    ),
+    # the primer's toy problems
+    _call_row(_p("analysis.toy_votes"), "groups", groups=()),
+    _call_row(_p("analysis.toy_votes"), "n_outliers", n_outliers=-1),
+    _call_row(_p("analysis.toy_votes"), "spread", spread=-0.1),
+    _call_row(_p("analysis.toy_votes"), "batch", batch=0),
+    _call_row(_p("analysis.outlier_sweep"), "group", group=0, problems=2, progress=False),
+    _call_row(_p("analysis.outlier_sweep"), "problems", problems=0, progress=False),
+    _call_row(_p("analysis.credit_maps"), "credits", credits=torch.rand(3)),
+    _call_row(_p("analysis.pose_projection"), "poses", poses=torch.rand(3)),
+    # exercises
+    _call_row(_p("exercises.check"), "name", name="nope", fn=lambda x: x),
+]
+
+
+def _critique(function: str, **replace: Any) -> Any:
+    """A call of a :mod:`capsule_lib.critique` function on the tiny classifier, with ``replace``'s arguments."""
+    import capsule_lib.critique as cq
+
+    images, labels = _images(), torch.tensor([1, 2, 3, 4])
+    base = {
+        "routing_changes": {"model": _classifier(), "images": images, "labels": labels, "iterations": (1, 2)},
+        "routing_by_layer": {"model": _classifier(), "images": images, "iterations": (1, 2)},
+        "reroute_image": {"model": _classifier(), "image": images[0], "iterations": (1, 2)},
+        "gradient_by_layer": {
+            "model": _classifier(),
+            "objective": _objective(),
+            "images": images,
+            "labels": labels,
+            "layers": ["routing"],
+        },
+    }[function]
+    kwargs = {k: v for k, v in {**base, **replace}.items() if v is not None or k not in ("images",)}
+    return getattr(cq, function)(**kwargs)
+
+
+def _objective() -> Any:
+    from capsule_lib.losses import ScoreObjective
+
+    return ScoreObjective()
+
+
+def _robust(function: str, **replace: Any) -> Any:
+    """A call of a :mod:`capsule_lib.robustness` function on the tiny classifier, with ``replace``'s arguments."""
+    import capsule_lib.robustness as rb
+
+    images, labels = _images(), torch.tensor([1, 2, 3, 4])
+    base = {
+        "attack_curves": {
+            "models": {"m": _classifier()},
+            "images": images,
+            "labels": labels,
+            "plan": {"fgsm": {"eps": [0.0, 0.1]}},
+        },
+        "targeted_success": {"model": _classifier(), "images": images, "labels": labels, "eps": [0.1], "n_classes": 10},
+        "adversarial_examples": {"models": {"m": _classifier()}, "image": images[0], "label": 1, "eps": [0.1]},
+    }[function]
+    return getattr(rb, function)(**{**base, **replace})
+
+
+@pytest.mark.parametrize(
+    "row", VALUE_ROWS, ids=[f"{r.path.removeprefix('capsule_lib.')}:{r.argument}" for r in VALUE_ROWS]
+)
+def test_a_bad_value_is_refused_in_one_line_naming_the_argument(row):
+    _assert_refused(row.call, row.argument)
