@@ -60,7 +60,7 @@ LAYERS = [
     "analysis",
     "viz",
     "notebook",  # the one reader of the CAPSULE_* environment variables
-    "commands",  # the commands (train, train.speedrun) and their python -m entry modules (SHIMS): nothing imports them
+    "commands",  # train, train.speedrun, predict and their python -m entry modules (SHIMS): nothing imports them
 ]
 
 
@@ -179,7 +179,7 @@ def test_the_commands_sit_on_top_and_nothing_imports_them():
     ``python -m``; only the tests call them), and an entry module holds nothing but the call. ``train/`` sits below
     ``pretrained`` and imports nothing from ``pretrained`` or ``notebook``."""
     assert LAYERS[-1] == "commands" and LAYERS.index("notebook") < LAYERS.index("commands")
-    assert SHIMS == {"capsule_lib.train.__main__", "capsule_lib.train.speedrun"}
+    assert SHIMS == {"capsule_lib.train.__main__", "capsule_lib.train.speedrun", "capsule_lib.predict"}
     train_layers = [x for x in LAYERS if x == "train" or x.startswith("train.")]
     assert max(LAYERS.index(x) for x in train_layers) < LAYERS.index("pretrained"), train_layers
     found = []
