@@ -66,6 +66,8 @@ def predict(
         images, files = _read_files(model, images, name)
     if isinstance(images, np.ndarray):
         images = torch.from_numpy(images)
+    if hasattr(images, "load") and hasattr(images, "files"):  # image files read while training (FileImages)
+        images = images.load()
     if not isinstance(images, torch.Tensor):
         raise ValueError(
             f"{name}: images must be a torch.Tensor or a numpy array [N, C, H, W], got {type(images).__name__}"

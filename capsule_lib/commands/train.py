@@ -96,7 +96,8 @@ _IMAGE_OPTIONS = {
 
 def _images(p: argparse.ArgumentParser, a: argparse.Namespace) -> str | None:
     """The dataset name of ``--images`` and its options (``None`` without it); a bad option in one line."""
-    given = {field: getattr(a, arg) for arg, field in _IMAGE_OPTIONS.items() if getattr(a, arg) not in (None, False)}
+    given = {f: getattr(a, arg) for arg, f in _IMAGE_OPTIONS.items() if getattr(a, arg) is not None}
+    given = {f: v for f, v in given.items() if v is not False}  # --skip-bad-files off: the default
     if a.images is None:
         if given:
             arg = next(k for k, v in _IMAGE_OPTIONS.items() if v == next(iter(given)))

@@ -64,7 +64,7 @@ def _pil_read(path: str, size: int, channels: int | None) -> tuple[np.ndarray, b
         resized = im.size != (size, size)
         if resized:
             im = center_crop(resize(im, size), size)  # the shorter side to size, then the middle square
-        arr = np.asarray(im, dtype=np.uint8)
+        arr = np.array(im, dtype=np.uint8)  # a writable copy (torch.from_numpy wants one)
     return (arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1)), grey, resized
 
 

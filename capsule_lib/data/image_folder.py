@@ -44,7 +44,7 @@ class ImageSource:
         1 (grey) or 3 (RGB); ``None``: decided from the files.
     val_fraction, test_fraction : float
         The share of each class's training images held out for validation / test where the folder has no
-        ``val/`` / ``test/`` (default 0.1 each; ``test_fraction`` may be 0: no test split).
+        ``val/`` / ``test/`` (default 0.1 each; both splits must end up with images).
     split_seed : int
         The seed of those held-out files.
     skip_bad : bool

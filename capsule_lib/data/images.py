@@ -98,15 +98,16 @@ class ImageFacts:
 def _assign(labels: np.ndarray, given: np.ndarray, val: float, test: float, seed: int) -> np.ndarray:
     """Split ids (0 train, 1 val, 2 test): the given ones, and for the training files, in each class, the first
     ``round(val * n)`` / ``round(test * n)`` of a seeded permutation held out where the folder has no such split
-    (each class keeps at least one training image)."""
+    (at least one each for a class of three images or more; each class keeps at least one training image)."""
     split = given.copy()
     g = np.random.default_rng(seed)
     need_val, need_test = not (given == 1).any(), not (given == 2).any()
     for k in np.unique(labels):
         idx = np.flatnonzero((labels == k) & (given == 0))
         idx = idx[g.permutation(len(idx))]
-        n_val = int(round(val * len(idx))) if need_val else 0
-        n_test = int(round(test * len(idx))) if need_test else 0
+        small = 1 if len(idx) >= 3 else 0  # a class of 3 or more gives each held-out split one image at least
+        n_val = max(int(round(val * len(idx))), small) if need_val else 0
+        n_test = max(int(round(test * len(idx))), small if test > 0 else 0) if need_test else 0
         while n_val + n_test >= len(idx) and n_val + n_test > 0:  # keep one training image
             n_test, n_val = (n_test - 1, n_val) if n_test >= n_val else (n_test, n_val - 1)
         split[idx[:n_val]] = 1
