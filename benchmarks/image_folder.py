@@ -20,7 +20,7 @@ together (PSS, sampled every 20 ms):
   processes (0: in the process itself).
 
 The files were just written, so the operating system's page cache holds them (a first read from a cold disk is
-slower by the disk's reading time); the JSON says whether dropping the page cache was possible (root only).
+slower by the disk's reading time); ``--drop-page-cache`` empties it first (root only; the JSON says whether it was).
 """
 
 from __future__ import annotations
@@ -144,6 +144,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--out", required=True, help="the JSON file")
     p.add_argument("--quick", action="store_true", help="300 files: a check that the script works, not a measurement")
+    p.add_argument(
+        "--drop-page-cache",
+        action="store_true",
+        help="empty the OS page cache before the cold run (root; slows others)",
+    )
     p.add_argument("--phase", help=argparse.SUPPRESS)  # internal: one measurement in a fresh process
     p.add_argument("--folder", help=argparse.SUPPRESS)
     p.add_argument("--cache", help=argparse.SUPPRESS)
@@ -163,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
             "command": " ".join(sys.argv),
             **_write_folder(n, folder, a.data_root),
         }
-        result["page_cache_dropped"] = _drop_page_cache()
+        result["page_cache_dropped"] = _drop_page_cache() if a.drop_page_cache else False
         runs = []
         phases = [("cold", 0), ("cached", 0)] + [("decode", int(w)) for w in a.workers.split(",")]
         for phase, workers in phases:

@@ -514,3 +514,54 @@ def test_train_then_predict_on_your_own_images_from_the_command_line(tmp_path, c
     assert rows[0] == ["file", "predicted", "capsule length: chat", "capsule length: chien", "capsule length: oiseau ü"]
     assert len(rows) == 8 and all(r[1] in ("chat", "chien", "oiseau ü") for r in rows[1:])
     assert all(0 <= float(v) <= 1 for r in rows[1:] for v in r[2:])
+
+
+# ------------------------------------------------------------------------------------ explorers on your network
+def test_the_explorers_read_the_networks_grid_and_name_the_classes(tmp_path):
+    from capsule_lib.analysis import capsule_grid
+    from capsule_lib.models import CapsNet, CapsNetConfig
+    from capsule_lib.viz.explorers import capsule_routing_explorer, lengths_readout, perturbation_explorer
+    from capsule_lib.viz.page import PAGE_EXPLORER_CLASS, routing_page_explorer
+
+    classes = ["chat", "chien", "oiseau"]
+    cfg = CapsNetConfig(
+        in_channels=3, image_size=20, n_classes=3, conv_channels=8, primary_types=2, class_dim=4, decoder_hidden=(8, 8)
+    )
+    model = CapsNet(cfg).eval()
+    assert capsule_grid(model) == (2, 2, 2)  # 20 - 8 = 12, then a 9x9 stride-2 convolution: 2 x 2
+    x = torch.rand(3, 3, 20, 20)
+    with torch.no_grad():
+        out = model(x, return_routing=True)
+    poses = out.poses
+    ex = perturbation_explorer(model, x, poses, torch.tensor([0, 1, 2]), classes=classes)
+    assert ex.readout.value.startswith("<code>capsule lengths: chat:") and "oiseau:" in ex.readout.value
+    assert lengths_readout([0.1, 0.9], 1) == "capsule lengths: 0:0.10 1:0.90*"  # digits when no names are given
+    routing = capsule_routing_explorer(x, out.trace.detach(), grid=capsule_grid(model), classes=classes)
+    assert "chien:" in routing.readout.value
+    page = routing_page_explorer(x, out.trace.detach(), n_images=2, grid=capsule_grid(model), classes=classes)
+    assert PAGE_EXPLORER_CLASS in page._dom_classes
+
+
+@pytest.mark.slow
+def test_the_decoding_benchmark_runs_in_quick_mode(tmp_path):
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "image_folder.py"
+    out = tmp_path / "q.json"
+    cmd = [sys.executable, str(script), "--quick", "--data-root", str(tmp_path / "empty"), "--out", str(out)]
+    subprocess.run(cmd, check=True, timeout=300, capture_output=True, cwd=tmp_path)
+    res = json.loads(out.read_text())
+    assert res["files"] == 300 and res["generated"] and res["machine"]["cpu_count"] >= 1
+    phases = [(r["phase"], r["workers"]) for r in res["runs"]]
+    assert phases == [("cold", "default"), ("cached", "default"), ("decode", 0), ("decode", 2)]
+    assert all(r["seconds"] > 0 and r["peak_with_workers_mb"] > 0 for r in res["runs"])
+    assert "read from the cache" in res["runs"][1]["how"] and res["cache_mb"] > 0
+
+
+def test_a_splits_first_images_hold_every_class(tmp_path):
+    """Files come class by class; a split comes in a seeded order, so ``train_subset=n`` keeps every class."""
+    root = _folder(tmp_path / "pics", {"a": 10, "b": 10, "c": 10})
+    tr = get_dataset(_spec(root), None, "train")
+    assert set(tr.subset(6).labels.tolist()) == {0, 1, 2}
+    assert torch.equal(get_dataset(_spec(root), None, "train").labels, tr.labels)  # the same order every time

@@ -273,8 +273,8 @@ def _version() -> str:
 
 def _read_folder(src: ImageSource, listing: dict[str, Any], size: int, key: str, cache: Path | None) -> dict:
     """The folder's pixels: from the cache when it holds them, else decoded in worker processes (the cache is
-    written later, by :func:`_dataset`, once the recipe has accepted the images); for images larger than
-    ``MAX_CACHED_SIDE``, the files to read while training."""
+    written later, when the images are used: :mod:`capsule_lib.data.images`); for images larger than
+    ``MAX_CACHED_SIDE``, the files to read while training. ``cached`` names the cache file when it was read."""
     files = listing["files"]
     if size > MAX_CACHED_SIDE:  # read while training: channels from the headers, nothing decoded now
         from PIL import Image
@@ -297,7 +297,7 @@ def _read_folder(src: ImageSource, listing: dict[str, Any], size: int, key: str,
             "resized": resized,
             "bad": [],
             "stored": "read from the files while training (worker processes)",
-            "pending": None,
+            "cached": None,
         }
     path = cache / f"{key[:20]}.pt" if cache is not None else None
     hit = load_cache(path, key, _version()) if path is not None else None
@@ -306,6 +306,5 @@ def _read_folder(src: ImageSource, listing: dict[str, Any], size: int, key: str,
         stored = f"decoded images read from the cache {path.name}"
     else:
         done = decode_files(files, size, src.channels, skip_bad=src.skip_bad)
-        stored = f"decoded now, kept in the cache {path.name}" if path is not None else "decoded now (no cache)"
-    pending = None if hit is not None or path is None else path
-    return {**vars(done), "stored": stored, "pending": pending}
+        stored = "decoded now (in worker processes)" if len(files) >= 2000 else "decoded now"
+    return {**vars(done), "stored": stored, "cached": path if hit is not None else None}

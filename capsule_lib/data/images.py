@@ -157,7 +157,8 @@ def _folder(src: ImageSource, cache: Path | None) -> dict[str, Any]:
         str(root),
         files,
     )
-    data["pending"] = read["pending"], plan["key"], read
+    data["key"], data["read"] = plan["key"], read  # what a cache file holds (written when the data is used)
+    data["cached"] = {str(read["cached"])} if read["cached"] is not None else set()  # cache files known good
     _LOADED[memo] = data
     print(describe_images(data["record"]), flush=True)  # once per folder and process: what was decided
     while len(_LOADED) > 2:  # the last two folders read
@@ -350,12 +351,16 @@ def _memory_dataset(root: Path, split: str, download: bool, *, name: str = "", *
 
 # ------------------------------------------------------------------------------------------------ get_dataset
 def _split_dataset(data: dict[str, Any], name: str, split: str) -> ImageDataset:
+    """One split, its images in a seeded order (``split_seed``; files come class by class, so that the first ``n``
+    of a split, ``train_subset=n``, hold every class)."""
     from .._checks import check_choice
 
     check_choice(split, ("train", "val", "test", "train_full"), "split")
     ids = (0, 1) if split == "train_full" else (_SPLITS.index(split),)
     index = torch.nonzero(torch.isin(data["split"], torch.tensor(ids))).squeeze(1)
     record = data["record"]
+    seed = torch.Generator().manual_seed(int(record["options"]["split_seed"]))
+    index = index[torch.randperm(len(index), generator=seed)]
     return ImageDataset(
         name,
         split,
@@ -371,15 +376,20 @@ def _split_dataset(data: dict[str, Any], name: str, split: str) -> ImageDataset:
 def _folder_dataset(
     root: Path, split: str, download: bool, *, argument: str = "", source: Any = None, **_: Any
 ) -> ImageDataset:
-    """``get_dataset("images:PATH[?options]", source, split)``: the folder's split (the cache written now, if the
-    source names a cache folder and it was decoded in this process)."""
+    """``get_dataset("images:PATH[?options]", source, split)``: the folder's split; its decoded images are written to
+    the source's cache folder now (once per process and file), when it names one and they were not read from there."""
     src = ImageSource.parse(f"{IMAGES}:{argument}")
     data = _folder(src, getattr(source, "cache", None))
-    pending, key, read = data.get("pending") or (None, None, None)
-    if pending is not None:
-        keep = {k: read[k] for k in ("images", "keep", "grey", "colour", "resized", "bad")}
-        save_cache(pending, key, _version(), keep)
-        data["pending"] = None
+    cache = getattr(source, "cache", None)
+    path = cache / f"{data['key'][:20]}.pt" if cache is not None else None
+    if path is not None and isinstance(data["images"], torch.Tensor) and str(path) not in data["cached"]:
+        save_cache(
+            path,
+            data["key"],
+            _version(),
+            {k: data["read"][k] for k in ("images", "keep", "grey", "colour", "resized", "bad")},
+        )
+        data["cached"].add(str(path))
     return _split_dataset(data, src.spec, split)
 
 
