@@ -227,10 +227,10 @@ def _key(src: ImageSource, listing: dict[str, Any], size: int) -> str:
     """The folder's fingerprint for its cache: every file's path (relative), size and modification time, the
     options that change the pixels, the split and the cache format."""
     h = hashlib.sha256(repr((size, src.channels, src.skip_bad, listing["classes"])).encode())
-    root = listing["root"]
+    cut = len(os.path.join(str(listing["root"]), ""))  # the listing's paths are the folder's path joined with theirs
     for path, y, s in zip(listing["files"], listing["labels"], listing["given"]):
         st = os.stat(path)
-        h.update(f"{os.path.relpath(path, root)}\t{y}\t{s}\t{st.st_size}\t{st.st_mtime_ns}\n".encode())
+        h.update(f"{path[cut:]}\t{y}\t{s}\t{st.st_size}\t{st.st_mtime_ns}\n".encode())
     return h.hexdigest()
 
 

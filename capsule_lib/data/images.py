@@ -173,15 +173,15 @@ def _stats(images: Any, index: torch.Tensor) -> tuple[list[float], list[float], 
         index = index[torch.linspace(0, len(index) - 1, min(512, len(index))).round().long()]
         images = images.load(index)
         index = torch.arange(images.shape[0])
-    total = torch.zeros(images.shape[1], dtype=torch.float64)
+    total = torch.zeros(images.shape[1], dtype=torch.int64)  # sums of uint8 values, exact in integers
     squares = torch.zeros_like(total)
     for lo in range(0, len(index), 4096):
-        x = images[index[lo : lo + 4096]].double() / 255.0  # [n, C, S, S]
-        total += x.sum((0, 2, 3))
-        squares += (x * x).sum((0, 2, 3))
+        x = images[index[lo : lo + 4096]].to(torch.int32)  # [n, C, S, S], 0..255
+        total += x.sum((0, 2, 3), dtype=torch.int64)
+        squares += (x * x).sum((0, 2, 3), dtype=torch.int64)
     n = len(index) * images.shape[2] * images.shape[3]
-    mean = total / n
-    std = (squares / n - mean * mean).clamp_min(0).sqrt()
+    mean = total.double() / (255.0 * n)
+    std = (squares.double() / (255.0**2 * n) - mean * mean).clamp_min(0).sqrt()
     return [round(float(v), 4) for v in mean], [round(float(v), 4) for v in std], len(index)
 
 
