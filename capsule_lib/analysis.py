@@ -37,6 +37,7 @@ __all__ = [
     "group_shares",
     "outlier_sweep",
     "decode_poses",
+    "capsule_grid",
     "em_class_inputs",
     "em_class_trace",
     "class_poses",
@@ -257,6 +258,26 @@ def decode_poses(model: torch.nn.Module, poses: torch.Tensor, label: int) -> tor
     dev = module_device(model)
     y = torch.full((poses.shape[0],), label, dtype=torch.long, device=dev)
     return model.reconstruct(poses.to(dev), y).cpu()
+
+
+def capsule_grid(model: torch.nn.Module) -> tuple[int, int, int]:
+    """The layout of a network's primary capsules, ``(types, rows, columns)``, what the routing figures reshape
+    couplings to (``grid=``): a :class:`~capsule_lib.models.CapsNet`'s (``(32, 6, 6)`` on 28 x 28 images) or a
+    :class:`~capsule_lib.models.RoutingClassifier`'s, at whatever image size it was built for.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        A CapsNet or a RoutingClassifier.
+
+    Returns
+    -------
+    tuple of int
+        ``(primary types, grid rows, grid columns)``.
+    """
+    cfg = model.config
+    side = cfg.primary_grid if hasattr(cfg, "primary_grid") else cfg.grid
+    return (cfg.primary_types, side, side)
 
 
 # ------------------------------------------------------------------------------ matrix capsules, EM routing

@@ -4,6 +4,7 @@ iteration sweeps, and EM routing evaluated literally (:func:`em_routing_naive`, 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,6 +23,7 @@ from ._checks import (
     module_device,
 )
 from ._contracts import checked
+from .data.image_files import FileImages
 from .routing.em import _check_em_inputs, _lambdas, em_routing
 
 __all__ = [
@@ -41,15 +43,20 @@ __all__ = [
 @checked
 def predict(
     model: nn.Module,
-    images: torch.Tensor | np.ndarray,
+    images: torch.Tensor | np.ndarray | FileImages | str | os.PathLike | Sequence[str | os.PathLike],
     batch_size: int = 256,
     device: str | torch.device | None = None,
     keep_poses: bool = False,
     progress: bool = False,
-) -> dict[str, torch.Tensor]:
-    """Run ``model`` over ``images`` (``uint8`` or float ``[N, C, H, W]``, a tensor or a NumPy array) in batches, in
-    eval mode; the model is given back in the mode it was in (a training loop that calls ``predict`` goes on with
-    dropout), each submodule's as it was.
+) -> dict[str, Any]:
+    """Run ``model`` over ``images`` (``uint8`` or float ``[N, C, H, W]``, a tensor or a NumPy array; or image files
+    and folders) in batches, in eval mode; the model is given back in the mode it was in (a training loop that calls
+    ``predict`` goes on with dropout), each submodule's as it was.
+
+    Files (a path, or a list of paths; a folder stands for its image files,
+    :func:`~capsule_lib.data.image_files.list_image_files`) are read as a folder's images are for training
+    (:func:`~capsule_lib.data.image_files.read_image`: grey or RGB as the model's ``input_contract`` says, the shorter
+    side resized to its size, the middle square kept); the result then also has ``"files"``, in the order read.
 
     The batches are moved to ``device`` (default: the device of the model's parameters). The model itself is
     never moved: if ``device`` differs from the model's device, a one-line :class:`ValueError` says so.
@@ -58,12 +65,20 @@ def predict(
     for finite values only), so 0-255 floats, mean/std-normalised input to a [0, 1] model, NaN or inf pixels and an
     empty ``images`` are refused with one line each.
 
-    Returns ``{"scores": [N, K]}`` (capsule lengths or logits) and ``"poses"`` ``[N, K, D]`` when
-    ``keep_poses`` and the model returns capsules.
+    Returns ``{"scores": [N, K]}`` (capsule lengths or logits), ``"kind"`` (what the scores are:
+    :attr:`~capsule_lib.types.CapsuleOutput.kind`), and ``"poses"`` ``[N, K, D]`` when ``keep_poses`` and the
+    model returns capsules.
     """
     name = f"predict({type(model).__name__})"
+    files = None
+    if isinstance(images, (str, os.PathLike)) or (
+        isinstance(images, (list, tuple)) and images and all(isinstance(p, (str, os.PathLike)) for p in images)
+    ):
+        images, files = _read_files(model, images, name)
     if isinstance(images, np.ndarray):
         images = torch.from_numpy(images)
+    if isinstance(images, FileImages):  # image files read while training
+        images = images.load()
     if not isinstance(images, torch.Tensor):
         raise ValueError(
             f"{name}: images must be a torch.Tensor or a numpy array [N, C, H, W], got {type(images).__name__}"
@@ -85,23 +100,42 @@ def predict(
     modes = [(m, m.training) for m in model.modules()]
     model.eval()
     try:
-        scores, poses = _predict_batches(model, images, batch_size, device, keep_poses, progress, f"{name}: images")
+        scores, poses, kind = _predict_batches(
+            model, images, batch_size, device, keep_poses, progress, f"{name}: images"
+        )
     finally:  # the model's own train() first (it may do more than set flags), then each submodule's mode as it was
         model.train(modes[0][1])
         for m, training in modes:
             m.training = training
-    res = {"scores": torch.cat(scores)}
+    res: dict[str, Any] = {"scores": torch.cat(scores), "kind": kind}
     if poses:
         res["poses"] = torch.cat(poses)
+    if files is not None:
+        res["files"] = files
     return res
+
+
+def _read_files(model: nn.Module, paths: Any, name: str) -> tuple[torch.Tensor, list[str]]:
+    """:func:`predict`'s images from files, read at the model's channels and size."""
+    from .data.image_files import list_image_files, read_images
+
+    contract = getattr(model, "input_contract", None)
+    if contract is None or contract.size is None:
+        raise ValueError(
+            f"{name}: reading image files needs a model whose input_contract gives a channel count "
+            f"and a size; pass the images as a tensor [N, C, H, W]"
+        )
+    files = list_image_files(paths)
+    return read_images(files, contract.size, contract.channels), files
 
 
 def _predict_batches(
     model: nn.Module, images: torch.Tensor, batch_size: int, device: torch.device, keep: bool, progress: bool, name: str
-) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """:func:`predict`'s loop: each batch on ``device``, its values checked, its scores (and poses) on the CPU."""
+) -> tuple[list[torch.Tensor], list[torch.Tensor], str]:
+    """:func:`predict`'s loop: each batch on ``device``, its values checked, its scores (and poses) on the CPU, and
+    what the scores are (``CapsuleOutput.kind``; ``"logits"`` for a plain tensor)."""
     contract = getattr(model, "input_contract", None)
-    scores, poses = [], []
+    scores, poses, kind = [], [], "logits"
     rng = range(0, images.shape[0], batch_size)
     if progress:
         from ._progress import progress as bar
@@ -116,10 +150,11 @@ def _predict_batches(
             check_image_range(x, None, None, name)
         out: Any = model(x)
         s = out if isinstance(out, torch.Tensor) else out.scores
+        kind = "logits" if isinstance(out, torch.Tensor) else out.kind
         scores.append(s.float().cpu())
         if keep and not isinstance(out, torch.Tensor):
             poses.append(out.poses.float().cpu())
-    return scores, poses
+    return scores, poses, kind
 
 
 @checked

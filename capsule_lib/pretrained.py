@@ -1,5 +1,6 @@
 """The shipped checkpoints, for their readers: :func:`load_pretrained` (a model with its weights, sha256-checked),
-:func:`load_pretrained_history`, :func:`registry`, :func:`export_run`; and :func:`load_heinsen_2019` (the author's
+:func:`load_pretrained_history`, :func:`registry`, :func:`export_run`; :func:`load_trained` (a model from a run
+folder, a checkpoint file or a shipped name, with its class names); and :func:`load_heinsen_2019` (the author's
 published state_dicts).
 
 The registry, the sha256 checks, the export of a run and the reading back that training needs live in
@@ -22,6 +23,8 @@ from torch import nn
 
 from ._contracts import checked
 from .models.registry import build_model
+from .train.checkpoint import load_history
+from .train.recipes import RECIPES
 from .train.shipped import (
     CHECKPOINT_DIR,
     ChecksumMismatchError,
@@ -36,6 +39,7 @@ from .train.shipped import (
 
 __all__ = [  # for a reader first (the module docstring's order), then the re-exported rest of train.shipped
     "load_pretrained",
+    "load_trained",
     "load_pretrained_history",
     "registry",
     "export_run",
@@ -48,6 +52,63 @@ __all__ = [  # for a reader first (the module docstring's order), then the re-ex
     "export_checkpoint",
     "sha256_file",
 ]
+
+
+# ------------------------------------------------------------------ a trained model, wherever it was written
+def load_trained(
+    run_or_checkpoint: str | os.PathLike, map_location: str | torch.device = "cpu"
+) -> tuple[nn.Module, dict[str, Any]]:
+    """A trained model in eval mode and what its run recorded, from any of: a run folder of
+    :func:`~capsule_lib.train.train` (``history.json`` and ``best.pt``: the weights chosen on validation), an exported
+    checkpoint file ``<name>.pt`` (with the ``registry.json`` of its folder, sha256-checked), or the name of a shipped
+    checkpoint (:func:`load_pretrained`). What ``python -m capsule_lib.predict`` loads.
+
+    Parameters
+    ----------
+    run_or_checkpoint : str or os.PathLike
+        A run folder, a ``.pt`` file, or a shipped checkpoint's name.
+    map_location : str or torch.device
+        Where the model's weights go.
+
+    Returns
+    -------
+    tuple
+        ``(model, info)``: ``info["classes"]`` the class names in score order (the run's record; ``"0" ... "K-1"``
+        for a run that recorded none), ``info["meta"]`` the run's ``history.meta``, ``info["kind"]`` the model kind,
+        ``info["source"]`` what was read.
+    """
+    path = Path(run_or_checkpoint).expanduser()
+    if path.is_dir():
+        if not (path / "history.json").is_file() or not (path / "best.pt").is_file():
+            raise FileNotFoundError(
+                f"{path}: not a finished run folder (it needs history.json and best.pt, which train() writes)"
+            )
+        meta = load_history(path / "history.json").meta
+        kind = RECIPES[meta["recipe"]].model_kind
+        model = build_model(kind, meta["config"]["model"])
+        try:
+            best = torch.load(path / "best.pt", map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001 - any unpickling failure is a bad file
+            why = type(e).__name__
+            raise ValueError(f"{path / 'best.pt'}: not a readable checkpoint ({why}); train the run again") from None
+        model.load_state_dict(best["model"])
+        model = model.to(map_location).eval()
+        source = f"run {path} (epoch {best['epoch']})"
+    elif path.suffix == ".pt" and path.is_file():
+        model, entry = load_pretrained(path.stem, map_location, directory=path.parent)
+        meta, kind, source = load_pretrained_history(path.stem, path.parent).meta, entry["model"], f"checkpoint {path}"
+    elif not path.suffix and str(run_or_checkpoint) in registry():
+        model, entry = load_pretrained(str(run_or_checkpoint), map_location)
+        meta, kind = load_pretrained_history(str(run_or_checkpoint)).meta, entry["model"]
+        source = f"shipped checkpoint {run_or_checkpoint}"
+    else:
+        raise FileNotFoundError(
+            f"{run_or_checkpoint}: not a run folder, a checkpoint file (.pt) or a shipped checkpoint "
+            f"(shipped: {', '.join(sorted(registry())[:4])}, ...)"
+        )
+    n = model.config.n_classes if hasattr(getattr(model, "config", None), "n_classes") else None
+    classes = meta.get("classes") or (meta.get("images") or {}).get("classes") or [str(k) for k in range(n or 0)]
+    return model, {"classes": list(classes), "meta": meta, "kind": kind, "source": source}
 
 
 # ------------------------------------------------------------------ the author's published Heinsen weights

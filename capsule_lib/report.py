@@ -23,6 +23,8 @@ __all__ = [
     "budget_rows",
     "show_budgets",
     "BUDGET_HEADERS",
+    "SCORE_WORDS",
+    "prediction_rows",
 ]
 
 
@@ -198,3 +200,46 @@ def show_histories(histories: dict[str, Any], models: dict[str, Any] | None = No
     if models is not None:
         headers.insert(1, "params")
     return show_table(headers, history_rows(histories, models))
+
+
+#: what a model's scores are, by :attr:`~capsule_lib.types.CapsuleOutput.kind` (the prediction table's words)
+SCORE_WORDS = {"lengths": "capsule length", "activations": "activation", "logits": "logit"}
+
+
+def prediction_rows(
+    files: Sequence[str], scores: Any, classes: Sequence[str], top: int | None = None, root: str | None = None
+) -> tuple[list[str], list[list[str]]]:
+    """Headers and rows of a prediction table: per file, the predicted class and the scores ``[N, K]`` of every
+    class (``top``: only the ``top`` highest, as ``class score``); ``root`` is cut off the front of the file names.
+
+    Parameters
+    ----------
+    files : sequence of str
+        The files predicted on (``predict(...)["files"]``).
+    scores : torch.Tensor
+        ``[N, K]`` scores (``predict(...)["scores"]``).
+    classes : sequence of str
+        The class names, in score order.
+    top : int, optional
+        Show the ``top`` highest scores per file instead of a column per class.
+    root : str, optional
+        A folder prefix to leave out of the file names.
+
+    Returns
+    -------
+    tuple
+        ``(headers, rows)`` of strings.
+    """
+    import os
+
+    names = [os.path.relpath(f, root) if root else f for f in files]
+    best = scores.argmax(1).tolist()
+    if top is None:
+        rows = [[n, classes[b], *(f"{float(v):.3f}" for v in s)] for n, b, s in zip(names, best, scores)]
+        return ["file", "predicted", *classes], rows
+    order = scores.argsort(1, descending=True)[:, :top].tolist()
+    rows = [
+        [n, classes[b], ", ".join(f"{classes[k]} {float(s[k]):.3f}" for k in o)]
+        for n, b, o, s in zip(names, best, order, scores)
+    ]
+    return ["file", "predicted", f"highest {top} scores"], rows

@@ -62,7 +62,7 @@ LAYERS = [
     "exercises",  # the chapters' questions and code exercises, checked against the library's references
     "viz",
     "notebook",  # the one reader of the CAPSULE_* environment variables
-    "commands",  # the commands (train, train.speedrun) and their python -m entry modules (SHIMS): nothing imports them
+    "commands",  # train, train.speedrun, predict and their python -m entry modules (SHIMS): nothing imports them
 ]
 
 
@@ -181,7 +181,7 @@ def test_the_commands_sit_on_top_and_nothing_imports_them():
     ``python -m``; only the tests call them), and an entry module holds nothing but the call. ``train/`` sits below
     ``pretrained`` and imports nothing from ``pretrained`` or ``notebook``."""
     assert LAYERS[-1] == "commands" and LAYERS.index("notebook") < LAYERS.index("commands")
-    assert SHIMS == {"capsule_lib.train.__main__", "capsule_lib.train.speedrun"}
+    assert SHIMS == {"capsule_lib.train.__main__", "capsule_lib.train.speedrun", "capsule_lib.predict"}
     train_layers = [x for x in LAYERS if x == "train" or x.startswith("train.")]
     assert max(LAYERS.index(x) for x in train_layers) < LAYERS.index("pretrained"), train_layers
     found = []
@@ -580,13 +580,26 @@ def test_make_recipe_applies_overrides_and_names_unknown_fields():
     }
 
 
+def _same_kind_of_folder(record: dict, folder: Path) -> str:
+    """A folder of random images with the classes, side and channels a run on the reader's images recorded (10
+    each); its dataset name."""
+    from capsule_lib.data.image_files import write_image_folder
+
+    n, size, c = 10 * len(record["classes"]), record["image_size"], record["channels"]
+    images = torch.randint(0, 256, (n, c, size, size), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    write_image_folder(images, torch.arange(n) % len(record["classes"]), record["classes"], folder)
+    return f"images:{folder}"
+
+
 @pytest.mark.parametrize("name", sorted(registry()))
 def test_shipped_checkpoints_recipes_train_through_the_one_entry_point(name, tmp_path):
     """Each shipped checkpoint's recorded recipe, rebuilt by ``shipped_recipe``, runs a few steps through
     ``train`` on generated data and records the same recipe and model (only the smoke overrides differ)."""
     smoke = {"epochs": 1, "train_subset": 32, "eval_subset": 16, "device": "cpu"}
-    recipe = shipped_recipe(name, **smoke)
     shipped = load_pretrained_history(name).meta
+    if "images" in shipped:  # trained on a folder of images: a folder of the same classes, size and channels here
+        smoke["dataset"] = _same_kind_of_folder(shipped["images"], tmp_path / "images")
+    recipe = shipped_recipe(name, **smoke)
     _, trainer = train(
         recipe, data_root=str(tmp_path), offline=True, out_dir=tmp_path / "run", progress=False, test=False
     )

@@ -236,6 +236,7 @@ TRAIN_RUNS = {
     "tsai_inverted": dict(cpu=["tsai_cifar10_cpu_seed0", "baseline_backbone_cifar10_cpu_seed0"]),
     "routing_compared": dict(budget="contestants"),
     "routing_critique": dict(critique=True),
+    "own_images": dict(cpu=["own_images_capsnet", "own_images_cnn"]),
 }
 
 
@@ -315,7 +316,7 @@ def test_toc_entries_exist_and_every_page_is_listed():
 
 
 def test_toc_parts_are_known():
-    allowed = ["Introduction", "Foundations", "Routing algorithms", "Comparison", "Appendix"]
+    allowed = ["Introduction", "Foundations", "Routing algorithms", "Comparison", "Your own images", "Appendix"]
     captions = [p["caption"] for p in TOC.get("parts", [])]
     assert all(c in allowed for c in captions), captions
     assert captions == sorted(captions, key=allowed.index), f"parts out of order: {captions}"

@@ -108,6 +108,14 @@ EXPLORERS = [
         steps=2,
         readout_pattern=r"^update {value}: -> [\w-]+: p=\d\.\d\d; routing to it: max ",
     ),
+    # the perturbation explorer on a CapsNet trained on a folder of images: class names instead of digits
+    ExplorerCase(
+        "own_images.ipynb",
+        slider="dim 3",
+        steps=4,
+        readout_pattern=r"^capsule lengths: [a-z-]+:\d",
+        reset_button="reset",
+    ),
     # the critique chapter's explorer: a trained network routed again at test time with more iterations
     ExplorerCase(
         "routing_critique.ipynb", slider="iterations", steps=3, readout_pattern=r"^prediction at T = {value}: \d+;"

@@ -53,6 +53,7 @@ def test_lengths_readout_golden():
     assert lengths_readout(torch.tensor([0.2, 0.126]), label=1) == "capsule lengths: 0:0.20 1:0.13*"
     assert lengths_readout([0.4], label=3) == "capsule lengths: 0:0.40"  # a label outside the list marks nothing
     assert lengths_readout([]) == "capsule lengths: "
+    assert lengths_readout([0.2, 0.7], label=1, classes=["cat", "dog"]) == "capsule lengths: cat:0.20 dog:0.70*"
 
 
 # ---------------------------------------------------------------------------------- routing explorer
@@ -67,8 +68,8 @@ def test_capsule_routing_explorer_controls_and_initial_state(run):
     assert not img.continuous_update and not it.continuous_update
     assert list(ex.children) == [img, it, ex.readout, ex.output]
     assert ex.draws == 1 and ex.last_values == {"image": 0, "iteration": T}
-    expected = lengths_readout(capsule_lengths(trace.outputs[T - 1][0]).tolist())
-    assert ex.readout.value == readout_of(expected)
+    expected = lengths_readout(capsule_lengths(trace.outputs[T - 1][0]).tolist(), None, CLASSES)
+    assert ex.readout.value == readout_of(expected) and "zero:" in expected  # the class names, not indices
     twin = figure_output(vc.plot_routing_step(images[0], trace, 0, T - 1, grid=GRID, classes=CLASSES))
     assert png(ex) == twin["data"]["image/png"]
 
@@ -80,13 +81,13 @@ def test_capsule_routing_explorer_sliders_redraw_the_twin(run):
     first_png, first_readout = png(ex), ex.readout.value
     ex.controls["iteration"].value = 1
     assert ex.draws == 2 and ex.last_values == {"image": 0, "iteration": 1}
-    assert ex.readout.value == readout_of(lengths_readout(capsule_lengths(trace.outputs[0][0]).tolist()))
+    assert ex.readout.value == readout_of(lengths_readout(capsule_lengths(trace.outputs[0][0]).tolist(), None, CLASSES))
     assert ex.readout.value != first_readout and png(ex) != first_png
     twin = figure_output(vc.plot_routing_step(images[0], trace, 0, 0, grid=GRID, classes=CLASSES))
     assert png(ex) == twin["data"]["image/png"]
     ex.controls["image"].value = 2
     assert ex.draws == 3 and ex.last_values == {"image": 2, "iteration": 1}
-    assert ex.readout.value == readout_of(lengths_readout(capsule_lengths(trace.outputs[0][2]).tolist()))
+    assert ex.readout.value == readout_of(lengths_readout(capsule_lengths(trace.outputs[0][2]).tolist(), None, CLASSES))
     ex.set_values(image=1, iteration=T)  # several controls, one redraw
     assert ex.draws == 4 and ex.values() == {"image": 1, "iteration": T}
     twin = figure_output(vc.plot_routing_step(images[1], trace, 1, T - 1, grid=GRID, classes=CLASSES))
@@ -118,8 +119,8 @@ def test_perturbation_explorer_controls(run):
     assert list(ex.buttons) == ["reset"] and ex.buttons["reset"].description == "reset"
     assert isinstance(ex.children[D + 1], W.HBox) and list(ex.children[D + 1].children) == [ex.buttons["reset"]]
     assert ex.draws == 1
-    assert ex.readout.value == readout_of(lengths_readout(capsule_lengths(poses[0]).tolist(), label=2))
-    assert "2:" in ex.readout.value and ex.readout.value.endswith("*</code>")  # the label (last capsule) is marked
+    assert ex.readout.value == readout_of(lengths_readout(capsule_lengths(poses[0]).tolist(), 2, CLASSES))
+    assert "two:" in ex.readout.value and ex.readout.value.endswith("*</code>")  # the label (last capsule) is marked
 
 
 def test_perturbation_explorer_slider_redraws_and_reset(run):
@@ -136,24 +137,24 @@ def test_perturbation_explorer_slider_redraws_and_reset(run):
     assert ex.draws == 2 and ex.last_values == {"sample": 0, "d0": 0.0, "d1": 0.2, "d2": 0.0, "d3": 0.0}
     offsets = [0.0, 0.2, 0.0, 0.0]
     p = vc.perturb_poses(poses[0], offsets, label=2)
-    assert ex.readout.value == readout_of(lengths_readout(capsule_lengths(p).tolist(), label=2))
+    assert ex.readout.value == readout_of(lengths_readout(capsule_lengths(p).tolist(), 2, CLASSES))
     assert ex.readout.value != initial_readout and png(ex) != initial_png
     twin = figure_output(vc.plot_perturbation(model, images[0], poses[0], 2, offsets, "label", CLASSES))
     assert png(ex) == twin["data"]["image/png"]
     # only the label's capsule was perturbed: the other lengths are those of the unperturbed poses
-    unperturbed = lengths_readout(capsule_lengths(poses[0]).tolist(), label=2)
-    assert ex.readout.value.split(" 2:")[0] == readout_of(unperturbed).split(" 2:")[0]
+    unperturbed = lengths_readout(capsule_lengths(poses[0]).tolist(), 2, CLASSES)
+    assert ex.readout.value.split(" two:")[0] == readout_of(unperturbed).split(" two:")[0]
 
     ex.controls["sample"].value = 1  # the offsets stay; the label follows the sample
     p = vc.perturb_poses(poses[1], offsets, label=0)
-    assert ex.readout.value == readout_of(lengths_readout(capsule_lengths(p).tolist(), label=0))
-    assert "0:" in ex.readout.value and "*" in ex.readout.value.split(" 1:")[0]
+    assert ex.readout.value == readout_of(lengths_readout(capsule_lengths(p).tolist(), 0, CLASSES))
+    assert "zero:" in ex.readout.value and "*" in ex.readout.value.split(" one:")[0]
 
     draws = ex.draws
     ex.buttons["reset"].click()
     assert ex.draws == draws + 1  # one redraw for the whole reset
     assert ex.values() == {"sample": 1, "d0": 0.0, "d1": 0.0, "d2": 0.0, "d3": 0.0}  # the sample is kept
-    assert ex.readout.value == readout_of(lengths_readout(capsule_lengths(poses[1]).tolist(), label=0))
+    assert ex.readout.value == readout_of(lengths_readout(capsule_lengths(poses[1]).tolist(), 0, CLASSES))
 
 
 def test_perturbation_explorer_perturbs_every_capsule_by_default(run):

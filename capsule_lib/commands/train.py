@@ -3,12 +3,16 @@ training entry point::
 
     python -m capsule_lib.train capsnet --out runs/capsnet_mnist --set epochs=15 model.iterations=3
     python -m capsule_lib.train --shipped capsnet_mnist --out runs/capsnet_mnist   # the shipped model's recipe
+    python -m capsule_lib.train routing_compare_mnist --images photos --out runs/mine --set model.routing=em
 
 A folder that holds a run is refused unless ``--resume`` (go on with that run: only the same run, see
 :class:`~capsule_lib.train.trainer.Trainer`) or ``--overwrite`` (start afresh, deleting it) says what to do with it.
 ``--shipped`` starts from a shipped checkpoint's recipe (:func:`~capsule_lib.train.shipped.shipped_recipe`),
 ``--start-from`` from its weights, ``--export NAME`` turns the finished run into a shipped checkpoint and its
-registry entry (:func:`~capsule_lib.train.shipped.export_run`). The defaults of ``--data-root`` and ``--offline``
+registry entry (:func:`~capsule_lib.train.shipped.export_run`). ``--images PATH`` trains the recipe on a folder of
+your own images (:mod:`capsule_lib.data.images`: the recipe's ``dataset`` becomes ``images:PATH``, with the options
+``--image-size``, ``--channels``, ``--val-fraction``, ``--test-fraction``, ``--split-seed``, ``--skip-bad-files``);
+the network's classes, channels and input size come from the images. The defaults of ``--data-root`` and ``--offline``
 are ``CAPSULE_DATA`` / ``CAPSULE_OFFLINE``, read by :func:`capsule_lib.notebook.environment`.
 
 Layering: a command (:mod:`capsule_lib.commands`, the top layer; nothing imports it); ``python -m capsule_lib.train``
@@ -26,6 +30,7 @@ from pathlib import Path
 import torch
 
 from ..data.datasets import DataSource
+from ..data.images import ImageSource
 from ..train.checkpoint import CheckpointReadError
 from ..train.recipes import RECIPES, make_recipe
 from ..train.recipes.base import check_device_available
@@ -80,6 +85,16 @@ def _parser() -> argparse.ArgumentParser:
         help="stop when the run's training wall time reaches this (inside an epoch if need be; resumable)",
     )
     p.add_argument("--start-from", metavar="CHECKPOINT", help="start from a shipped checkpoint's weights")
+    g = p.add_argument_group(
+        "your own images", "train the recipe on a folder of your images: classes, channels and size come from them"
+    )
+    g.add_argument("--images", metavar="PATH", help="a folder PATH/<class>/<image> (or PATH/train/, val/, test/)")
+    g.add_argument("--image-size", type=int, metavar="N", help="resize to N x N (default: from the images, <= 64)")
+    g.add_argument("--channels", type=int, choices=(1, 3), help="1 grey or 3 RGB (default: from the images)")
+    g.add_argument("--val-fraction", type=float, metavar="F", help="held out for validation (default 0.1)")
+    g.add_argument("--test-fraction", type=float, metavar="F", help="held out for test without test/ (default 0.1)")
+    g.add_argument("--split-seed", type=int, metavar="S", help="seed of the held-out images (default 0)")
+    g.add_argument("--skip-bad-files", action="store_true", help="skip files that are not readable images (counted)")
     p.add_argument(
         "--compile",
         choices=[m for m in COMPILE_MODES if m],
@@ -91,6 +106,32 @@ def _parser() -> argparse.ArgumentParser:
 
 #: what a run leaves in its folder (``--overwrite`` deletes these before the new run starts)
 RUN_FILES = ["last.pt", "best.pt", "epoch_*.pt", "history.json", "*.tmp"]
+
+
+#: the options of ``--images`` (argument -> :class:`~capsule_lib.data.images.ImageSource` field)
+_IMAGE_OPTIONS = {
+    "image_size": "image_size",
+    "channels": "channels",
+    "val_fraction": "val_fraction",
+    "test_fraction": "test_fraction",
+    "split_seed": "split_seed",
+    "skip_bad_files": "skip_bad",
+}
+
+
+def _images(p: argparse.ArgumentParser, a: argparse.Namespace) -> str | None:
+    """The dataset name of ``--images`` and its options (``None`` without it); a bad option in one line."""
+    given = {f: getattr(a, arg) for arg, f in _IMAGE_OPTIONS.items() if getattr(a, arg) is not None}
+    given = {f: v for f, v in given.items() if v is not False}  # --skip-bad-files off: the default
+    if a.images is None:
+        if given:
+            arg = next(k for k, v in _IMAGE_OPTIONS.items() if v == next(iter(given)))
+            fail(p, f"--{arg.replace('_', '-')} goes with --images PATH (the folder of your images)")
+        return None
+    try:
+        return ImageSource(a.images, **given).spec
+    except ValueError as e:
+        fail(p, str(e))
 
 
 def main(argv: list[str] | None = None, *, data_root: str | Path | None = None, offline: bool | None = None) -> None:
@@ -120,10 +161,15 @@ def main(argv: list[str] | None = None, *, data_root: str | Path | None = None, 
     sets = overrides(p, a.set)
     if a.budget_minutes is not None and not (a.budget_minutes > 0 and math.isfinite(a.budget_minutes)):
         fail(p, f"--budget-minutes must be a number of minutes > 0, got {a.budget_minutes}")
+    images = _images(p, a)
+    if images is not None:
+        if "dataset" in sets:
+            fail(p, "give the data once: --images PATH or --set dataset=..., not both")
+        sets["dataset"] = images
     try:  # every value checked before any data is loaded or anything written: one line, no traceback
         recipe = shipped_recipe(a.shipped, **sets) if a.shipped else make_recipe(a.recipe, **sets)
         check_device_available(recipe)
-        if a.start_from is not None:
+        if a.start_from is not None and images is None:  # (for images, train() checks it once fitted to them)
             start_checkpoint(recipe, a.start_from)
         if a.export is not None and a.export in registry():
             raise ValueError(f"--export {a.export}: a shipped checkpoint of that name exists; choose a new name")

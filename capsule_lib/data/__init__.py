@@ -13,6 +13,7 @@ from .datasets import (DatasetUnavailableError, ImageDataset, available_datasets
                        STANDINS, DataSource, read_idx, register_dataset, train_val_indices)
 from .files import RealData, find_real_data
 from .generated import colour_shapes, glyph_digits
+from .images import ImageFacts, ImageSource, image_facts, register_images
 from .loaders import TensorLoader
 from .multimnist import MultiMNISTLoader, make_multimnist, overlap_stats
 from .render import render_norb_like, viewpoint_split
@@ -23,6 +24,7 @@ __all__ = [
     "DatasetUnavailableError", "ImageDataset", "available_datasets", "data_root", "repository_root", "get_dataset",
     "DataSource", "find_real_data", "RealData",
     "read_idx", "register_dataset", "train_val_indices", "STANDINS", "glyph_digits", "colour_shapes",
+    "ImageSource", "ImageFacts", "image_facts", "register_images",
     "TensorLoader", "MultiMNISTLoader", "make_multimnist", "overlap_stats", "make_affine_mnist", "read_affnist_mat", "center_pad", "random_place",
     "render_norb_like", "viewpoint_split", "read_norb_matrix", "write_norb_matrix", "NorbFormatError",
     "heinsen_transform", "EfficientNorbTransform", "hinton_transform", "channel_stats", "stereo_as_samples",

@@ -119,13 +119,16 @@ class ImageDataset:
 
 
 def data_fingerprint(images: torch.Tensor, labels: torch.Tensor, samples: int = 256) -> str:
-    """:meth:`ImageDataset.fingerprint` for any ``images [N, ...]`` and ``labels [N, ...]``."""
+    """:meth:`ImageDataset.fingerprint` for any ``images [N, ...]`` and ``labels [N, ...]`` (images read from their
+    files while training, :class:`~capsule_lib.data.image_files.FileImages`, by their ``fingerprint()``)."""
     import hashlib
 
     n = images.shape[0]
     h = hashlib.sha256(f"{tuple(images.shape)} {images.dtype} {tuple(labels.shape)}".encode())
     h.update(labels.detach().cpu().contiguous().numpy().tobytes())
-    if n:
+    if not isinstance(images, torch.Tensor):  # images read from their files: their names, sizes and times
+        h.update(images.fingerprint().encode())
+    elif n:
         idx = torch.linspace(0, n - 1, min(samples, n)).round().long()
         h.update(images[idx].detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()[:16]
@@ -192,14 +195,20 @@ class DataSource:
     standin : bool or None
         What to do when the real data is neither under the root nor downloadable: ``True`` load the generated
         stand-in, ``False`` raise :class:`DatasetUnavailableError`, ``None`` (default) as ``offline``.
+    cache : pathlib.Path or None
+        Where the reader's decoded images are kept between runs (:mod:`capsule_lib.data.images`; ``train`` sets
+        the folder ``image_cache`` next to its run); ``None`` (default): nowhere.
     """
 
     data_root: Path | str | None = None
     offline: bool = False
     standin: bool | None = None
+    cache: Path | str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data_root", data_root(self.data_root))  # the one resolution of the folder
+        if self.cache is not None:
+            object.__setattr__(self, "cache", Path(self.cache).expanduser())
 
     @classmethod
     def of(cls, data_root: DataSource | str | os.PathLike | None, **changes: Any) -> DataSource:
@@ -207,7 +216,8 @@ class DataSource:
         with the fields in ``changes`` that are not ``None`` replaced."""
         base = data_root if isinstance(data_root, DataSource) else cls(data_root)
         changes = {k: v for k, v in changes.items() if v is not None}
-        return cls(**{"data_root": base.data_root, "offline": base.offline, "standin": base.standin, **changes})
+        fields = {"data_root": base.data_root, "offline": base.offline, "standin": base.standin, "cache": base.cache}
+        return cls(**{**fields, **changes})
 
     def get(self, name: str, split: str = "train", **kwargs: Any) -> ImageDataset:
         """:func:`get_dataset` ``(name, split)`` from this source."""
@@ -229,7 +239,9 @@ def get_dataset(
 
     Splits: ``"train"`` (training part), ``"val"`` (a held-out part of the official training set, used
     for model selection), ``"train_full"`` (train + val), ``"test"`` (never used for selection).
-    Generated datasets accept ``n`` and ``seed``.
+    Generated datasets accept ``n`` and ``seed``. A name ``"kind:argument"`` passes ``argument`` (and the source) to
+    the dataset registered as ``kind``: ``"images:PATH"`` is a folder of the reader's images
+    (:mod:`capsule_lib.data.images`).
 
     Parameters
     ----------
@@ -260,13 +272,16 @@ def get_dataset(
     ImageDataset
         The split, or its generated stand-in (``standin_for`` names the dataset it replaces).
     """
-    key = name.lower().replace("-", "_")
+    kind, sep, argument = name.partition(":")  # "kind:argument", e.g. "images:PATH" (capsule_lib.data.images)
+    key = kind.lower().replace("-", "_")
     if key not in _REGISTRY:
         raise ValueError(f"unknown dataset {name!r}; available: {', '.join(available_datasets())}")
     source = DataSource.of(data_root, offline=offline, standin=standin)
     offline = source.offline
     allow = offline if source.standin is None else bool(source.standin)
     folder = source.data_root  # resolved once, when the source was made
+    if sep:
+        kwargs = {**kwargs, "argument": argument, "source": source}
     try:
         return _REGISTRY[key](folder, split, download and not offline, **kwargs)
     except PermissionError as err:  # an unreadable folder or file: one line, whichever reader met it

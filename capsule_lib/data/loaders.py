@@ -1,10 +1,12 @@
 """An in-memory batch loader: :class:`TensorLoader` (reproducible shuffling by ``(seed, epoch)``, per-batch
-augmentation, ``torch.distributed`` shards, a position that a checkpoint can save and restore).
+augmentation, ``torch.distributed`` shards, a position that a checkpoint can save and restore), and
+:class:`StreamLoader`, the same over image files read in worker processes.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -12,7 +14,7 @@ import torch
 
 from .datasets import data_fingerprint
 
-__all__ = ["TensorLoader"]
+__all__ = ["TensorLoader", "StreamLoader"]
 
 
 class TensorLoader:
@@ -68,7 +70,10 @@ class TensorLoader:
 
     @classmethod
     def from_dataset(cls, ds: Any, batch_size: int = 128, **kw: Any) -> TensorLoader:
-        """From an :class:`~capsule_lib.data.ImageDataset` (images, labels)."""
+        """From an :class:`~capsule_lib.data.ImageDataset` (images, labels); a :class:`StreamLoader` when its images
+        are files read while training (:class:`~capsule_lib.data.image_files.FileImages`)."""
+        if not isinstance(ds.images, torch.Tensor):
+            return StreamLoader([ds.images, ds.labels], batch_size, **kw)
         return cls([ds.images, ds.labels], batch_size, **kw)
 
     def set_epoch(self, epoch: int) -> None:
@@ -116,6 +121,22 @@ class TensorLoader:
         return images // self.batch_size
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
+        order, first, g = self._epoch_order()
+        for k, batch in zip(range(first, len(self)), self._batches(order, first)):
+            batch = tuple(_to_device(t, self.device) for t in batch)
+            if self.transform is not None:
+                batch = self.transform(batch, g)
+            self.position = k + 1
+            yield batch
+
+    def _batches(self, order: torch.Tensor, first: int) -> Iterator[tuple[torch.Tensor, ...]]:
+        """The raw batches from batch ``first`` on, in ``order``."""
+        for k in range(first, len(self)):
+            idx = order[k * self.batch_size : (k + 1) * self.batch_size]
+            yield tuple(t[idx] for t in self.tensors)
+
+    def _epoch_order(self) -> tuple[torch.Tensor, int, torch.Generator]:
+        """This epoch's order (this rank's shard), the batch it starts at and the augmentation generator."""
         n = self.tensors[0].shape[0]
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
         order = torch.randperm(n, generator=g) if self.shuffle else torch.arange(n)
@@ -133,13 +154,38 @@ class TensorLoader:
         self._generator, self.position = g, first
         if self.resident:  # one copy of the epoch's order instead of one per batch
             order = order.to(self.device)
-        for k in range(first, len(self)):
-            idx = order[k * self.batch_size : (k + 1) * self.batch_size]
-            batch = tuple(_to_device(t[idx], self.device) for t in self.tensors)
-            if self.transform is not None:
-                batch = self.transform(batch, g)
-            self.position = k + 1
-            yield batch
+        return order, first, g
+
+
+class StreamLoader(TensorLoader):
+    """A :class:`TensorLoader` whose images are files (:class:`~capsule_lib.data.image_files.FileImages`, the
+    reader's images too large to hold in memory), read batch by batch in ``workers`` processes (default: the CPU
+    count, at most 8) that work ahead of the training step. Order, shards, augmentation and resume are the
+    :class:`TensorLoader`'s; the images are never resident on the device."""
+
+    def __init__(self, tensors: Sequence[Any], batch_size: int = 128, *, workers: int | None = None, **kw: Any):
+        kw["resident"] = False
+        super().__init__(tensors, batch_size, **kw)
+        self.workers = min(8, os.cpu_count() or 1) if workers is None else workers
+
+    def _batches(self, order: torch.Tensor, first: int) -> Iterator[tuple[torch.Tensor, ...]]:
+        index = [order[k * self.batch_size : (k + 1) * self.batch_size] for k in range(first, len(self))]
+        batches = _FileBatches(self.tensors, index)
+        yield from torch.utils.data.DataLoader(batches, batch_size=None, num_workers=self.workers)
+
+
+class _FileBatches(torch.utils.data.Dataset):
+    """Batch ``k`` of a :class:`StreamLoader`'s epoch: its files read, its other tensors indexed (in a worker)."""
+
+    def __init__(self, tensors: Sequence[Any], index: list[torch.Tensor]):
+        self.tensors, self.index = tensors, index
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, k: int) -> tuple[torch.Tensor, ...]:
+        idx = self.index[k]
+        return tuple(t.load(idx) if hasattr(t, "load") else t[idx] for t in self.tensors)
 
 
 def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:

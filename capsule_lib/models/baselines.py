@@ -66,6 +66,8 @@ class BaselineCNN(nn.Module):
         super().__init__()
         cfg = resolve_config(config, BaselineCNNConfig, overrides)
         self.config = cfg
+        if cfg.image_size < 4:  # two 2x2 poolings
+            raise ValueError(f"image_size {cfg.image_size} is too small for two 2x2 poolings: at least 4")
         c1, c2, c3 = cfg.channels
         self.conv1 = nn.Conv2d(cfg.in_channels, c1, 5, padding=2)
         self.conv2 = nn.Conv2d(c1, c2, 5, padding=2)

@@ -5,9 +5,10 @@ a run's history or a registry entry holds)."""
 
 from __future__ import annotations
 
-from dataclasses import fields, is_dataclass
+from dataclasses import fields, is_dataclass, replace
 from typing import Any
 
+import torch
 from torch import nn
 
 from .baselines import BaselineCNN, BaselineCNNConfig
@@ -18,7 +19,7 @@ from .heinsen import SmallNORBClassifier, SmallNORBConfig, TokenSequenceClassifi
 from .inverted import BackboneClassifier, CapsModel, CapsModelConfig
 from .routing_classifier import RoutingClassifier, RoutingClassifierConfig
 
-__all__ = ["MODELS", "build_model", "config_from_dict"]
+__all__ = ["MODELS", "build_model", "config_from_dict", "smallest_image_size"]
 
 #: model kind -> (model class, config class)
 MODELS: dict[str, tuple[type[nn.Module], type]] = {
@@ -73,3 +74,44 @@ def build_model(kind: str, config: Any) -> nn.Module:
         raise ValueError(f"unknown model kind {kind!r}; known: {sorted(MODELS)}")
     model_cls, config_cls = MODELS[kind]
     return model_cls(config if is_dataclass(config) else config_from_dict(config_cls, config))
+
+
+def smallest_image_size(kind: str, config: Any, largest: int = 1024) -> int | None:
+    """The smallest image side a model of ``kind`` with ``config`` (all but its ``image_size``) can read: the
+    smallest ``image_size`` its constructor accepts (each model refuses, in one line, a side its convolutions and
+    capsule grids cannot read). Models are built on the ``meta`` device (no memory, no weights), the side found by
+    doubling and bisection.
+
+    Parameters
+    ----------
+    kind : str
+        A key of :data:`MODELS`.
+    config : Any
+        Its config dataclass (with an ``image_size`` field).
+    largest : int
+        The largest side tried.
+
+    Returns
+    -------
+    int or None
+        The smallest side; ``None`` when even ``largest`` is refused.
+    """
+
+    def reads(side: int) -> bool:
+        try:
+            with torch.device("meta"):
+                build_model(kind, replace(config, image_size=side))
+        except ValueError:
+            return False
+        return True
+
+    hi = 1
+    while not reads(hi):  # doubling, then bisection: a few small models built
+        if hi >= largest:
+            return None
+        hi = min(2 * hi, largest)
+    lo = hi // 2  # refused (or 0)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if reads(mid) else (mid, hi)
+    return hi

@@ -187,6 +187,8 @@ class RoutingClassifier(nn.Module):
         super().__init__()
         cfg = replace(config or RoutingClassifierConfig(), **overrides)
         self.config = cfg
+        if cfg.image_size < 5:  # the stem's valid 5x5 convolution
+            raise ValueError(f"image_size {cfg.image_size} is too small for the stem (a 5x5 convolution): at least 5")
         c1, c2 = cfg.stem_channels
         T, d, N, K = cfg.primary_types, cfg.caps_dim, cfg.n_primary, cfg.n_classes
         self.stem = nn.Sequential(

@@ -30,6 +30,7 @@ from torch import nn
 from .._checks import check_choice
 from .._contracts import checked
 from ..data.datasets import DataSource, check_labels, data_fingerprint
+from ..data.images import ImageFacts, image_facts
 from ..distributed import setup as setup_distributed
 from .recipes import make_recipe
 from .recipes.base import Recipe, check_device_available
@@ -92,6 +93,32 @@ def _check_training_data(model: nn.Module, loaders: Any) -> str | None:
     return data_fingerprint(ds.images, ds.labels)
 
 
+def _data_source(r: Recipe, out_dir: str | Path | None, source: DataSource) -> tuple[DataSource, ImageFacts | None]:
+    """The run's data source, with the folder ``image_cache`` next to ``out_dir`` for the reader's decoded images,
+    and, when the recipe's dataset is the reader's images, what they are, with the recipe's model fitted to them
+    (classes, channels and side from the data)."""
+    if out_dir is not None and source.cache is None:
+        source = DataSource.of(source, cache=Path(out_dir).parent / "image_cache")
+    images = image_facts(r.dataset, source)
+    if images is not None:
+        r.fit_to_images(images)
+    return source, images
+
+
+def _data_meta(loaders: Any, fingerprint: str | None, images: ImageFacts | None) -> dict[str, Any]:
+    """What a run records of its data beyond its name: the content fingerprint (part of the run's identity: a resume
+    onto other images is refused), the reader's images' decisions, and the class names (what predict names the
+    scores by)."""
+    meta: dict[str, Any] = {}
+    if fingerprint is not None:
+        meta["data_fingerprint"] = fingerprint
+    if images is not None:
+        meta["images"] = images.record
+    if isinstance(getattr(loaders.train_set, "classes", None), list):
+        meta["classes"] = list(loaders.train_set.classes)
+    return meta
+
+
 @checked
 def train(
     recipe: str | Recipe,
@@ -125,6 +152,9 @@ def train(
     data_root
         Where the datasets are (:func:`~capsule_lib.data.get_dataset`): a folder, or a
         :class:`~capsule_lib.data.DataSource` (a chapter's ``cfg.data``: root, offline mode, stand-ins allowed).
+        A recipe whose ``dataset`` is the reader's images (``"images:PATH"``, :mod:`capsule_lib.data.images`) has its
+        model fitted to them (:meth:`~capsule_lib.train.recipes.base.Recipe.fit_to_images`) and keeps their decoded
+        pixels in the folder ``image_cache`` next to ``out_dir``; the decisions are recorded in ``meta["images"]``.
     callbacks
         Called after every epoch with the trainer and the epoch's record (e.g. :class:`~capsule_lib.viz.LivePlot`).
     progress
@@ -167,9 +197,10 @@ def train(
     check_device_available(r)
     dist = setup_distributed(select_device(r.device))  # a torchrun job, or this process alone
     device = dist.device
-    start = start_checkpoint(r, start_from) if start_from is not None else None  # before any data is loaded
+    source, images = _data_source(r, out_dir, DataSource.of(data_root, offline=offline, standin=standin))
+    start = start_checkpoint(r, start_from) if start_from is not None else None  # before the data is loaded
     torch.manual_seed(r.seed)
-    loaders = r.loaders(DataSource.of(data_root, offline=offline, standin=standin), device, test=test, dist=dist)
+    loaders = r.loaders(source, device, test=test, dist=dist)
     model = r.build_model()
     if start is not None:
         model.load_state_dict(start[0])
@@ -187,9 +218,8 @@ def train(
         "dataset": loaders.dataset,
         "generated_data": loaders.generated_data,
         **r.describe(model),
+        **_data_meta(loaders, fingerprint, images),
     }
-    if fingerprint is not None:  # part of the run's identity: a resume onto other images is refused
-        meta["data_fingerprint"] = fingerprint
     if start is not None:
         meta["start_from"] = start
     if compile is not None:

@@ -46,9 +46,10 @@ __all__ = [
 ]
 
 
-def lengths_readout(lengths: Sequence[float], label: int | None = None) -> str:
-    """``"capsule lengths: 0:0.03 1:0.91* ..."`` (``*`` marks the label)."""
-    parts = [f"{k}:{float(v):.2f}{'*' if k == label else ''}" for k, v in enumerate(lengths)]
+def lengths_readout(lengths: Sequence[float], label: int | None = None, classes: Sequence[str] | None = None) -> str:
+    """``"capsule lengths: 0:0.03 1:0.91* ..."`` (``*`` marks the label; ``classes``: names instead of indices)."""
+    names = classes if classes is not None else [str(k) for k in range(len(lengths))]
+    parts = [f"{names[k]}:{float(v):.2f}{'*' if k == label else ''}" for k, v in enumerate(lengths)]
     return "capsule lengths: " + " ".join(parts)
 
 
@@ -69,7 +70,7 @@ def capsule_routing_explorer(
     }
 
     def readout(image: int, iteration: int) -> str:
-        return lengths_readout(capsule_lengths(trace.outputs[iteration - 1][image].float()).tolist())
+        return lengths_readout(capsule_lengths(trace.outputs[iteration - 1][image].float()).tolist(), None, classes)
 
     return explorer(
         controls,
@@ -122,7 +123,7 @@ def perturbation_explorer(
     def readout(sample: int, **values: float) -> str:
         label = int(labels[sample])
         p = perturb_poses(poses[sample], offsets(values), None if perturb == "all" else label)
-        return lengths_readout(capsule_lengths(p.float()).tolist(), label)
+        return lengths_readout(capsule_lengths(p.float()).tolist(), label, classes)
 
     def reset(ex: Explorer) -> None:
         ex.set_values(**{f"d{k}": 0.0 for k in range(D)})
@@ -354,8 +355,10 @@ def iteration_explorer(
     def readout(network: str, image: int, iterations: int) -> str:
         r = routed(network, image)
         changed = sum(p != r.predictions[0] for p in r.predictions)
+        said = r.predictions[iterations - 1]
         return (
-            f"prediction at T = {iterations}: {r.predictions[iterations - 1]}; it differs from T = 1's at "
+            f"prediction at T = {iterations}: {classes[said] if classes is not None else said}; it differs from "
+            f"T = 1's at "
             f"{changed} of {len(its)} values of T"
         )
 

@@ -16,10 +16,11 @@ from torch import nn
 from ..._checks import device_available
 from ...cost import count_parameters
 from ...data import DataSource, get_dataset
+from ...data.images import ImageFacts
 from ...data.loaders import TensorLoader
 from ...data.transforms import random_shift
 from ...distributed import DistInfo
-from ...models.registry import build_model
+from ...models.registry import build_model, smallest_image_size
 
 __all__ = ["Recipe", "Loaders", "ShiftDecayRecipe", "check_device_available"]
 
@@ -53,6 +54,8 @@ class Recipe:
     keep_epochs: ClassVar[bool] = False
     #: what :meth:`~capsule_lib.train.recipes.base.Recipe.describe` records next to the parameter count
     notes: ClassVar[dict[str, str]] = {}
+    #: why the recipe cannot train on the reader's images (:mod:`capsule_lib.data.images`); empty when it can
+    images_refusal: ClassVar[str] = ""
 
     epochs: int = 10
     batch_size: int = 128
@@ -174,11 +177,32 @@ class Recipe:
                 f"pick a matching model config ({type(config).__name__})"
             )
 
+    def fit_to_images(self, facts: ImageFacts) -> None:
+        """Fit the model config to the reader's images (:func:`~capsule_lib.data.images.image_facts`): their
+        number of classes, channels and side, and, for a network that normalises its input itself (``input_mean``,
+        ``input_std``: Tsai et al.'s and its backbone baseline), the training split's mean and standard deviation.
+        One-line ``ValueError`` before anything is trained: a recipe whose data is not a set of labelled images
+        (:attr:`images_refusal`), or images smaller than the network can read (the smallest side is said)."""
+        if self.images_refusal:
+            raise ValueError(f"{self.name}: {self.images_refusal}")
+        fit = {"n_classes": len(facts.classes), "in_channels": facts.channels, "image_size": facts.image_size}
+        if hasattr(self.model, "input_mean"):
+            fit.update(input_mean=tuple(facts.mean), input_std=tuple(max(v, 1e-3) for v in facts.std))
+        self.model = dataclasses.replace(self.model, **{k: v for k, v in fit.items() if hasattr(self.model, k)})
+        smallest = smallest_image_size(self.model_kind, self.model)
+        if smallest is None or facts.image_size < smallest:
+            raise ValueError(
+                f"{facts.where}: images of {facts.image_size} x {facts.image_size} are too small for {self.name} "
+                f"({self.model_kind}), whose convolutions need at least {smallest} x {smallest}; resize them up "
+                f"(--image-size {smallest}, image_size={smallest}) or train a network that reads smaller images"
+            )
+
     def validate(self) -> None:
         """One-line ``ValueError`` for settings no run can use (checked by :func:`make_recipe`, before any data is
         loaded): ``epochs``, ``batch_size`` and the subsets positive integers, ``lr`` a number >= 0 (0 keeps the
         weights: e.g. to evaluate a start checkpoint through the loop), a known ``amp`` and a device name torch
-        knows; every number field (of the recipe and its model config) finite."""
+        knows; every number field (of the recipe and its model config) finite; the reader's images
+        (``dataset="images:PATH"``) only for a recipe of labelled images."""
         name = self.name or type(self).__name__
         for prefix, obj in (("", self), ("model.", getattr(self, "model", None))):
             if dataclasses.is_dataclass(obj):  # a NaN or an infinity in any number field (lr=1e999 parses as inf)
@@ -198,6 +222,8 @@ class Recipe:
             raise ValueError(f"{name}: lr must be a number >= 0, got {self.lr!r}")
         if self.amp not in (None, "bf16", "fp16"):
             raise ValueError(f"{name}: amp must be null, 'bf16' or 'fp16', got {self.amp!r}")
+        if self.images_refusal and str(getattr(self, "dataset", "")).startswith("images:"):
+            raise ValueError(f"{name}: {self.images_refusal}")
         _check_device(name, self.device)
 
     def describe(self, model: nn.Module) -> dict[str, Any]:

@@ -134,6 +134,11 @@ class MultiMNISTRecipe(Recipe):
     ``recon_weight`` x the reconstruction error of each digit decoded alone. The history's accuracy is "both
     digits right" (Sabour et al.'s metric)."""
 
+    images_refusal: ClassVar[str] = (
+        "it trains on pairs of overlapping digits (two labels per image), not on a folder of labelled images; train "
+        "on your images with capsnet or efficient"
+    )
+
     batch_size: int = 64
     pairs_per_epoch: int = 60000
     variant: str = "efficient"

@@ -32,6 +32,7 @@ class HeinsenSequenceRecipe(Recipe):
     needs a frozen transformer: see the chapter)."""
 
     name: ClassVar[str] = "heinsen_sequences"
+    images_refusal: ClassVar[str] = "it classifies token sequences, not images"
 
     dataset: str = "marker_sequences"
     epochs: int = 4

@@ -50,6 +50,12 @@ class ViewpointRecipe(Recipe):
     the validation/test sets (smoke runs); ``data_seed`` seeds the rendered set (and the subsets);
     ``render_workers`` renders it in that many processes."""
 
+    images_refusal: ClassVar[str] = (
+        "its data is the smallNORB viewpoint protocol (familiar and novel views of the same objects), which a folder "
+        "of images does not have; train EM routing on your images with routing_compare_mnist --set "
+        "model.routing=em, or another recipe of images (capsnet, efficient, tsai_cifar10_cpu, baseline_cnn)"
+    )
+
     dataset: str = "smallnorb"
     axis: str = "azimuth"
     familiar: tuple[int, ...] | None = None  # None: the paper's familiar views on `axis`

@@ -1,0 +1,310 @@
+"""A folder of the reader's images: :class:`ImageSource` (the folder and how to read it; its dataset name
+``"images:PATH"``), the folder's listing (torchvision's ``make_dataset``; every refusal in one line that names the
+folder or file and the fix), the image side chosen from the files, and their pixels: decoded in worker processes or
+read back from the cache, or left to be read while training. What is decided, and how the splits and the
+normalisation are made, is :mod:`capsule_lib.data.images`'s.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, urlencode
+
+import numpy as np
+import torch
+
+from .image_files import GREY_MODES, MAX_CACHED_SIDE, Decoded, FileImages, decode_files, load_cache
+
+__all__ = ["IMAGES", "SPLIT_NAMES", "ImageSource"]
+
+#: the kind of a folder's dataset name: ``"images:PATH"`` (options after ``?``: :attr:`ImageSource.spec`)
+IMAGES = "images"
+#: the split folders of a folder that brings its own splits (``valid`` and ``validation`` are read as ``val``)
+SPLIT_NAMES = {"train": 0, "val": 1, "valid": 1, "validation": 1, "test": 2}
+_SAMPLE = 256  # files whose size decides the image size
+
+
+@dataclass(frozen=True)
+class ImageSource:
+    """A folder of images and how to read it (the options of :mod:`capsule_lib.data.images`); :attr:`spec` is its
+    dataset name.
+
+    Attributes
+    ----------
+    path : str
+        The folder, as given (relative paths: to the current directory).
+    image_size : int or None
+        The side images are resized to; ``None``: decided from the files.
+    channels : int or None
+        1 (grey) or 3 (RGB); ``None``: decided from the files.
+    val_fraction, test_fraction : float
+        The share of each class's training images held out for validation / test where the folder has no
+        ``val/`` / ``test/`` (default 0.1 each; both splits must end up with images).
+    split_seed : int
+        The seed of those held-out files.
+    skip_bad : bool
+        Leave out files PIL cannot read (counted) instead of refusing the folder.
+    """
+
+    path: str
+    image_size: int | None = None
+    channels: int | None = None
+    val_fraction: float = 0.1
+    test_fraction: float = 0.1
+    split_seed: int = 0
+    skip_bad: bool = False
+
+    def __post_init__(self) -> None:
+        _check_options(self.image_size, self.channels, self.val_fraction, self.test_fraction, self.split_seed)
+
+    @property
+    def spec(self) -> str:
+        """``"images:PATH"``, with the options that differ from the defaults after ``?``
+        (``"images:photos?image_size=32&skip_bad=1"``): what a recipe's ``dataset`` holds."""
+        default = ImageSource(self.path)
+        changed = {k: int(v) if isinstance(v, bool) else v for k, v in vars(self).items() if v != getattr(default, k)}
+        changed.pop("path", None)
+        return f"{IMAGES}:{self.path}" + (f"?{urlencode(changed)}" if changed else "")
+
+    @classmethod
+    def parse(cls, spec: str) -> ImageSource:
+        """The source of a dataset name ``"images:PATH[?options]"`` (the inverse of :attr:`spec`; a ``?`` not
+        followed by options belongs to the folder's name)."""
+        path = spec.split(":", 1)[1]
+        head, sep, tail = path.rpartition("?")
+        pairs = parse_qsl(tail, keep_blank_values=True) if sep else []
+        if pairs and all(k in _OPTIONS for k, _ in pairs):
+            return cls(head, **{k: _option_value(k, v) for k, v in pairs})
+        return cls(path)
+
+
+_OPTIONS = ("image_size", "channels", "val_fraction", "test_fraction", "split_seed", "skip_bad")
+
+
+def _option_value(key: str, text: str) -> Any:
+    if key == "skip_bad":
+        return text.lower() in ("1", "true", "yes")
+    try:
+        return float(text) if key.endswith("fraction") else int(text)
+    except ValueError:
+        raise ValueError(f"images option {key} must be a number, got {text!r}") from None
+
+
+def _check_options(image_size: Any, channels: Any, val: Any, test: Any, seed: Any) -> None:
+    """One line for an option no source can use."""
+    if image_size is not None and (not isinstance(image_size, int) or isinstance(image_size, bool) or image_size < 1):
+        raise ValueError(f"image_size must be a positive integer (pixels) or None, got {image_size!r}")
+    if channels not in (None, 1, 3):
+        raise ValueError(f"channels must be 1 (grey), 3 (RGB) or None (from the images), got {channels!r}")
+    for name, value in (("val_fraction", val), ("test_fraction", test)):
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < 1:
+            raise ValueError(f"{name} must be a number in [0, 1), got {value!r}")
+    if not val > 0:
+        raise ValueError("val_fraction must be > 0: a run chooses its epoch on a validation split")
+    if val + test >= 1:
+        raise ValueError(f"val_fraction + test_fraction must leave training images, got {val} + {test}")
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise ValueError(f"split_seed must be an integer, got {seed!r}")
+
+
+# ------------------------------------------------------------------------------------------------ the folder
+def _walk(folder: Path, classes: list[str], ignored: Counter) -> tuple[list[str], list[int]]:
+    """torchvision's ``make_dataset`` over ``folder/<class>``: image files by extension (hidden files skipped);
+    files with other extensions are counted in ``ignored``."""
+    from torchvision.datasets.folder import IMG_EXTENSIONS, has_file_allowed_extension, make_dataset
+
+    def valid(path: str) -> bool:
+        name = os.path.basename(path)
+        ok = has_file_allowed_extension(name, IMG_EXTENSIONS) and not name.startswith(".")
+        if not ok and not name.startswith("."):
+            ignored[os.path.splitext(name)[1].lower() or "(none)"] += 1
+        return ok
+
+    samples = make_dataset(str(folder), {c: i for i, c in enumerate(classes)}, None, valid, allow_empty=True)
+    return [p for p, _ in samples], [y for _, y in samples]
+
+
+def _subfolders(folder: Path) -> list[str]:
+    """The visible sub-folders of ``folder`` (sorted), with one line for a path that is missing or unreadable."""
+    if not folder.exists():
+        raise FileNotFoundError(f"{folder}: no such folder; give the folder of your images (PATH/<class>/<image>)")
+    if not folder.is_dir():
+        raise NotADirectoryError(f"{folder}: not a folder; give the folder of your images (PATH/<class>/<image>)")
+    try:
+        names = sorted(e.name for e in os.scandir(folder) if e.is_dir() and not e.name.startswith("."))
+    except PermissionError:
+        raise PermissionError(
+            f"{folder}: cannot be read (permission denied); make it readable (chmod -R u+rX)"
+        ) from None
+    unreadable = [n for n in names if not os.access(folder / n, os.R_OK | os.X_OK)]
+    if unreadable:
+        raise PermissionError(
+            f"{folder / unreadable[0]}: cannot be read (permission denied); make it readable (chmod -R u+rX)"
+        )
+    return names
+
+
+def _classes_of(folder: Path, where: str) -> list[str]:
+    classes = _subfolders(folder)
+    if not classes:
+        loose = any(e.is_file() for e in os.scandir(folder))
+        what = "has image files but no class folders" if loose else "is empty"
+        raise ValueError(f"{folder}: {what}; put each class's images in a folder of its own ({where}/<class>/<image>)")
+    return classes
+
+
+def _list_folder(src: ImageSource) -> dict[str, Any]:
+    """The files of ``src.path``, their labels and given splits (``-1``: to be assigned), the layout, the classes
+    and the files of other types ignored; every refusal in one line, before a file is read."""
+    root = Path(src.path).expanduser()
+    top = _subfolders(root)
+    splits = [n for n in top if n.lower() in SPLIT_NAMES]
+    ignored: Counter = Counter()
+    if splits and len(splits) != len(top):
+        others = [n for n in top if n not in splits]
+        raise ValueError(
+            f"{root}: mixes split folders ({', '.join(splits)}) with class folders ({', '.join(others[:3])}); put the "
+            f"class folders inside {splits[0]}/ (and the other split folders), or remove the split folders"
+        )
+    if splits:
+        if "train" not in [n.lower() for n in splits]:
+            raise ValueError(f"{root}: has {', '.join(splits)} but no train/ folder; add train/<class>/<image>")
+        parts = sorted(splits, key=lambda n: SPLIT_NAMES[n.lower()])
+        classes = _classes_of(root / parts[0], f"{root}/{parts[0]}")
+        files, labels, given = [], [], []
+        for name in parts:
+            own = _classes_of(root / name, f"{root}/{name}")
+            if own != classes:
+                diff = sorted(set(own) ^ set(classes))
+                raise ValueError(
+                    f"{root / name} and {root / parts[0]} have different classes ({', '.join(diff[:5])} in one "
+                    f"only); give every split folder the same class folders"
+                )
+            f, y = _walk(root / name, classes, ignored)
+            files += f
+            labels += y
+            given += [SPLIT_NAMES[name.lower()]] * len(f)
+        layout = "split folders " + ", ".join(f"{n}/" for n in parts)
+    else:
+        classes = _classes_of(root, str(root))
+        files, labels = _walk(root, classes, ignored)
+        given = [0] * len(files)
+        layout = "a folder per class"
+    _check_classes(root, classes, labels, given)
+    return {
+        "root": root,
+        "layout": layout,
+        "classes": classes,
+        "files": files,
+        "labels": np.asarray(labels, dtype=np.int64),
+        "given": np.asarray(given, dtype=np.int64),
+        "ignored": dict(sorted(ignored.items())),
+    }
+
+
+def _check_classes(root: Path, classes: list[str], labels: list[int], given: list[int]) -> None:
+    if len(classes) < 2:
+        raise ValueError(
+            f"{root}: one class ({classes[0]}); a classifier needs at least two class folders ({root}/<class>/<image>)"
+        )
+    counts = Counter(y for y, s in zip(labels, given) if s == 0)
+    empty = [c for i, c in enumerate(classes) if counts[i] == 0]
+    if empty:
+        from torchvision.datasets.folder import IMG_EXTENSIONS
+
+        raise ValueError(
+            f"{root}: the class folder {empty[0]!r} has no training images (files ending in "
+            f"{', '.join(IMG_EXTENSIONS)}); add images to it or remove it"
+        )
+
+
+def _key(src: ImageSource, listing: dict[str, Any], size: int) -> str:
+    """The folder's fingerprint for its cache: every file's path (relative), size and modification time, the
+    options that change the pixels, the split and the cache format."""
+    h = hashlib.sha256(repr((size, src.channels, src.skip_bad, listing["classes"])).encode())
+    cut = len(os.path.join(str(listing["root"]), ""))  # the listing's paths are the folder's path joined with theirs
+    for path, y, s in zip(listing["files"], listing["labels"], listing["given"]):
+        st = os.stat(path)
+        h.update(f"{path[cut:]}\t{y}\t{s}\t{st.st_size}\t{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()
+
+
+def _decide_size(src: ImageSource, files: list[str]) -> tuple[int, str]:
+    """The image side and the one-line rule that chose it (from the headers of up to ``_SAMPLE`` files)."""
+    if src.image_size is not None:
+        return src.image_size, f"{src.image_size} x {src.image_size} (image_size)"
+    from PIL import Image
+
+    sides = []
+    for i in np.linspace(0, len(files) - 1, min(_SAMPLE, len(files))).round().astype(int):
+        try:
+            with Image.open(files[i]) as im:
+                sides.append(min(im.size))
+        except (OSError, SyntaxError, ValueError) as e:
+            if not src.skip_bad:
+                raise ValueError(
+                    f"{files[i]}: not an image or damaged ({type(e).__name__}); delete or replace it, or skip such "
+                    f"files (--skip-bad-files, skip_bad=True: how many were skipped is reported)"
+                ) from None
+    if not sides:
+        raise ValueError(f"{src.path}: none of the files sampled is an image PIL can read")
+    common = Counter(sides).most_common(1)[0][0]
+    size = min(common, MAX_CACHED_SIDE)
+    why = f"the most common shorter side of {len(sides)} files sampled" + (
+        f" ({common}), at most {MAX_CACHED_SIDE}" if common > MAX_CACHED_SIDE else ""
+    )
+    return size, f"{size} x {size} ({why})"
+
+
+def _version() -> str:
+    """The installed capsule_lib's version (what a cache records; another version's cache is rebuilt)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("capsule_lib")
+    except PackageNotFoundError:  # run from a source tree that is not installed
+        return "source"
+
+
+def _read_folder(src: ImageSource, listing: dict[str, Any], size: int, key: str, cache: Path | None) -> dict:
+    """The folder's pixels: from the cache when it holds them, else decoded in worker processes (the cache is
+    written later, when the images are used: :mod:`capsule_lib.data.images`); for images larger than
+    ``MAX_CACHED_SIDE``, the files to read while training. ``cached`` names the cache file when it was read."""
+    files = listing["files"]
+    if size > MAX_CACHED_SIDE:  # read while training: channels from the headers, nothing decoded now
+        from PIL import Image
+
+        grey = resized = 0
+        for path in files:
+            with Image.open(path) as im:
+                grey += im.mode in GREY_MODES
+                resized += im.size != (size, size)
+        channels = src.channels or (1 if grey == len(files) else 3)
+        keep = torch.ones(len(files), dtype=torch.bool)
+        images = FileImages(files, size, channels, key)
+        n_grey = grey if channels == 3 else 0
+        n_colour = len(files) - grey if channels == 1 else 0
+        return {
+            "images": images,
+            "keep": keep,
+            "grey": n_grey,
+            "colour": n_colour,
+            "resized": resized,
+            "bad": [],
+            "stored": "read from the files while training (worker processes)",
+            "cached": None,
+        }
+    path = cache / f"{key[:20]}.pt" if cache is not None else None
+    hit = load_cache(path, key, _version()) if path is not None else None
+    if hit is not None:
+        done = Decoded(hit["images"], hit["keep"], hit["grey"], hit["colour"], hit["resized"], list(hit["bad"]))
+        stored = f"decoded images read from the cache {path.name}"
+    else:
+        done = decode_files(files, size, src.channels, skip_bad=src.skip_bad)
+        stored = "decoded now (in worker processes)" if len(files) >= 2000 else "decoded now"
+    return {**vars(done), "stored": stored, "cached": path if hit is not None else None}

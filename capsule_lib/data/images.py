@@ -1,0 +1,445 @@
+"""The reader's own images, behind :func:`~capsule_lib.data.get_dataset` like the named datasets: a folder in
+torchvision's ``ImageFolder`` layout (``dataset="images:PATH"``) or tensors already in memory
+(:func:`register_images`, then ``dataset=<its name>``). Every recipe that reads image datasets trains on them
+(``train("capsnet", dataset="images:photos")``, ``python -m capsule_lib.train capsnet --images photos``).
+
+Decided once, recorded in the run (``history.meta["images"]``) and said in one line:
+
+* **layout**: ``PATH/<class>/<image>`` (class names: the folder names, sorted), or ``PATH/train/<class>/...`` with
+  ``val/`` and ``test/`` beside it (kept as given; the classes must be the same in each);
+* **splits**: what the folder does not give is taken from each class's training images at random (``val_fraction``
+  and ``test_fraction``, default 0.1 each; ``split_seed``, default 0): the same files every time;
+* **size**: ``image_size``, else the most common shorter side of up to 256 files sampled evenly, at most
+  :data:`~capsule_lib.data.image_files.MAX_CACHED_SIDE` (64: capsule networks grow with the square of it); each
+  image's shorter side is resized to it and the middle square kept (the number of images this changed is counted);
+* **channels**: ``channels`` (1 or 3), else grey when every file is grey, else RGB (grey files repeated to RGB and
+  counted); RGBA and palette files are converted to RGB by PIL, as ``ImageFolder``'s loader does;
+* **normalisation**: the per-channel mean and standard deviation of the training split, recorded, and given to the
+  networks that normalise inside (Tsai et al.'s and its backbone baseline: ``input_mean``, ``input_std``); the
+  others read images in [0, 1] as they do in the chapters (CapsNet and Efficient-CapsNet reconstruct them).
+
+Images up to 64 x 64 are decoded once, in worker processes, into a ``uint8`` tensor; when the
+:class:`~capsule_lib.data.DataSource` names a ``cache`` folder (:func:`~capsule_lib.train.run.train` gives the
+folder ``image_cache`` next to the run), they are kept there in a file keyed by a fingerprint of the files (names,
+sizes, modification times) and the options, and read back on the next run; a cache of another version or of other
+images is rebuilt, not trusted. Larger images are read batch by batch while training
+(:class:`~capsule_lib.data.image_files.FileImages`, :class:`~capsule_lib.data.loaders.StreamLoader`).
+
+Bad input is refused in one line that names the file or folder and the fix, before anything is written: a path that
+does not exist or cannot be read, an empty folder, one class, a class folder without images, split folders whose
+classes differ, a file that is not an image or is truncated (``skip_bad=True`` leaves such files out and counts
+them). The network's smallest image is checked by the recipe
+(:meth:`~capsule_lib.train.recipes.base.Recipe.fit_to_images`).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .datasets import _REGISTRY, DataSource, ImageDataset, register_dataset
+from .image_files import MAX_CACHED_SIDE, FileImages, save_cache
+from .image_folder import (
+    _OPTIONS,
+    IMAGES,
+    ImageSource,
+    _check_classes,
+    _check_options,
+    _decide_size,
+    _key,
+    _list_folder,
+    _read_folder,
+    _version,
+)
+
+__all__ = ["ImageSource", "ImageFacts", "image_facts", "register_images", "describe_images"]
+
+_SPLITS = ("train", "val", "test")
+_MEMORY: dict[str, dict[str, Any]] = {}  # register_images: name -> its prepared images
+_LOADED: dict[str, dict[str, Any]] = {}  # folders read in this process, by key (the last two)
+
+
+@dataclass(frozen=True)
+class ImageFacts:
+    """What a recipe needs of the reader's images before it builds its network
+    (:meth:`~capsule_lib.train.recipes.base.Recipe.fit_to_images`).
+
+    Attributes
+    ----------
+    where : str
+        The folder (or the in-memory set's name), for messages.
+    classes : list of str
+        Class names, in label order.
+    channels : int
+        1 or 3.
+    image_size : int
+        The side of every image.
+    mean, std : list of float
+        Per channel, over the training split (values in [0, 1]).
+    record : dict
+        Every decision (the run records it as ``history.meta["images"]``).
+    """
+
+    where: str
+    classes: list[str]
+    channels: int
+    image_size: int
+    mean: list[float]
+    std: list[float]
+    record: dict[str, Any] = field(default_factory=dict)
+
+
+def _assign(labels: np.ndarray, given: np.ndarray, val: float, test: float, seed: int) -> np.ndarray:
+    """Split ids (0 train, 1 val, 2 test): the given ones, and for the training files, in each class, the first
+    ``round(val * n)`` / ``round(test * n)`` of a seeded permutation held out where the folder has no such split
+    (at least one each for a class of three images or more; each class keeps at least one training image)."""
+    split = given.copy()
+    g = np.random.default_rng(seed)
+    need_val, need_test = not (given == 1).any(), not (given == 2).any()
+    for k in np.unique(labels):
+        idx = np.flatnonzero((labels == k) & (given == 0))
+        idx = idx[g.permutation(len(idx))]
+        small = 1 if len(idx) >= 3 else 0  # a class of 3 or more gives each held-out split one image at least
+        n_val = max(int(round(val * len(idx))), small) if need_val else 0
+        n_test = max(int(round(test * len(idx))), small if test > 0 else 0) if need_test else 0
+        while n_val + n_test >= len(idx) and n_val + n_test > 0:  # keep one training image
+            n_test, n_val = (n_test - 1, n_val) if n_test >= n_val else (n_test, n_val - 1)
+        split[idx[:n_val]] = 1
+        split[idx[n_val : n_val + n_test]] = 2
+    return split
+
+
+def _load_folder(src: ImageSource) -> tuple[str, dict[str, Any]]:
+    """The listing, the decisions and the pixels of a folder (memoised in this process by its key)."""
+    listing = _list_folder(src)
+    size, size_rule = _decide_size(src, listing["files"])
+    split = _assign(listing["labels"], listing["given"], src.val_fraction, src.test_fraction, src.split_seed)
+    key = _key(src, listing, size)
+    memo = f"{key}:{src.val_fraction}:{src.test_fraction}:{src.split_seed}"
+    return memo, {"listing": listing, "size": size, "size_rule": size_rule, "split": split, "key": key}
+
+
+def _folder(src: ImageSource, cache: Path | None) -> dict[str, Any]:
+    memo, plan = _load_folder(src)
+    if memo in _LOADED:
+        return _LOADED[memo]
+    listing = plan["listing"]
+    read = _read_folder(src, listing, plan["size"], plan["key"], cache)
+    keep = read["keep"].numpy()
+    files = [f for f, k in zip(listing["files"], keep) if k]
+    root = listing["root"]
+    record = {
+        "source": src.path,
+        "options": {k: getattr(src, k) for k in _OPTIONS},
+        "layout": listing["layout"],
+        "files": len(files),
+        "ignored": listing["ignored"],
+        "skipped": len(read["bad"]),
+        "skipped_files": [os.path.relpath(f, root) for f, _ in read["bad"][:10]],
+        "size_rule": plan["size_rule"],
+        "resized": read["resized"],
+        "grey_to_rgb": read["grey"],
+        "colour_to_grey": read["colour"],
+        "stored": read["stored"],
+    }
+    data = _prepare(
+        read["images"],
+        torch.from_numpy(listing["labels"][keep]),
+        torch.from_numpy(plan["split"][keep]),
+        listing["classes"],
+        record,
+        str(root),
+        files,
+    )
+    data["key"], data["read"] = plan["key"], read  # what a cache file holds (written when the data is used)
+    data["cached"] = {str(read["cached"])} if read["cached"] is not None else set()  # cache files known good
+    _LOADED[memo] = data
+    print(describe_images(data["record"]), flush=True)  # once per folder and process: what was decided
+    while len(_LOADED) > 2:  # the last two folders read
+        _LOADED.pop(next(iter(_LOADED)))
+    return data
+
+
+def _stats(images: Any, index: torch.Tensor) -> tuple[list[float], list[float], int]:
+    """Per-channel mean and standard deviation in [0, 1] of ``images[index]`` (all of them, or up to 512 files read
+    for images read while training), and how many images that was."""
+    if isinstance(images, FileImages):
+        index = index[torch.linspace(0, len(index) - 1, min(512, len(index))).round().long()]
+        images = images.load(index)
+        index = torch.arange(images.shape[0])
+    total = torch.zeros(images.shape[1], dtype=torch.int64)  # sums of uint8 values, exact in integers
+    squares = torch.zeros_like(total)
+    for lo in range(0, len(index), 4096):
+        x = images[index[lo : lo + 4096]].to(torch.int32)  # [n, C, S, S], 0..255
+        total += x.sum((0, 2, 3), dtype=torch.int64)
+        squares += (x * x).sum((0, 2, 3), dtype=torch.int64)
+    n = len(index) * images.shape[2] * images.shape[3]
+    mean = total.double() / (255.0 * n)
+    std = (squares.double() / (255.0**2 * n) - mean * mean).clamp_min(0).sqrt()
+    return [round(float(v), 4) for v in mean], [round(float(v), 4) for v in std], len(index)
+
+
+def _prepare(
+    images: Any,
+    labels: torch.Tensor,
+    split: torch.Tensor,
+    classes: list[str],
+    record: dict,
+    where: str,
+    files: list[str] | None = None,
+) -> dict[str, Any]:
+    """The splits of prepared images (``uint8 [N, C, S, S]`` or :class:`FileImages`) and the complete record."""
+    sizes = {name: int((split == k).sum()) for k, name in enumerate(_SPLITS)}
+    empty = [name for name in ("val", "test") if sizes[name] == 0]
+    if empty:
+        raise ValueError(
+            f"{where}: no {empty[0]} images ({sizes['train']} training images over {len(classes)} classes are too "
+            f"few for {empty[0]}_fraction); add images, raise {empty[0]}_fraction, or give a {empty[0]}/ folder"
+        )
+    mean, std, counted = _stats(images, torch.nonzero(split == 0).squeeze(1))
+    record = {
+        **record,
+        "classes": list(classes),
+        "image_size": int(images.shape[-1]),
+        "channels": int(images.shape[1]),
+        "split_sizes": sizes,
+        "mean": mean,
+        "std": std,
+        "normalisation": f"per-channel mean and std of {counted:,} training images",
+    }
+    return {
+        "images": images,
+        "labels": labels,
+        "split": split,
+        "classes": list(classes),
+        "record": record,
+        "where": where,
+        "files": files,
+    }
+
+
+# ------------------------------------------------------------------------------------------- tensors in memory
+def _as_uint8_images(images: Any, name: str) -> torch.Tensor:
+    """``[N, C, H, W]`` / ``[N, H, W]`` / ``[N, H, W, C]`` (C 1, 3 or 4), uint8 or float in [0, 1] -> ``uint8
+    [N, C, H, W]`` (C 1 or 3: an alpha channel is dropped)."""
+    x = torch.as_tensor(np.asarray(images)) if not isinstance(images, torch.Tensor) else images.detach().cpu()
+    if x.dim() == 3:
+        x = x[:, None]
+    if x.dim() != 4 or x.shape[0] == 0:
+        raise ValueError(f"register_images({name!r}): images must be [N, C, H, W] with N > 0, got {tuple(x.shape)}")
+    if x.shape[1] not in (1, 3, 4) and x.shape[3] in (1, 3, 4):
+        x = x.permute(0, 3, 1, 2)  # [N, H, W, C], as PIL and numpy arrays hold images
+    if x.shape[1] not in (1, 3, 4):
+        raise ValueError(f"register_images({name!r}): images need 1 (grey) or 3 (RGB) channels, got {tuple(x.shape)}")
+    x = x[:, :3]
+    if x.dtype == torch.uint8:
+        return x.contiguous()
+    if not x.is_floating_point() or not torch.isfinite(x).all() or x.min() < 0 or x.max() > 1:
+        raise ValueError(f"register_images({name!r}): images must be uint8, or floats in [0, 1] (got {x.dtype})")
+    return (x.float() * 255).round().to(torch.uint8).contiguous()
+
+
+def register_images(
+    name: str,
+    images: Any,
+    labels: Any,
+    classes: list[str],
+    *,
+    test: tuple[Any, Any] | None = None,
+    image_size: int | None = None,
+    channels: int | None = None,
+    val_fraction: float = 0.1,
+    test_fraction: float = 0.1,
+    split_seed: int = 0,
+) -> str:
+    """Register images held in memory as the dataset ``name`` of :func:`~capsule_lib.data.get_dataset` (and so of
+    every recipe: ``train("capsnet", dataset=name)``), decided as a folder is (the module docstring).
+
+    Parameters
+    ----------
+    name : str
+        The dataset's name (not one of the library's datasets; registering it again replaces it).
+    images : torch.Tensor or numpy.ndarray
+        ``[N, C, H, W]``, ``[N, H, W]`` or ``[N, H, W, C]`` (C 1, 3, or 4: alpha dropped), uint8 or float in [0, 1].
+    labels : torch.Tensor or numpy.ndarray
+        ``[N]`` class indices ``0 .. len(classes) - 1``.
+    classes : list of str
+        Class names, in label order (at least two).
+    test : tuple, optional
+        ``(images, labels)`` of a test split of its own (else ``test_fraction`` of each class is held out).
+    image_size, channels, val_fraction, test_fraction, split_seed
+        As :class:`ImageSource`'s (``image_size`` ``None``: the images' shorter side, at most 64).
+
+    Returns
+    -------
+    str
+        ``name``.
+    """
+    _check_options(image_size, channels, val_fraction, test_fraction if test is None else 0.0, split_seed)
+    if name in _REGISTRY and name not in _MEMORY:
+        raise ValueError(f"register_images: {name!r} is one of the library's datasets; choose another name")
+    if ":" in name or not name:
+        raise ValueError(f"register_images: name must be a non-empty name without ':', got {name!r}")
+    classes = [str(c) for c in classes]
+    if len(classes) < 2 or len(set(classes)) != len(classes):
+        raise ValueError(f"register_images({name!r}): classes must be two or more distinct names, got {classes}")
+    parts = [(images, labels, 0)] + ([(test[0], test[1], 2)] if test is not None else [])
+    xs, ys, given = [], [], []
+    for x, y, s in parts:
+        x = _as_uint8_images(x, name)
+        y = torch.as_tensor(np.asarray(y)).long().reshape(-1)
+        if y.shape[0] != x.shape[0] or (y.numel() and (y.min() < 0 or y.max() >= len(classes))):
+            raise ValueError(
+                f"register_images({name!r}): labels must be [N] class indices 0..{len(classes) - 1} for "
+                f"{x.shape[0]} images, got shape {tuple(y.shape)}"
+            )
+        xs.append(x)
+        ys.append(y)
+        given.append(torch.full_like(y, s))
+    record, x = _fit_tensors(xs, image_size, channels)
+    y, given = torch.cat(ys), torch.cat(given)
+    _check_classes(Path(name), classes, y.tolist(), given.tolist())
+    split = torch.from_numpy(_assign(y.numpy(), given.numpy(), val_fraction, test_fraction, split_seed))
+    record.update(source=f"memory:{name}", layout="tensors in memory", files=int(x.shape[0]), stored="in memory")
+    record["options"] = {
+        "image_size": image_size,
+        "channels": channels,
+        "val_fraction": val_fraction,
+        "test_fraction": test_fraction,
+        "split_seed": split_seed,
+        "skip_bad": False,
+    }
+    _MEMORY[name] = _prepare(x, y, split, classes, record, name)
+    print(describe_images(_MEMORY[name]["record"]), flush=True)
+    register_dataset(name)(functools.partial(_memory_dataset, name=name))
+    return name
+
+
+def _fit_tensors(xs: list[torch.Tensor], image_size: int | None, channels: int | None) -> tuple[dict, torch.Tensor]:
+    """Resize (shorter side, then the middle square) and convert channels as a folder's files are."""
+    from torchvision.transforms.v2.functional import center_crop, resize, rgb_to_grayscale
+
+    side = min(min(x.shape[-2:]) for x in xs)
+    size = image_size or min(side, MAX_CACHED_SIDE)
+    rule = f"{size} x {size} (" + (
+        "image_size)" if image_size else f"the images' shorter side, at most {MAX_CACHED_SIDE})"
+    )
+    colour = max(x.shape[1] for x in xs) == 3
+    c = channels or (3 if colour else 1)
+    record = {"size_rule": rule, "resized": 0, "grey_to_rgb": 0, "colour_to_grey": 0, "skipped": 0, "ignored": {}}
+    out = []
+    for x in xs:
+        if tuple(x.shape[-2:]) != (size, size):
+            record["resized"] += x.shape[0]
+            x = center_crop(resize(x, size, antialias=True), size)
+        if x.shape[1] != c:
+            record["grey_to_rgb" if c == 3 else "colour_to_grey"] += x.shape[0]
+            x = x.repeat(1, 3, 1, 1) if c == 3 else rgb_to_grayscale(x)
+        out.append(x)
+    return record, torch.cat(out)
+
+
+def _memory_dataset(root: Path, split: str, download: bool, *, name: str = "", **_: Any) -> ImageDataset:
+    return _split_dataset(_MEMORY[name], name, split)
+
+
+# ------------------------------------------------------------------------------------------------ get_dataset
+def _split_dataset(data: dict[str, Any], name: str, split: str) -> ImageDataset:
+    """One split, its images in a seeded order (``split_seed``; files come class by class, so that the first ``n``
+    of a split, ``train_subset=n``, hold every class)."""
+    from .._checks import check_choice
+
+    check_choice(split, ("train", "val", "test", "train_full"), "split")
+    ids = (0, 1) if split == "train_full" else (_SPLITS.index(split),)
+    index = torch.nonzero(torch.isin(data["split"], torch.tensor(ids))).squeeze(1)
+    record = data["record"]
+    seed = torch.Generator().manual_seed(int(record["options"]["split_seed"]))
+    index = index[torch.randperm(len(index), generator=seed)]
+    return ImageDataset(
+        name,
+        split,
+        data["images"][index],
+        data["labels"][index],
+        data["classes"],
+        description=describe_images(record),
+        extra={"images": record},
+    )
+
+
+@register_dataset(IMAGES)
+def _folder_dataset(
+    root: Path, split: str, download: bool, *, argument: str = "", source: Any = None, **_: Any
+) -> ImageDataset:
+    """``get_dataset("images:PATH[?options]", source, split)``: the folder's split; its decoded images are written to
+    the source's cache folder now (once per process and file), when it names one and they were not read from there."""
+    src = ImageSource.parse(f"{IMAGES}:{argument}")
+    data = _folder(src, getattr(source, "cache", None))
+    cache = getattr(source, "cache", None)
+    path = cache / f"{data['key'][:20]}.pt" if cache is not None else None
+    if path is not None and isinstance(data["images"], torch.Tensor) and str(path) not in data["cached"]:
+        save_cache(
+            path,
+            data["key"],
+            _version(),
+            {k: data["read"][k] for k in ("images", "keep", "grey", "colour", "resized", "bad")},
+        )
+        data["cached"].add(str(path))
+    return _split_dataset(data, src.spec, split)
+
+
+def image_facts(name: str, source: DataSource | None = None) -> ImageFacts | None:
+    """What :meth:`~capsule_lib.train.recipes.base.Recipe.fit_to_images` needs of the dataset ``name`` when it is
+    the reader's images (``"images:PATH"`` or a name given to :func:`register_images`); ``None`` for the library's
+    datasets. A folder is read here (its files decoded, or its cache read) but no cache is written yet.
+
+    Parameters
+    ----------
+    name : str
+        A recipe's ``dataset``.
+    source : DataSource, optional
+        Where its cache is (``source.cache``).
+
+    Returns
+    -------
+    ImageFacts or None
+        Classes, channels, side, the training split's mean and std, and the whole record.
+    """
+    if name.startswith(f"{IMAGES}:"):
+        data = _folder(ImageSource.parse(name), getattr(source, "cache", None))
+    elif name in _MEMORY:
+        data = _MEMORY[name]
+    else:
+        return None
+    r = data["record"]
+    return ImageFacts(data["where"], r["classes"], r["channels"], r["image_size"], r["mean"], r["std"], r)
+
+
+def describe_images(record: dict[str, Any]) -> str:
+    """The decisions of a record in one line (what a run prints and its history keeps)."""
+    classes = record["classes"]
+    names = ", ".join(classes[:6]) + (f", ... ({len(classes)})" if len(classes) > 6 else f" ({len(classes)})")
+    sizes = record["split_sizes"]
+    opts = record["options"]
+    held = f"val {opts['val_fraction']:g}, test {opts['test_fraction']:g} of each class, seed {opts['split_seed']}"
+    changed = [
+        f"{record['resized']:,} resized" if record.get("resized") else "",
+        f"{record['grey_to_rgb']:,} grey converted to RGB" if record.get("grey_to_rgb") else "",
+        f"{record['colour_to_grey']:,} colour converted to grey" if record.get("colour_to_grey") else "",
+        f"{record['skipped']:,} unreadable skipped" if record.get("skipped") else "",
+        f"{sum(record['ignored'].values()):,} other files ignored" if record.get("ignored") else "",
+    ]
+    changed = "; ".join(c for c in changed if c) or "no image changed"
+    mean = ", ".join(f"{v:.3f}" for v in record["mean"])
+    std = ", ".join(f"{v:.3f}" for v in record["std"])
+    return (
+        f"[your images] {record['source']}: {record['layout']}; classes {names}; {record['files']:,} images at "
+        f"{record['size_rule']}, {'RGB' if record['channels'] == 3 else 'grey'} ({changed}); train / val / test "
+        f"{sizes['train']:,} / {sizes['val']:,} / {sizes['test']:,} ({held} where not given); mean ({mean}), std "
+        f"({std}) of the training split; {record['stored']}"
+    )
