@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ._checks import float_images, module_device
+from ._checks import check_tensor, float_images, module_device
 from ._contracts import checked
 from .functional import capsule_lengths
 from .routing.dynamic import dynamic_routing
@@ -140,14 +140,21 @@ def toy_votes(
     ToyVotes
         The votes ``[batch, n_inp, n_out, 2]``, each child's group and the groups' poses.
     """
-    if len(groups) < 1 or any(g < 0 for g in groups) or n_outliers < 0:
+    if len(groups) < 1 or any(g < 0 for g in groups):
+        raise ValueError(f"toy_votes: groups must be non-negative sizes, at least one group, got {tuple(groups)}")
+    if n_outliers < 0:
+        raise ValueError(f"toy_votes: n_outliers must be >= 0, got {n_outliers}")
+    if spread < 0 or length <= 0 or not 0 <= outlier_length[0] <= outlier_length[1]:
         raise ValueError(
-            f"groups must be non-negative sizes (at least one) and n_outliers >= 0, got {groups}, {n_outliers}"
+            f"toy_votes: need spread >= 0, length > 0 and 0 <= low <= high outlier_length, got spread={spread}, "
+            f"length={length}, outlier_length={tuple(outlier_length)}"
         )
+    if batch < 1:
+        raise ValueError(f"toy_votes: batch must be >= 1, got {batch}")
     n_out = len(groups)
     n_inp = sum(groups) + n_outliers
     if n_inp < 1:
-        raise ValueError("at least one child is needed")
+        raise ValueError(f"toy_votes: groups and n_outliers give no child, got {tuple(groups)}, {n_outliers}")
     g = torch.Generator().manual_seed(seed)
     group = torch.tensor([j for j, k in enumerate(groups) for _ in range(k)] + [-1] * n_outliers)  # [I]
     angles = torch.arange(n_out, dtype=torch.float32) * (2 * np.pi / n_out) + 0.5
@@ -225,6 +232,10 @@ def outlier_sweep(
     """
     from tqdm.auto import tqdm
 
+    if group < 1:
+        raise ValueError(f"outlier_sweep: group must be >= 1 child, got {group}")
+    if problems < 1:
+        raise ValueError(f"outlier_sweep: problems must be >= 1, got {problems}")
     ms, its = list(n_outliers), list(iterations)
     out = np.zeros((len(ms), 2, len(its), 2))
     for a, m in enumerate(tqdm(ms, desc="outlier counts", disable=not progress)):
@@ -260,6 +271,7 @@ def decode_poses(model: torch.nn.Module, poses: torch.Tensor, label: int) -> tor
     return model.reconstruct(poses.to(dev), y).cpu()
 
 
+@checked
 def capsule_grid(model: torch.nn.Module) -> tuple[int, int, int]:
     """The layout of a network's primary capsules, ``(types, rows, columns)``, what the routing figures reshape
     couplings to (``grid=``): a :class:`~capsule_lib.models.CapsNet`'s (``(32, 6, 6)`` on 28 x 28 images) or a
@@ -425,6 +437,7 @@ def credit_maps(credits: torch.Tensor) -> torch.Tensor:
     torch.Tensor
         ``[..., K, h, w]`` float32 maps.
     """
+    check_tensor(credits, "credit_maps: credits", "[..., K, n_parts, h, w]", [None, None, None, None], min_leading=0)
     return credits.float().sum(-3)
 
 

@@ -87,7 +87,7 @@ _CNN_RECIPE = {"mnist": "baseline_cnn", "norb": "baseline_cnn_norb"}
 
 def _check(name: str, dataset: str) -> None:
     if name not in CONTESTANTS:
-        raise ValueError(f"unknown contestant {name!r}; contestants: {', '.join(CONTESTANTS)}")
+        raise ValueError(f"unknown contestant name {name!r}; contestants: {', '.join(CONTESTANTS)}")
     if dataset not in BUDGET_MINUTES:
         raise ValueError(f"unknown comparison dataset {dataset!r}; datasets: {', '.join(BUDGET_MINUTES)}")
 

@@ -73,6 +73,8 @@ def saved_bytes(fn: Callable[[], Any], exclude: Sequence[torch.Tensor] = ()) -> 
 @checked
 def time_forward_backward(fn: Callable[[], torch.Tensor], repeats: int = 3) -> float:
     """Median seconds of ``fn().backward()`` over ``repeats`` calls, after one warm-up call."""
+    if repeats < 1:
+        raise ValueError(f"time_forward_backward: repeats must be >= 1, got {repeats}")
     times = []
     for k in range(repeats + 1):
         t0 = time.perf_counter()
@@ -117,7 +119,10 @@ def machine_info(device: str | torch.device = "cpu") -> dict[str, Any]:
     """What a measurement ran on, for the JSON files of ``benchmarks/`` and the chapters' labels: the device's
     name (the CPU model from ``/proc/cpuinfo`` where there is one), core and thread counts, torch, Python and
     platform versions, and the date."""
-    dev = torch.device(device)
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"machine_info: device {device!r} is not a device name ('cpu', 'cuda', 'cuda:N')") from None
     if dev.type == "cuda":
         name = torch.cuda.get_device_name(dev)
     else:
@@ -180,6 +185,11 @@ def routing_scaling(
     (:func:`peak_memory` of one forward + backward: saved tensors plus temporaries)."""
     if amp not in (None, "bf16"):
         raise ValueError(f"amp must be None or 'bf16', got {amp!r}")
+    if not sizes or any(len(s) != 2 or min(s) < 1 for s in sizes):
+        raise ValueError(f"routing_scaling: sizes must be (n_inp, n_out) pairs of counts >= 1, got {list(sizes)[:4]}")
+    for name, value in (("d", d), ("batch", batch), ("repeats", repeats)):
+        if value < 1:
+            raise ValueError(f"routing_scaling: {name} must be >= 1, got {value}")
     rows = []
     for kind in kinds:
         T = None if routing_kind(kind).iterations is None else iterations  # ValueError for an unknown kind
@@ -311,6 +321,13 @@ def model_costs(
 @checked
 def loglog_slope(x: Sequence[float], y: Sequence[float]) -> float:
     """Least-squares slope of ``log y`` against ``log x`` (1 = linear growth, 2 = quadratic)."""
+    if len(x) != len(y):
+        raise ValueError(f"loglog_slope: x and y must be as long as each other, got {len(x)} and {len(y)}")
+    if len(set(x)) < 2:
+        raise ValueError(f"loglog_slope: x needs at least two different values, got {list(x)[:4]}")
+    for name, values in (("x", x), ("y", y)):
+        if min(values) <= 0:
+            raise ValueError(f"loglog_slope: {name} must be positive (a logarithm), got {min(values)}")
     lx, ly = [math.log(v) for v in x], [math.log(v) for v in y]
     mx, my = statistics.fmean(lx), statistics.fmean(ly)
     return sum((a - mx) * (b - my) for a, b in zip(lx, ly)) / sum((a - mx) ** 2 for a in lx)

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._checks import check_class_labels, check_iterations, check_tensor, float_images, module_device
+from ._checks import check_class_labels, check_images, check_iterations, check_tensor, float_images, module_device
 from ._contracts import checked
 from .routing.kinds import ROUTING_KINDS
 
@@ -409,6 +409,9 @@ def reroute_image(
     """Route one ``image [C, H, W]`` through ``model`` (as for :func:`routing_changes`) with each of ``iterations``:
     the class scores and the couplings per ``T`` (what the chapter's iteration explorer draws)."""
     its = tuple(check_iterations(t) for t in iterations)
+    contract = getattr(model, "input_contract", None)
+    if contract is not None:
+        check_images(image.unsqueeze(0), contract, "reroute_image: image (one image [C, H, W])")
     was_training, device = model.training, module_device(model)
     model.eval()
     try:
@@ -430,6 +433,13 @@ def gradient_by_layer(
     (``model.get_submodule`` names, image side first), on one batch in training mode: how much learning signal
     reaches each depth (Mitterreiter et al.'s vanishing gradient). ``objective(model, (x, y), True)`` gives the
     loss (:class:`~capsule_lib.losses.ScoreObjective`); the model's gradients are cleared afterwards."""
+    known = dict(model.named_modules())
+    unknown = [name for name in layers if name not in known]
+    if not layers or unknown:
+        raise ValueError(
+            f"gradient_by_layer: layers must name submodules of the model, got {unknown or list(layers)}; e.g. "
+            f"{[n for n in known if n][:4]}"
+        )
     was_training, device = model.training, module_device(model)
     model.train()
     try:

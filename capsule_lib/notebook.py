@@ -32,7 +32,7 @@ from torch import nn
 
 from ._checks import device_available
 from ._contracts import checked
-from .data.datasets import DataSource, announce_standins, repository_root
+from .data.datasets import DataSource, announce_standins, available_datasets, repository_root
 
 __all__ = [
     "Environment",
@@ -176,8 +176,15 @@ def settings(
     epochs = int(EPOCHS)
     if epochs < 1:
         raise ValueError(f"EPOCHS must be >= 1, got {EPOCHS!r}")
+    if smoke_epochs < 1:
+        raise ValueError(f"smoke_epochs must be >= 1, got {smoke_epochs!r}")
     if smoke:
         epochs = min(epochs, smoke_epochs)
+    if DATA_ROOT and Path(DATA_ROOT).exists() and not Path(DATA_ROOT).is_dir():
+        raise ValueError(f"DATA_ROOT {DATA_ROOT!r} is a file; give the folder that holds the datasets (or '')")
+    unknown = [name for name in data if str(name).split(":")[0] not in available_datasets()]
+    if unknown:
+        raise ValueError(f"data: unknown dataset name {unknown[0]!r}; available: {', '.join(available_datasets())}")
     source = DataSource(DATA_ROOT or env.data_root)  # the one resolution of the folder (DataSource, data_root())
     cfg = Settings(
         smoke=smoke,
@@ -237,7 +244,12 @@ def chapter_device(preference: str | torch.device | None = "auto") -> torch.devi
     notebook written for Colab's GPU still runs on a laptop)."""
     from .train import select_device
 
-    dev = select_device(preference or "auto")
+    try:
+        dev = select_device(preference or "auto")
+    except (RuntimeError, TypeError):  # not a device name (torch lists 20 device types)
+        raise ValueError(
+            f"DEVICE {preference!r} is not a device name; use 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'"
+        ) from None
     if dev.type in ("cuda", "mps") and not device_available(torch.device(dev.type)):
         print(f"DEVICE={str(preference)!r} requested but {dev.type} is not available here: running on the CPU instead.")
         return torch.device("cpu")
@@ -257,6 +269,8 @@ def chapter_dataset(name: str, split: str, cfg: Settings, *, n_smoke: int = 512,
     """
     from .data import get_dataset
 
+    if n_smoke < 1:
+        raise ValueError(f"chapter_dataset: n_smoke must be >= 1, got {n_smoke}")
     if cfg.smoke:
         kwargs.setdefault("n", n_smoke)  # generated sets: make only what is kept (real loaders ignore ``n``)
     said = announce_standins(False)  # the page's own notice below replaces the data layer's line
@@ -329,8 +343,13 @@ def train_or_load(
     from .viz import LivePlot
 
     names = [checkpoints] if isinstance(checkpoints, str) else list(checkpoints)
+    if not names:
+        raise ValueError("train_or_load: checkpoints must name at least one shipped checkpoint, got none")
     do_train = cfg.train if train is None else bool(train)
     retrain = names if retrain is None else list(retrain)
+    strays = [r for r in retrain if r not in names]
+    if strays:
+        raise ValueError(f"train_or_load: retrain names {strays}, which are not among the checkpoints {names}")
     models: dict[str, nn.Module] = {}
     histories: dict[str, Any] = {}
     for name in names:

@@ -171,7 +171,7 @@ def load_heinsen_2019(
         path = Path(source)
         if not path.exists():
             raise FileNotFoundError(
-                f"{path}: no such file; fetch the author's weights with "
+                f"source {str(path)!r}: no such file; fetch the author's weights with "
                 f"python data_scripts/heinsen_weights.py --root <data root>"
             )
         try:

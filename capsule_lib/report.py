@@ -31,6 +31,8 @@ __all__ = [
 @checked
 def pct(x: float | None, digits: int = 2) -> str:
     """``0.99612 -> "99.61 %"``; ``None -> "—"``."""
+    if digits < 0:
+        raise ValueError(f"pct: digits must be >= 0, got {digits}")
     return "—" if x is None else f"{100 * x:.{digits}f} %"
 
 
@@ -46,7 +48,13 @@ def epochs_text(x: float) -> str:
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """A GitHub-flavoured markdown table (cells converted with ``str``; ``|`` escaped)."""
+    """A GitHub-flavoured markdown table (cells converted with ``str``; ``|`` escaped); every row as long as
+    ``headers`` (one line naming the first that is not)."""
+    short = next((k for k, r in enumerate(rows) if len(r) != len(headers)), None)
+    if short is not None:
+        raise ValueError(
+            f"rows: row {short} has {len(rows[short])} cells for {len(headers)} headers ({list(headers)[:6]})"
+        )
 
     def cell(v: Any) -> str:
         return str(v).replace("|", "\\|").replace("\n", " ")
@@ -68,6 +76,8 @@ def show_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]):
 def duration(seconds: float) -> str:
     """``324 -> "5.4 min"``, ``15840 -> "4.4 h"`` (a non-breaking space before the unit: table cells do not wrap
     inside it)."""
+    if seconds < 0:
+        raise ValueError(f"duration: seconds must be >= 0, got {seconds}")
     return f"{seconds / 60:.1f}\u00a0min" if seconds < 7200 else f"{seconds / 3600:.1f}\u00a0h"
 
 
@@ -206,6 +216,7 @@ def show_histories(histories: dict[str, Any], models: dict[str, Any] | None = No
 SCORE_WORDS = {"lengths": "capsule length", "activations": "activation", "logits": "logit"}
 
 
+@checked
 def prediction_rows(
     files: Sequence[str], scores: Any, classes: Sequence[str], top: int | None = None, root: str | None = None
 ) -> tuple[list[str], list[list[str]]]:

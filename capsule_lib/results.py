@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+from ._checks import check_choice
 from ._contracts import checked
 from .cost import count_parameters
 from .published import PublishedResult, published
@@ -240,6 +241,7 @@ def results_rows(registry: dict[str, dict[str, Any]] | None = None) -> list[Resu
 
 def results_table(family: str, rows: Sequence[ResultRow] | None = None) -> str:
     """The markdown table of one family's rows (columns without any published number are left out)."""
+    check_choice(family, sorted(FAMILIES), "family")
     rows = [r for r in (results_rows() if rows is None else rows) if r.family == family]
     headers = _headers(FAMILIES[family])
     if all(r.reimplementation is None for r in rows):

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ._checks import float_images
+from ._checks import check_choice, check_class_labels, float_images
 from ._contracts import checked
 from .attacks import (
     Objective,
@@ -85,10 +85,10 @@ class AttackCurve:
 
 
 def _budgets(eps: Sequence[float]) -> tuple[float, ...]:
-    e = tuple(sorted({0.0, *map(float, eps)}))
-    if e[-1] > 1:
-        raise ValueError(f"budgets are L-infinity distances on [0, 1] pixels, got {max(eps)}")
-    return e
+    """The budgets, sorted, with the clean image's 0: one line unless each is an L-infinity distance in [0, 1]."""
+    if len(eps) == 0 or not all(isinstance(v, (int, float)) and 0.0 <= v <= 1.0 for v in eps):
+        raise ValueError(f"eps: budgets must be L-infinity distances in [0, 1] on [0, 1] pixels, got {list(eps)[:8]}")
+    return tuple(sorted({0.0, *map(float, eps)}))
 
 
 def attack_curve(
@@ -336,6 +336,11 @@ def adversarial_examples(
     """Each model's adversarial copy of one ``image [C, H, W]`` (true class ``label``) at every budget of
     ``eps``: ``[E]`` dicts, model name -> :class:`AdversarialExample` (what the epsilon explorer shows).
     ``attack``: ``"fgsm"`` (one gradient for all budgets) or ``"bim"`` (``steps`` steps, no early stop)."""
+    check_choice(attack, ("fgsm", "bim"), "attack")
+    _budgets(eps)
+    n_classes = min((getattr(getattr(m, "config", None), "n_classes", 1 << 30) for m in models.values()), default=0)
+    if not 0 <= label < n_classes:
+        raise ValueError(f"adversarial_examples: label must be a class index 0..{n_classes - 1}, got {label}")
     x = float_images(image[None])
     out: list[dict[str, AdversarialExample]] = [{} for _ in eps]
     for name, model in models.items():
@@ -385,6 +390,12 @@ def targeted_success(
     """Targeted FGSM's success rate at every budget of ``eps``, averaged over the target classes as Hinton et al.
     (2018) do: for each class ``t``, the images of the other classes are stepped down ``t``'s loss, and a success
     is a prediction of ``t``. Returns ``[E]`` rates (over all image-target pairs)."""
+    if n_classes < 2:
+        raise ValueError(
+            f"targeted_success: n_classes must be >= 2 (a target other than the true class), got {n_classes}"
+        )
+    _budgets(eps)
+    check_class_labels(labels, n_classes, "targeted_success", n=images.shape[0])
     device = next(model.parameters()).device
     x, y = float_images(images).to(device), labels.long().to(device)
     hits, pairs = torch.zeros(len(eps)), 0

@@ -249,6 +249,8 @@ def _call(path: str, replace: dict[str, Any]) -> Any:
             args.append(value)
         else:
             kwargs[p.name] = value
+    named = {p.name for p in inspect.signature(_target(obj)).parameters.values()}
+    kwargs.update({k: v for k, v in replace.items() if k not in named})  # to **overrides
     return obj(*args, **kwargs)
 
 
@@ -669,11 +671,11 @@ VALUE_ROWS += [
     _with(_p("pretrained.registry"), "directory", lambda: {"directory": _path("FILE")}),
     _with(_p("pretrained.load_heinsen_2019"), "source", lambda: {"source": _path("MISSING")}),
     _call_row(_p("train.train"), "recipe", recipe="nope"),
-    _call_row(_p("train.train"), "lr", recipe="capsnet", lr=float("nan")),
-    _call_row(_p("train.train"), "bogus", recipe="capsnet", bogus=1),
-    _call_row(_p("train.train"), "start_from", recipe="capsnet", start_from="nope"),
-    _call_row(_p("train.train"), "budget_minutes", recipe="capsnet", budget_minutes=0.0),
-    _call_row(_p("train.train"), "compile", recipe="capsnet", compile="fast"),
+    _call_row(_p("train.train"), "lr", recipe="capsnet", lr=float("nan"), offline=True),
+    _call_row(_p("train.train"), "bogus", recipe="capsnet", bogus=1, offline=True),
+    _call_row(_p("train.train"), "start_from", recipe="capsnet", start_from="nope", offline=True),
+    _call_row(_p("train.train"), "budget_minutes", recipe="capsnet", budget_minutes=0.0, offline=True),
+    _call_row(_p("train.train"), "compile", recipe="capsnet", compile="fast", offline=True),
     _with(_p("train.train"), "out_dir", lambda: {"recipe": "capsnet", "out_dir": _path("FILE"), "train_subset": 16}),
     _call_row(_p("train.shipped_recipe"), "nope", checkpoint="nope"),
     _call_row(_p("train.shipped_recipe"), "phase", checkpoint="capsnet_mnist", phase=5),
@@ -719,7 +721,11 @@ VALUE_ROWS += [
     ),
     # attacks and their tables
     Row(_p("robustness.attack_curves"), "eps", lambda: _robust("attack_curves", plan={"fgsm": {"eps": [-0.1, 0.1]}})),
-    Row(_p("robustness.attack_curves"), "nope", lambda: _robust("attack_curves", plan={"nope": {"eps": [0.1]}})),
+    Row(
+        _p("robustness.attack_curves"),
+        "attack",
+        lambda: _robust("attack_curves", plan={"x": {"attack": "nope", "eps": [0.1]}}),
+    ),
     Row(_p("robustness.targeted_success"), "eps", lambda: _robust("targeted_success", eps=[-0.1])),
     Row(_p("robustness.targeted_success"), "n_classes", lambda: _robust("targeted_success", eps=[0.1], n_classes=1)),
     Row(_p("robustness.adversarial_examples"), "label", lambda: _robust("adversarial_examples", label=12)),

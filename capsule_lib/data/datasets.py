@@ -275,11 +275,13 @@ def get_dataset(
     kind, sep, argument = name.partition(":")  # "kind:argument", e.g. "images:PATH" (capsule_lib.data.images)
     key = kind.lower().replace("-", "_")
     if key not in _REGISTRY:
-        raise ValueError(f"unknown dataset {name!r}; available: {', '.join(available_datasets())}")
+        raise ValueError(f"unknown dataset name {name!r}; available: {', '.join(available_datasets())}")
     source = DataSource.of(data_root, offline=offline, standin=standin)
     offline = source.offline
     allow = offline if source.standin is None else bool(source.standin)
     folder = source.data_root  # resolved once, when the source was made
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"data_root {str(folder)!r} is a file; give the folder that holds the datasets")
     if sep:
         kwargs = {**kwargs, "argument": argument, "source": source}
     try:

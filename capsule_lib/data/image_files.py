@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from .._contracts import checked
 
 __all__ = [
     "GREY_MODES",
@@ -359,6 +360,7 @@ class FileImages:
         return h.hexdigest()[:16]
 
 
+@checked
 def write_image_folder(
     images: torch.Tensor, labels: torch.Tensor, classes: Sequence[str], folder: str | os.PathLike, suffix: str = ".png"
 ) -> list[Path]:

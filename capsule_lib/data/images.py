@@ -57,6 +57,7 @@ from .image_folder import (
     _read_folder,
     _version,
 )
+from .._contracts import checked
 
 __all__ = ["ImageSource", "ImageFacts", "image_facts", "register_images", "describe_images"]
 
@@ -393,6 +394,7 @@ def _folder_dataset(
     return _split_dataset(data, src.spec, split)
 
 
+@checked
 def image_facts(name: str, source: DataSource | None = None) -> ImageFacts | None:
     """What :meth:`~capsule_lib.train.recipes.base.Recipe.fit_to_images` needs of the dataset ``name`` when it is
     the reader's images (``"images:PATH"`` or a name given to :func:`register_images`); ``None`` for the library's

@@ -190,6 +190,12 @@ def overlap_stats(ds: ImageDataset | dict[str, torch.Tensor]) -> dict[str, float
     percentiles of the IoU and of the intersection over the smaller box, the share of pairs whose boxes
     overlap at all, and the mean shift magnitudes."""
     d = ds.extra if isinstance(ds, ImageDataset) else ds
+    missing = [k for k in ("source_a", "source_b", "shift_a", "shift_b") if k not in d]
+    if missing:
+        raise ValueError(
+            f"overlap_stats: ds must be a MultiMNIST set (get_dataset('multimnist', ...) or make_multimnist's dict); it "
+            f"has no {', '.join(missing)}"
+        )
     ov = bbox_overlap(d["source_a"], d["source_b"])
     out: dict[str, float] = {"n": float(d["source_a"].shape[0])}
     for k, v in ov.items():

@@ -60,6 +60,8 @@ def marker_sequences(
 ) -> TokenSequences:
     """``n`` GENERATED sequences of the majority-marker task (see the module docstring); deterministic in
     ``seed``."""
+    if n < 1:
+        raise ValueError(f"marker_sequences: n must be a number of sequences >= 1, got {n}")
     if not 1 <= n_markers < vocab - 1:
         raise ValueError(f"need 1 <= n_markers < vocab - 1, got n_markers={n_markers}, vocab={vocab}")
     if not 3 * n_markers + 1 <= min_len <= max_len:

@@ -6,6 +6,7 @@ resume). Only training batches are augmented; evaluation never is.
 from __future__ import annotations
 
 import torch
+from .._checks import check_tensor
 from .._contracts import checked
 import torch.nn.functional as F
 
@@ -42,6 +43,9 @@ def random_crop_flip(x: torch.Tensor, padding: int = 4, generator: torch.Generat
     """The CIFAR training augmentation, batched: ``RandomCrop(H, padding)`` (zero padding, i.e. a random shift
     of ``-padding..padding`` pixels per axis, uniform) then ``RandomHorizontalFlip(0.5)``, independently per
     image: ``[B, C, H, W] -> same``."""
+    check_tensor(x, "random_crop_flip: x", "[B, C, H, W]", [None, None, None, None], floating=False)
+    if padding < 0:
+        raise ValueError(f"random_crop_flip: padding must be >= 0 pixels, got {padding}")
     B = x.shape[0]
     d = torch.randint(-padding, padding + 1, (2, B), generator=generator)
     flip = torch.rand(B, generator=generator) < 0.5

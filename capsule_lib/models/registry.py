@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._contracts import checked
 from .baselines import BaselineCNN, BaselineCNNConfig
 from .capsnet import CapsNet, CapsNetConfig
 from .efficient import EfficientCapsNet, EfficientCapsNetConfig
@@ -76,6 +77,7 @@ def build_model(kind: str, config: Any) -> nn.Module:
     return model_cls(config if is_dataclass(config) else config_from_dict(config_cls, config))
 
 
+@checked
 def smallest_image_size(kind: str, config: Any, largest: int = 1024) -> int | None:
     """The smallest image side a model of ``kind`` with ``config`` (all but its ``image_size``) can read: the
     smallest ``image_size`` its constructor accepts (each model refuses, in one line, a side its convolutions and

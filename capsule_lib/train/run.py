@@ -192,6 +192,8 @@ def train(
         ``test``, the test accuracy of the selected epoch.
     """
     r = make_recipe(recipe, **overrides)
+    if out_dir is not None and Path(out_dir).exists() and not Path(out_dir).is_dir():
+        raise ValueError(f"out_dir {str(out_dir)!r} is a file; give a folder for the run (it is created if missing)")
     compile = compile if compile is not None else getattr(r, "compile", None)  # the call's, else the recipe's
     check_choice(compile, COMPILE_MODES, "compile")
     check_device_available(r)

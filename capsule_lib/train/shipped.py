@@ -82,6 +82,8 @@ def registry(directory: str | os.PathLike | None = None) -> dict[str, dict[str, 
     """The registry as a dict ``name -> entry`` (empty if none is shipped), every entry's bound fields checked
     (:func:`bound_sha256`): an edited or mismatched entry raises :class:`EntryMismatchError` naming the field."""
     d = Path(directory or CHECKPOINT_DIR)
+    if d.exists() and not d.is_dir():
+        raise ValueError(f"registry: directory {str(d)!r} is a file; give the folder that holds registry.json")
     p = d / "registry.json"
     if not p.exists():
         return {}

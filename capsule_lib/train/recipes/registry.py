@@ -7,6 +7,7 @@ import dataclasses
 import json
 from typing import Any
 
+from ..._contracts import checked
 from .base import Recipe
 from .cifar import BackboneCifarCPURecipe, TsaiCifarCPURecipe, TsaiCifarRecipe
 from .comparison import RoutingCompareNorbRecipe, RoutingCompareRecipe
@@ -99,6 +100,7 @@ def _set(obj: Any, key: str, value: Any) -> None:
     setattr(obj, key, value)
 
 
+@checked
 def make_recipe(name: str | Recipe, **overrides: Any) -> Recipe:
     """The recipe ``name`` (a key of :data:`RECIPES`, or a recipe to copy) with ``overrides`` applied.
 
