@@ -294,9 +294,9 @@ TINY_RUN = ["--set", "train_subset=32", "eval_subset=16", "epochs=1", "batch_siz
 
 
 def _commands() -> dict[str, Any]:
-    from capsule_lib.commands import speedrun, train
+    from capsule_lib.commands import predict, speedrun, train
 
-    return {"train": train, "speedrun": speedrun}
+    return {"train": train, "speedrun": speedrun, "predict": predict}
 
 
 #: (command, argv with OUT for the output folder, exit status, what the one line must name); every option of every
@@ -357,20 +357,42 @@ COMMAND_ROWS: list[tuple[str, list[str], int, str]] = [
     ("speedrun", ["--minutes", "1", "--out", "FULL", "--quick"], 2, "--out"),
     ("speedrun", ["--minutes", "1", "--out", "OUT", "--data-root", "FILE", "--offline"], 2, "--data-root"),
     ("speedrun", ["--minutes", "1", "--out", "OUT", "--overwrite", "--quick", "--bogus"], 2, "--bogus"),
+    # python -m capsule_lib.predict
+    ("predict", [], 2, "RUN_OR_CHECKPOINT"),
+    ("predict", ["capsnet_mnist"], 2, "IMAGE"),
+    ("predict", ["nope", "IMG"], 2, "nope"),
+    ("predict", ["FILE", "IMG"], 2, "a_file"),
+    ("predict", ["capsnet_mnist", "MISSING"], 2, "missing"),
+    ("predict", ["capsnet_mnist", "FILE"], 2, "a_file"),
+    ("predict", ["capsnet_mnist", "EMPTY"], 2, "empty"),
+    ("predict", ["capsnet_mnist", "IMG", "--batch-size", "0"], 2, "--batch-size"),
+    ("predict", ["capsnet_mnist", "IMG", "--batch-size", "x"], 2, "--batch-size"),
+    ("predict", ["capsnet_mnist", "IMG", "--device", "gpu"], 2, "--device"),
+    ("predict", ["capsnet_mnist", "IMG", "--device", "cuda"], 2, "--device"),
+    ("predict", ["capsnet_mnist", "IMG", "--csv", "EMPTY"], 2, "--csv"),
+    ("predict", ["capsnet_mnist", "IMG", "--csv", "NOWHERE"], 2, "--csv"),
 ]
 
 
 def _folders(tmp_path: Path) -> dict[str, str]:
     """The placeholders of :data:`COMMAND_ROWS`: a new folder, a file, a folder holding an earlier run's file, and a
     folder whose writes fail as on a read-only file system."""
+    from PIL import Image
+
     (tmp_path / "a_file").write_text("x")
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "history.json").write_text("{}")
+    (tmp_path / "empty").mkdir()
+    Image.new("L", (28, 28), 128).save(tmp_path / "digit.png")
     return {
         "OUT": str(tmp_path / "out" / "run"),
         "FILE": str(tmp_path / "a_file"),
         "FULL": str(tmp_path / "full"),
         "READONLY": str(tmp_path / "readonly" / "run"),
+        "EMPTY": str(tmp_path / "empty"),
+        "MISSING": str(tmp_path / "missing.png"),
+        "IMG": str(tmp_path / "digit.png"),
+        "NOWHERE": str(tmp_path / "no" / "such" / "folder" / "p.csv"),
     }
 
 
@@ -398,8 +420,10 @@ def test_a_command_refuses_a_bad_argument_in_one_line_and_leaves_nothing(
         monkeypatch.setattr(torch, "save", read_only)
     before = _tree(tmp_path)
     data = tmp_path / "no_data"
+    main = _commands()[command].main
+    data_args = {"data_root": str(data), "offline": True} if "data_root" in inspect.signature(main).parameters else {}
     with pytest.raises(SystemExit) as info:
-        _commands()[command].main(argv, data_root=str(data), offline=True)
+        main(argv, **data_args)
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.strip() and "[GENERATED stand-in data]" not in line]
     assert info.value.code == status, err[-2000:]
@@ -815,3 +839,309 @@ def _robust(function: str, **replace: Any) -> Any:
 )
 def test_a_bad_value_is_refused_in_one_line_naming_the_argument(row):
     _assert_refused(row.call, row.argument)
+
+
+# ------------------------------------------------------------------------------------------------ coverage
+def _options(parser: Any) -> set[str]:
+    """Every option string and positional argument of a command's parser (``--help`` aside)."""
+    found = set()
+    for action in parser._actions:
+        if action.dest == "help":
+            continue
+        found |= set(action.option_strings) or {action.metavar or action.dest}
+    return found
+
+
+def test_every_entry_point_has_rows():
+    """A new documented function, a new argument or a new command option without catalogue rows fails here: every
+    function a chapter or the README calls refuses wrong types through ``@checked`` (or, on a forward pass, in its
+    body: :data:`HOT`, each with a good call in :data:`GOOD`) and has type rows for its annotated arguments; every
+    option of every command appears in :data:`COMMAND_ROWS`."""
+    unchecked = []
+    for path, obj in DOCUMENTED.items():
+        target = obj.__init__ if isinstance(obj, type) and not hasattr(obj, "__dataclass_fields__") else obj
+        is_config = isinstance(obj, type) and hasattr(obj, "__dataclass_fields__")
+        checked = getattr(inspect.unwrap(getattr(target, "__func__", target)), "__checked__", False) or getattr(
+            target, "__checked__", False
+        )
+        if not (checked or is_config or path in HOT):
+            unchecked.append(path)
+    assert not unchecked, f"documented but neither @checked nor HOT: {unchecked}"
+    assert all(path in GOOD for path in HOT if path in DOCUMENTED), "a HOT function needs its good call in GOOD"
+    if any(p.startswith("capsule_lib.models.") and p.endswith("Config") for p in DOCUMENTED):
+        cfg = DOCUMENTED.get("capsule_lib.models.CapsNetConfig")
+        assert cfg is None or "check_fields" in inspect.getsource(cfg.__post_init__)
+    for name, module in _commands().items():
+        used = {a for c, argv, _, _ in COMMAND_ROWS if c == name for a in argv}
+        used |= {names for c, _, _, names in COMMAND_ROWS if c == name}
+        missing = sorted(o for o in _options(module._parser()) if o not in used)
+        assert not missing, f"python -m ... {name}: options without a catalogue row: {missing}"
+
+
+def test_the_catalogue_finds_a_function_that_forgets_its_checks():
+    """The type rows are not vacuous: an unchecked function fails them, and ``@checked`` makes it pass."""
+
+    def mean_of(values: torch.Tensor, dim: int = 0) -> torch.Tensor:
+        return values.float().mean(dim)
+
+    with pytest.raises(AttributeError):  # what a reader got before: 'str' object has no attribute 'float'
+        mean_of("x")
+    guarded = _contracts.checked(mean_of)
+    message = _assert_refused(lambda: guarded("x"), "values")
+    assert "a tensor" in message
+    _assert_refused(lambda: guarded(torch.zeros(2), dim=1.5), "dim")
+    _assert_refused(lambda: guarded(torch.zeros(2), dim=True), "dim")
+    assert float(guarded(torch.ones(3))) == 1.0
+
+
+# ------------------------------------------------------------------------------------------------ the findings
+# Each finding of the fourth pass (#56) with the test that failed before its fix.
+class _Objective:
+    """A margin-loss objective whose loss (``mode="loss"``), gradient (``"gradient"``) or validation loss
+    (``"validation"``) turns non-finite from training step ``at`` on."""
+
+    def __init__(self, mode: str, at: int) -> None:
+        from capsule_lib.losses import ScoreObjective
+
+        self.inner, self.mode, self.at, self.steps = ScoreObjective(), mode, at, 0
+
+    def __call__(self, model, batch, train):
+        out = self.inner(model, batch, train)
+        if train:
+            self.steps += 1
+        late = self.steps >= self.at
+        if self.mode == "loss" and train and late:
+            return out._replace(loss=out.loss * float("nan"))
+        if self.mode == "gradient" and train and late:  # d/dw sqrt(w - w) at 0 is inf; the loss stays finite
+            w = next(model.parameters())
+            return out._replace(loss=out.loss + torch.sqrt((w - w.detach()).abs().sum()))
+        if self.mode == "validation" and not train and late:
+            return out._replace(loss=out.loss * float("nan"))
+        return out
+
+
+def _glyph_loaders():
+    from capsule_lib.data import TensorLoader, get_dataset
+
+    tr = get_dataset("glyph_digits", split="train", n=64)
+    va = get_dataset("glyph_digits", split="val", n=32)
+    return TensorLoader.from_dataset(tr, 16, shuffle=True, seed=0), TensorLoader.from_dataset(va, 32)
+
+
+@pytest.mark.parametrize(
+    "mode, what", [("loss", "training loss"), ("gradient", "gradient"), ("validation", "validation metric val_loss")]
+)
+def test_training_never_keeps_a_non_finite_model(mode, what, tmp_path):
+    """Finding 1: a NaN validation loss was never checked and that epoch was selected, saved and tested. Now a
+    non-finite loss, gradient or validation metric stops the run in one line (the step, the likely cause, where the
+    last finite state is), that epoch is never selected, and last.pt still holds the last finite epoch."""
+    from capsule_lib.train import Trainer
+
+    torch.manual_seed(0)
+    model = _classifier().__class__(_classifier().config)
+    trainer = Trainer(
+        model,
+        _Objective(mode, at=5),
+        torch.optim.Adam(model.parameters(), 1e-3),
+        device="cpu",
+        out_dir=tmp_path,
+        progress=False,
+        meta={"recipe": "r", "config": {"model": {}}},
+    )
+    train, val = _glyph_loaders()  # 4 steps an epoch: epoch 1 is finite, epoch 2 is not
+    with pytest.raises(FloatingPointError) as info:
+        trainer.fit(train, val, epochs=3)
+    message = str(info.value)
+    assert len(message.splitlines()) == 1 and what in message and "epoch 2" in message, message
+    assert "last.pt holds the last finite state" in message
+    last = torch.load(tmp_path / "last.pt", weights_only=True)
+    best = torch.load(tmp_path / "best.pt", weights_only=True)
+    assert last["epoch"] == 1 and best["epoch"] == 1
+    for state in (last["model"], best["model"]):
+        assert all(bool(torch.isfinite(v).all()) for v in state.values() if v.is_floating_point())
+    assert [r["epoch"] for r in json.loads((tmp_path / "history.json").read_text())["records"]] == [1]
+
+
+def test_an_infinite_learning_rate_is_refused_before_anything_runs():
+    """Finding 1: ``--set lr=1e999`` (an infinity) passed the recipe check; every number field must be finite and
+    in its range."""
+    from capsule_lib.train.recipes import make_recipe
+
+    for key, value in (("lr", "1e999"), ("lr", "nan"), ("lr_decay", "0"), ("model.init_std", "-inf")):
+        with pytest.raises(ValueError, match=key.split(".")[-1]):
+            make_recipe("capsnet", **{key: value})
+
+
+def test_a_speedrun_with_a_failed_run_exits_non_zero_and_names_it(tmp_path, capsys, monkeypatch):
+    """Finding 2: a speedrun whose every run failed printed a traceback and exited 0."""
+    from capsule_lib.commands import speedrun
+    from capsule_lib.train import timed
+
+    def fails(name, *a, **k):
+        raise ValueError(f"{name}: the data is not on this machine")
+
+    monkeypatch.setattr(timed, "_one_run", fails)
+    out = tmp_path / "s"
+    with pytest.raises(SystemExit) as info:
+        speedrun.main(["--minutes", "1", "--out", str(out), "--device", "cpu", "capsnet_speedrun"], offline=True)
+    err = capsys.readouterr().err
+    assert info.value.code == 1
+    assert "1 of 1 runs not done: capsnet_speedrun (failed: ValueError" in err.splitlines()[-1]
+    assert "Traceback" not in err
+    assert json.loads((out / "speedrun.json").read_text())["runs"][0]["error"].startswith("ValueError")
+
+
+def test_a_second_speedrun_into_the_same_folder_is_refused_unless_overwrite(tmp_path, capsys, monkeypatch):
+    """Finding 3: a second speedrun into the same --out replaced speedrun.json, runs/ and the checkpoints silently;
+    with --overwrite the earlier run's files go first."""
+    from capsule_lib.commands import speedrun
+    from capsule_lib.train import timed
+
+    monkeypatch.setattr(timed, "_one_run", lambda name, out, *a, **k: (out / "runs").mkdir() or {"metrics": {}})
+    out = tmp_path / "s"
+    argv = ["--minutes", "1", "--out", str(out), "--device", "cpu", "capsnet_speedrun"]
+    speedrun.main(argv, offline=True)
+    (out / "checkpoints").mkdir()
+    (out / "checkpoints" / "old.pt").write_text("x")
+    before = _tree(out)
+    with pytest.raises(SystemExit) as info:
+        speedrun.main(argv, offline=True)
+    assert info.value.code == 2 and "--overwrite" in capsys.readouterr().err
+    assert _tree(out) == before
+    speedrun.main([*argv, "--overwrite"], offline=True)
+    assert not (out / "checkpoints" / "old.pt").exists()
+
+
+def _registry_copy(tmp_path: Path, names=("capsnet_mnist", "baseline_cnn_mnist")) -> Path:
+    import shutil
+
+    from capsule_lib.pretrained import CHECKPOINT_DIR, registry
+
+    reg = {n: registry()[n] for n in names}
+    for entry in reg.values():
+        for key in ("file", "history"):
+            shutil.copy(CHECKPOINT_DIR / entry[key], tmp_path / entry[key])
+    (tmp_path / "registry.json").write_text(json.dumps(reg))
+    return tmp_path
+
+
+def _edit(entry: dict, field: str) -> None:
+    if field.startswith("metrics."):
+        key = field.split(".")[1]
+        entry["metrics"][key] = {"test_acc": 0.9999, "test_errors": 1, "val_acc": 0.9999}[key]
+    elif field == "training":
+        entry["training"]["epochs"] = 100
+    elif field == "dtype":
+        entry["dtype"] = "float32"
+    elif field == "notes":
+        entry["notes"] = "trained for a week"
+    elif field == "history":
+        entry["history"] = "baseline_cnn_mnist.history.json"
+
+
+@pytest.mark.parametrize(
+    "field", ["metrics.test_acc", "metrics.test_errors", "metrics.val_acc", "training", "dtype", "notes", "history"]
+)
+def test_an_edited_registry_entry_is_refused_naming_the_field(field, tmp_path):
+    """Finding 4: an entry whose metrics (test_acc 0.9934 -> 0.9999, test_errors 66 -> 1), training, dtype, notes or
+    history were edited loaded and reported the edited values; only the weights and the config were bound."""
+    from capsule_lib.pretrained import load_pretrained, registry
+
+    d = _registry_copy(tmp_path)
+    assert set(registry(d)) == {"capsnet_mnist", "baseline_cnn_mnist"}  # the copy is sound
+    reg = json.loads((d / "registry.json").read_text())
+    _edit(reg["capsnet_mnist"], field)
+    (d / "registry.json").write_text(json.dumps(reg))
+    name = field.split(".")[0]
+    for call in (lambda: registry(d), lambda: load_pretrained("capsnet_mnist", directory=d)):
+        message = _assert_refused(call, name)
+        assert "capsnet_mnist" in message
+
+
+def test_an_entry_pointing_at_another_models_weights_is_refused(tmp_path):
+    """Finding 4 and the tracebacks: an entry given another model's file and sha256 failed with a 6-line
+    load_state_dict error (or loaded when the shapes matched)."""
+    from capsule_lib.pretrained import registry
+
+    d = _registry_copy(tmp_path)
+    reg = json.loads((d / "registry.json").read_text())
+    for key in ("file", "sha256"):
+        reg["capsnet_mnist"][key] = reg["baseline_cnn_mnist"][key]
+    (d / "registry.json").write_text(json.dumps(reg))
+    assert "not those its other fields were exported with" in _assert_refused(lambda: registry(d), "capsnet_mnist")
+
+
+def test_a_missing_history_file_is_one_line(tmp_path):
+    """The tracebacks: a missing history file was a bare ``[Errno 2]``."""
+    from capsule_lib.pretrained import load_pretrained_history
+
+    d = _registry_copy(tmp_path)
+    (d / "capsnet_mnist.history.json").unlink()
+    _assert_refused(lambda: load_pretrained_history("capsnet_mnist", directory=d), "history")
+
+
+class _Exploit:
+    """A pickle that runs code when loaded (``__reduce__``): it would write a marker file."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.write_text, (self.marker, "ran"))
+
+
+def test_a_run_folder_holding_a_malicious_pickle_is_refused_without_running_it(tmp_path):
+    """Unsafe loading: run checkpoints were read with weights_only=False, so a shared run folder (for a resume, an
+    export or --start-from) could run code when loaded."""
+    from capsule_lib.train import Trainer, export_run
+    from capsule_lib.train.checkpoint import UnsafeCheckpointError
+
+    marker = tmp_path / "owned"
+    torch.save({"epoch": 1, "model": {}, "exploit": _Exploit(marker)}, tmp_path / "last.pt")
+    torch.save({"epoch": 1, "model": {}, "record": _Exploit(marker)}, tmp_path / "best.pt")
+    model = _classifier()
+    trainer = Trainer(
+        model, _objective(), torch.optim.Adam(model.parameters()), device="cpu", out_dir=tmp_path, progress=False
+    )
+    with pytest.raises(UnsafeCheckpointError, match="refused"):
+        trainer.resume()
+    (tmp_path / "history.json").write_text(
+        json.dumps({"meta": {"recipe": "routing_compare_mnist", "config": {"model": {}}}, "records": []})
+    )
+    with pytest.raises((UnsafeCheckpointError, ValueError, KeyError)):
+        export_run(tmp_path, "x", directory=tmp_path / "out")
+    assert not marker.exists()
+
+
+def test_a_full_disk_leaves_no_tmp_and_says_which_file(tmp_path, monkeypatch):
+    """The tracebacks: export_checkpoint on a full disk ('unexpected pos', x.pt.tmp left behind), and a run whose
+    folder turns read-only (a traceback that named no path)."""
+    from capsule_lib.train import Trainer
+    from capsule_lib.train.checkpoint import CheckpointWriteError
+    from capsule_lib.train.shipped import export_checkpoint
+
+    real = torch.save
+
+    def full(obj, f, *a, **k):
+        real(obj, f, *a, **k)
+        raise RuntimeError("[enforce fail at inline_container.cc:603] . unexpected pos 4288 vs 4176")
+
+    monkeypatch.setattr(torch, "save", full)
+    with pytest.raises(CheckpointWriteError) as info:
+        export_checkpoint(nn.Linear(2, 2), "x", "baseline_cnn", {}, metrics={}, training={}, directory=tmp_path)
+    assert str(tmp_path) in str(info.value) and len(str(info.value).splitlines()) == 1
+    assert _tree(tmp_path) == []
+    monkeypatch.setattr(torch, "save", real)
+
+    def read_only(src, dst):
+        raise OSError(30, "Read-only file system", str(dst))
+
+    model = _classifier().__class__(_classifier().config)
+    trainer = Trainer(
+        model, _objective(), torch.optim.Adam(model.parameters()), device="cpu", out_dir=tmp_path / "r", progress=False
+    )
+    monkeypatch.setattr("os.replace", read_only)
+    with pytest.raises(CheckpointWriteError) as info:
+        trainer.fit(*_glyph_loaders(), epochs=1)
+    assert str(tmp_path / "r") in str(info.value) and "Read-only" in str(info.value)
+    assert not [p for p in _tree(tmp_path) if p.endswith(".tmp")]

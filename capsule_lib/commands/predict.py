@@ -29,7 +29,7 @@ from .._checks import check_device
 from ..evaluation import predict
 from ..pretrained import load_trained
 from ..report import SCORE_WORDS, markdown_table, prediction_rows
-from ._arguments import fail
+from ._arguments import fail, parser
 
 __all__ = ["main"]
 
@@ -38,9 +38,7 @@ _PRINTED = 10
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m capsule_lib.predict", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = parser("python -m capsule_lib.predict", __doc__)
     p.add_argument("model", metavar="RUN_OR_CHECKPOINT", help="a run folder, a .pt checkpoint or a shipped name")
     p.add_argument("images", nargs="+", metavar="IMAGE", help="image files and folders of them")
     p.add_argument("--csv", metavar="OUT", help="write file, predicted class and every score as CSV")
@@ -57,6 +55,8 @@ def main(argv: list[str] | None = None) -> None:
         fail(p, f"--batch-size must be >= 1, got {a.batch_size}")
     if a.csv and Path(a.csv).is_dir():
         fail(p, f"--csv {a.csv}: is a folder; give a file name (e.g. {Path(a.csv) / 'predictions.csv'})")
+    if a.csv and not os.access(Path(a.csv).resolve().parent, os.W_OK | os.X_OK):
+        fail(p, f"--csv {a.csv}: cannot write in {Path(a.csv).resolve().parent} (missing or read-only)")
     try:  # every refusal in one line: the model, the files, the device
         device = check_device(a.device, p.prog, "--device")
         model, info = load_trained(a.model, device)
@@ -73,15 +73,22 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{p.prog}: {info['source']}: {len(classes)} classes, scores are {word}s; {len(rows)} images")
     print(markdown_table(headers, rows))
     if a.csv:
-        _write_csv(Path(a.csv), result["files"], scores, classes, word)
+        try:
+            _write_csv(Path(a.csv), result["files"], scores, classes, word)
+        except OSError as e:
+            fail(p, f"--csv {a.csv}: cannot write it ({e.strerror or type(e).__name__})", code=1)
         print(f"{p.prog}: wrote {a.csv}")
 
 
 def _write_csv(path: Path, files: list[str], scores: torch.Tensor, classes: list[str], word: str) -> None:
     headers, rows = prediction_rows(files, scores, classes)
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", newline="", encoding="utf-8") as f:
-        w = csv.writer(f)
-        w.writerow(headers[:2] + [f"{word}: {c}" for c in headers[2:]])
-        w.writerows(rows)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", newline="", encoding="utf-8") as f:
+            w = csv.writer(f)
+            w.writerow(headers[:2] + [f"{word}: {c}" for c in headers[2:]])
+            w.writerows(rows)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise

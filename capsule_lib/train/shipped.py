@@ -173,7 +173,7 @@ def load_pretrained(
     Returns ``(model in eval mode, registry entry)``.
     """
     if not isinstance(map_location, (str, torch.device)):  # else torch's own error blames the file or Module.to
-        raise TypeError(
+        raise ValueError(
             f"load_pretrained({name!r}): map_location must be a device name ('cpu', 'cuda', 'cuda:0') or a "
             f"torch.device, got {type(map_location).__name__}"
         )
