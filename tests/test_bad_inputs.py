@@ -22,6 +22,7 @@ the parents, entropies and shares stay in [0, 1].
 from __future__ import annotations
 
 import ast
+import dataclasses
 import functools
 import glob
 import importlib
@@ -228,6 +229,9 @@ GOOD: dict[str, dict[str, Any]] = {
     "capsule_lib.dynamic_routing": {"votes": lambda: torch.randn(2, 6, 3, 4)},
     "capsule_lib.routing.dynamic.dynamic_routing": {"votes": lambda: torch.randn(2, 6, 3, 4)},
     "capsule_lib.routing.dynamic.dynamic_routing_reference": {"votes": lambda: torch.randn(2, 6, 3, 4)},
+    "capsule_lib.routing.inverse_temperature_schedule": {"iterations": lambda: 3},
+    "capsule_lib.squash_hinton": {"s": lambda: torch.randn(2, 10, 16)},
+    "capsule_lib.functional.squash_hinton": {"s": lambda: torch.randn(2, 10, 16)},
 }
 
 
@@ -339,13 +343,24 @@ COMMAND_ROWS: list[tuple[str, list[str], int, str]] = [
     ("train", ["capsnet", "--out", "OUT", "--offline", "--bogus"], 2, "--bogus"),
     ("train", ["capsnet", "--out", "OUT", *TINY_RUN, "lr=1e30"], 1, "lr"),
     ("train", ["capsnet", "--out", "READONLY", *TINY_RUN], 1, "READONLY"),
+    ("train", ["capsnet", "--out", "OUT", "--images", "MISSING"], 2, "missing"),
+    ("train", ["capsnet", "--out", "OUT", "--images", "EMPTY"], 2, "empty"),
+    ("train", ["capsnet", "--out", "OUT", "--images", "FILE"], 2, "a_file"),
+    ("train", ["em_norb", "--out", "OUT", "--images", "EMPTY"], 2, "em_norb"),
+    ("train", ["capsnet", "--out", "OUT", "--images", "EMPTY", "--set", "dataset=mnist"], 2, "--images"),
+    ("train", ["capsnet", "--out", "OUT", "--images", "EMPTY", "--image-size", "0"], 2, "image_size"),
+    ("train", ["capsnet", "--out", "OUT", "--images", "EMPTY", "--channels", "2"], 2, "--channels"),
+    ("train", ["capsnet", "--out", "OUT", "--images", "EMPTY", "--val-fraction", "1.5"], 2, "val_fraction"),
+    ("train", ["capsnet", "--out", "OUT", "--images", "EMPTY", "--test-fraction", "-0.1"], 2, "test_fraction"),
+    ("train", ["capsnet", "--out", "OUT", "--images", "EMPTY", "--split-seed", "x"], 2, "--split-seed"),
+    ("train", ["capsnet", "--out", "OUT", "--skip-bad-files"], 2, "--skip-bad-files"),
     # python -m capsule_lib.train.speedrun
     ("speedrun", ["--out", "OUT"], 2, "--minutes"),
     ("speedrun", ["--minutes", "1"], 2, "--out"),
     ("speedrun", ["--minutes", "abc", "--out", "OUT"], 2, "--minutes"),
     ("speedrun", ["--minutes", "0", "--out", "OUT"], 2, "--minutes"),
     ("speedrun", ["--minutes", "inf", "--out", "OUT"], 2, "--minutes"),
-    ("speedrun", ["--minutes", "1", "--out", "OUT", "nope"], 2, "nope"),
+    ("speedrun", ["--minutes", "1", "--out", "OUT", "nope"], 2, "RECIPE"),
     ("speedrun", ["--minutes", "1", "--out", "OUT", "--device", "cuda"], 2, "--device"),
     ("speedrun", ["--minutes", "1", "--out", "OUT", "--device", "gpu"], 2, "--device"),
     ("speedrun", ["--minutes", "1", "--out", "OUT", "--threads", "-1"], 2, "--threads"),
@@ -911,12 +926,12 @@ class _Objective:
             self.steps += 1
         late = self.steps >= self.at
         if self.mode == "loss" and train and late:
-            return out._replace(loss=out.loss * float("nan"))
+            return dataclasses.replace(out, loss=out.loss * float("nan"))
         if self.mode == "gradient" and train and late:  # d/dw sqrt(w - w) at 0 is inf; the loss stays finite
             w = next(model.parameters())
-            return out._replace(loss=out.loss + torch.sqrt((w - w.detach()).abs().sum()))
+            return dataclasses.replace(out, loss=out.loss + torch.sqrt((w - w.detach()).abs().sum()))
         if self.mode == "validation" and not train and late:
-            return out._replace(loss=out.loss * float("nan"))
+            return dataclasses.replace(out, loss=out.loss * float("nan"))
         return out
 
 
@@ -997,7 +1012,8 @@ def test_a_second_speedrun_into_the_same_folder_is_refused_unless_overwrite(tmp_
     from capsule_lib.commands import speedrun
     from capsule_lib.train import timed
 
-    monkeypatch.setattr(timed, "_one_run", lambda name, out, *a, **k: (out / "runs").mkdir() or {"metrics": {}})
+    done = {"recipe": "capsnet_speedrun", "metrics": {}, "epochs_trained": 1, "train_wall_s": 1.0}
+    monkeypatch.setattr(timed, "_one_run", lambda name, out, *a, **k: (out / "runs").mkdir(exist_ok=True) or done)
     out = tmp_path / "s"
     argv = ["--minutes", "1", "--out", str(out), "--device", "cpu", "capsnet_speedrun"]
     speedrun.main(argv, offline=True)
@@ -1093,8 +1109,9 @@ class _Exploit:
 def test_a_run_folder_holding_a_malicious_pickle_is_refused_without_running_it(tmp_path):
     """Unsafe loading: run checkpoints were read with weights_only=False, so a shared run folder (for a resume, an
     export or --start-from) could run code when loaded."""
-    from capsule_lib.train import Trainer, export_run
+    from capsule_lib.train import Trainer
     from capsule_lib.train.checkpoint import UnsafeCheckpointError
+    from capsule_lib.train.shipped import export_run
 
     marker = tmp_path / "owned"
     torch.save({"epoch": 1, "model": {}, "exploit": _Exploit(marker)}, tmp_path / "last.pt")

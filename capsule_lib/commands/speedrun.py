@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None, *, data_root: str | Path | None = None, 
     known = [c.name for c in SPEEDRUNS]
     unknown = [n for n in a.names if n not in known]
     if unknown:
-        fail(p, f"not a speedrun recipe: {', '.join(unknown)} (choose from {', '.join(known)})")
+        fail(p, f"RECIPE: not a speedrun recipe: {', '.join(unknown)} (choose from {', '.join(known)})")
     check_threads(p, a.threads)
     check_name(p, a.tag, "--tag")
     names = a.names or known

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from ..data.datasets import DataSource
-from ..data.images import ImageSource
+from ..data.images import ImageSource, image_facts
 from ..train.checkpoint import CheckpointReadError
 from ..train.recipes import RECIPES, make_recipe
 from ..train.recipes.base import check_device_available
@@ -171,6 +171,8 @@ def main(argv: list[str] | None = None, *, data_root: str | Path | None = None, 
         check_device_available(recipe)
         if a.start_from is not None and images is None:  # (for images, train() checks it once fitted to them)
             start_checkpoint(recipe, a.start_from)
+        if images is not None:  # the folder itself (its layout, classes, files), before any training
+            image_facts(recipe.dataset, DataSource.of(a.data_root, offline=a.offline))
         if a.export is not None and a.export in registry():
             raise ValueError(f"--export {a.export}: a shipped checkpoint of that name exists; choose a new name")
     except (KeyError, ValueError, OSError) as e:
