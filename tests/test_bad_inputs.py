@@ -1162,3 +1162,75 @@ def test_a_full_disk_leaves_no_tmp_and_says_which_file(tmp_path, monkeypatch):
         trainer.fit(*_glyph_loaders(), epochs=1)
     assert str(tmp_path / "r") in str(info.value) and "Read-only" in str(info.value)
     assert not [p for p in _tree(tmp_path) if p.endswith(".tmp")]
+
+
+# ------------------------------------------------------------------------------------------------ properties
+from hypothesis import given, settings  # noqa: E402  (the property tests close the file)
+from hypothesis import strategies as st  # noqa: E402
+
+from capsule_lib.routing.kinds import ROUTING_KINDS  # noqa: E402
+
+_SCALES = st.sampled_from([0.0, 1e-3, 1.0, 30.0, 1e3])
+
+
+def _activations(kind: str, batch: int) -> torch.Tensor | None:
+    scale = ROUTING_KINDS[kind].activations
+    if scale is None:
+        return None
+    return torch.rand(batch, 12) if scale == "probabilities" else torch.randn(batch, 12) * 3
+
+
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(
+    kind=st.sampled_from(sorted(ROUTING_KINDS)),
+    batch=st.integers(1, 3),
+    scale=_SCALES,
+    seed=st.integers(0, 999),
+    couplings=st.sampled_from(["routed", "uniform", "random"]),
+)
+def test_finite_inputs_give_finite_outputs_and_gradients_and_couplings_sum_to_one(kind, batch, scale, seed, couplings):
+    torch.manual_seed(seed)
+    layer = _layer(kind)
+    poses = (torch.randn(batch, 12, 4) * scale).requires_grad_()
+    r = layer.route(poses, _activations(kind, batch), return_routing=True, couplings=couplings)
+    outputs = [r.poses] + ([r.activations] if r.activations is not None else [])
+    assert all(bool(torch.isfinite(o).all()) for o in outputs)
+    sum(o.float().sum() for o in outputs).backward()
+    grads = [poses.grad] + [p.grad for p in layer.parameters() if p.grad is not None]
+    assert all(bool(torch.isfinite(g).all()) for g in grads)
+    for c in r.trace.coefficients:  # [B, n_inp, n_out] each, shares of each child's one unit of vote
+        assert bool((c >= 0).all()) and torch.allclose(c.sum(-1).double(), torch.ones(()).double(), atol=1e-4)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(
+    n=st.integers(2, 6),
+    n_inp=st.integers(1, 8),
+    n_out=st.integers(2, 6),
+    sharpness=st.floats(0.0, 50.0),
+    seed=st.integers(0, 999),
+    threshold=st.floats(0.0, 1.0),
+)
+def test_coupling_statistics_stay_in_zero_one(n, n_inp, n_out, sharpness, seed, threshold):
+    from capsule_lib.critique import coupling_stats
+
+    g = torch.Generator().manual_seed(seed)
+    couplings = torch.softmax(torch.randn(n, n_inp, n_out, generator=g) * sharpness, -1)
+    stats = coupling_stats(couplings, torch.rand(n, n_out, generator=g), threshold=threshold)
+    for value in (stats.entropy, stats.max_share, stats.alive):
+        assert -1e-9 <= value <= 1 + 1e-9
+    assert stats.variation >= 0
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(scale=st.sampled_from([0.0, 1e-6, 1.0, 1e3, 1e30]), d=st.integers(1, 16), seed=st.integers(0, 999))
+def test_squashed_lengths_lie_in_zero_one_with_a_finite_gradient(scale, d, seed):
+    from capsule_lib import capsule_lengths, squash_efficient, squash_hinton
+
+    torch.manual_seed(seed)
+    for squash in (squash_hinton, squash_efficient):
+        s = (torch.randn(3, d) * scale).requires_grad_()
+        lengths = capsule_lengths(squash(s))
+        assert bool(((lengths >= 0) & (lengths < 1 + 1e-6)).all())
+        lengths.sum().backward()
+        assert bool(torch.isfinite(s.grad).all())
