@@ -113,9 +113,8 @@ def coupling_stats(
     c = c.clamp(0, 1)
     _check_share(threshold, "threshold", low=None)
     _check_share(min_share, "min_share")
-    ent = (-(c * c.clamp_min(1e-30).log()).sum(-1) / math.log(J)).clamp(
-        0, 1
-    )  # [N, i] normalised entropy (float32 shares may sum to 1 + 1e-7)
+    ent = -(c * c.clamp_min(1e-30).log()).sum(-1) / math.log(J)  # [N, i] normalised entropy
+    ent = ent.clamp(0, 1)  # (float32 shares may sum to 1 + 1e-7: an entropy a hair above 1)
     alive = None
     if activity is not None:
         if activity.shape != (c.shape[0], J):
