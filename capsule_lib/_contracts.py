@@ -13,7 +13,7 @@ The rules, for an annotation ``A`` and a value ``v`` (``ValueError`` when ``v`` 
 * ``Any``, an unannotated argument, ``*args`` / ``**kwargs``: anything;
 * ``X | Y``, ``Optional[X]``: either; ``Literal[...]``: one of the literals;
 * ``bool``: ``True`` or ``False`` only; ``int``: an integer that is not a bool; ``float``: a real number (an integer
-  too), finite unless the function names the argument in ``allow_inf``; ``str``: a string;
+  too), finite unless the function names the argument in ``allow_nonfinite``; ``str``: a string;
 * ``Sequence[X]``, ``tuple[X, ...]``, ``list[X]``: a list or tuple (not a string), each item an ``X``; a fixed
   ``tuple[X, Y]``: that many items; ``dict[K, V]`` / ``Mapping``: a mapping; ``Callable``: a callable;
 * any class (``torch.Tensor``, ``nn.Module``, a config, ``os.PathLike``, ``torch.device``): an instance of it.
@@ -41,13 +41,14 @@ __all__ = ["checked", "check_fields", "check_value", "resolve_hints", "describe_
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
-def checked(fn: _F | None = None, *, allow_inf: tuple[str, ...] = ()) -> Any:
+def checked(fn: _F | None = None, *, allow_nonfinite: tuple[str, ...] = ()) -> Any:
     """Decorator: check every annotated argument of ``fn`` against its annotation (the module docstring's rules)
     before ``fn`` runs; a mismatch is one ``ValueError`` ``"<function>: <argument> must be <what>, got <value>"``.
 
-    ``allow_inf``: ``float`` arguments for which ``inf`` means something (no limit)."""
+    ``allow_nonfinite``: ``float`` arguments for which NaN or ``inf`` means something (a missing value shown as
+    such, no limit)."""
     if fn is None:
-        return functools.partial(checked, allow_inf=allow_inf)
+        return functools.partial(checked, allow_nonfinite=allow_nonfinite)
     signature = inspect.signature(fn)
     hints: dict[str, Any] | None = None
     name = fn.__qualname__
@@ -62,7 +63,7 @@ def checked(fn: _F | None = None, *, allow_inf: tuple[str, ...] = ()) -> Any:
             kind = signature.parameters[arg].kind
             if kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD) or arg not in hints:
                 continue
-            check_value(value, hints[arg], f"{name}: {arg}", finite=arg not in allow_inf)
+            check_value(value, hints[arg], f"{name}: {arg}", finite=arg not in allow_nonfinite)
         return fn(*args, **kwargs)
 
     wrapper.__checked__ = True  # type: ignore[attr-defined]
@@ -198,9 +199,15 @@ def _matches(value: Any, hint: Any) -> bool:
 
 
 def _matches_sequence(value: Any, hint: Any, origin: Any) -> bool:
+    if isinstance(value, range):  # range(6) is a sequence of integers wherever one is asked for
+        args = _args(hint)
+        return not args or _matches(0, args[0]) or args[0] in (Any, _Unknown)
+    if _numeric_array(value):  # a tensor or an array of numbers stands for a list of them (one per leading index)
+        return value.ndim >= _depth(hint) >= 1
     if isinstance(value, (str, bytes, torch.Tensor)) or not isinstance(value, (list, tuple)):
-        if origin in (cabc.Iterable, cabc.Collection) and isinstance(value, (range, set, frozenset)):
-            return True
+        if origin in (cabc.Iterable, cabc.Collection) and isinstance(value, (set, frozenset, cabc.Mapping)):
+            args = _args(hint)
+            return not args or all(_matches(v, args[0]) for v in list(value)[:256])
         return False
     args = _args(hint)
     if not args:
@@ -208,6 +215,28 @@ def _matches_sequence(value: Any, hint: Any, origin: Any) -> bool:
     if origin is tuple and not (len(args) == 2 and args[1] is Ellipsis):
         return len(value) == len(args) and all(_matches(v, a) for v, a in zip(value, args))
     return all(_matches(v, args[0]) for v in value[:256])
+
+
+def _numeric_array(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return value.dtype != torch.bool and not value.dtype.is_complex
+    return type(value).__module__ == "numpy" and getattr(value, "dtype", None) is not None and value.dtype.kind in "iuf"
+
+
+def _depth(hint: Any) -> int:
+    """How many sequence levels ``hint`` nests down to numbers (``Sequence[float]`` 1, ``Sequence[Sequence[int]]`` 2;
+    0 when its items are not numbers)."""
+    args = _args(hint)
+    if not args:
+        return 1
+    item = args[0]
+    if item in (int, float) or _is_union(item) and set(_args(item)) <= {int, float}:
+        return 1
+    origin = _origin(item)
+    if origin in (tuple, list, cabc.Sequence, cabc.Iterable, cabc.Collection):
+        inner = _depth(item)
+        return inner + 1 if inner else 0
+    return 0
 
 
 # ------------------------------------------------------------------------------------------ messages

@@ -55,6 +55,7 @@ __all__ = [  # for a reader first (the module docstring's order), then the re-ex
 
 
 # ------------------------------------------------------------------ a trained model, wherever it was written
+@checked
 def load_trained(
     run_or_checkpoint: str | os.PathLike, map_location: str | torch.device = "cpu"
 ) -> tuple[nn.Module, dict[str, Any]]:

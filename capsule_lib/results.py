@@ -9,7 +9,7 @@ of them (:data:`FAMILIES`: the data they were trained and tested on) in a table.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -359,7 +359,7 @@ def _shipped_or(registry: dict[str, dict[str, Any]] | None) -> dict[str, dict[st
 
 
 @checked
-def speedrun_references(names: Sequence[str], registry: dict[str, dict[str, Any]] | None = None) -> dict[str, float]:
+def speedrun_references(names: Iterable[str], registry: dict[str, dict[str, Any]] | None = None) -> dict[str, float]:
     """The papers' test accuracies (%) for the networks of the checkpoints ``names``, labelled for a figure's
     reference lines: ``{"CapsNet, paper (test)": 99.75, ...}`` (a range's lower end; ``†`` marks a related
     network's number, as in the tables)."""

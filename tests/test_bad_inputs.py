@@ -82,6 +82,10 @@ def documented_functions() -> dict[str, Any]:
                         obj = _resolve(path)
                         if callable(obj) and (getattr(obj, "__module__", None) or "").startswith("capsule_lib"):
                             found[path] = obj
+    for path in re.findall(r"`(capsule_lib\.[\w.]+)\(", (REPO / "README.md").read_text()):  # calls in the prose
+        obj = _resolve(path)
+        if callable(obj):
+            found[path] = obj
     return found
 
 
@@ -772,7 +776,7 @@ VALUE_ROWS += [
     # formatting
     _call_row(_p("report.pct"), "digits", x=0.5, digits=-1),
     _call_row(_p("report.duration"), "seconds", seconds=-5.0),
-    _call_row(_p("report.show_table"), "rows", headers=["a", "b"], rows=[["1"]]),
+    _call_row(_p("report.show_table"), "rows", headers=["a", "b"], rows=[3]),
     _call_row(_p("report.show_budgets"), "nope", names=["nope"]),
     _call_row(_p("results.show_results"), "family", family="nope"),
     _call_row(_p("results.speedrun_references"), "nope", names=["nope"]),

@@ -68,7 +68,7 @@ def test_contestant_recipe_applies_overrides_and_names_bad_input():
     r = contestant_recipe("em", "norb", epochs=3, model__iterations=2)
     assert (r.epochs, r.model.routing, r.model.iterations, r.model.in_channels) == (3, "em", 2, 2)
     assert shipped_name("em", "norb") == "compare_norb_em"
-    with pytest.raises(ValueError, match="unknown contestant 'capsnet'; contestants: dynamic, em"):
+    with pytest.raises(ValueError, match="unknown contestant name 'capsnet'; contestants: dynamic, em"):
         contestant_recipe("capsnet")
     with pytest.raises(ValueError, match="unknown comparison dataset 'cifar'; datasets: mnist, norb"):
         shipped_name("em", "cifar")

@@ -184,7 +184,7 @@ def test_predict_refuses_images_outside_the_models_input_range():
     ok = predict(m, x)["scores"]  # uint8 is converted
     assert torch.allclose(ok, predict(m, x.float() / 255)["scores"])
     with pytest.raises(
-        ValueError, match=r"predict\(CapsNet\): float images must be in \[0, 1\], got values in \[0, 255\]"
+        ValueError, match=r"predict\(CapsNet\): images: float images must be in \[0, 1\], got values in \[0, 255\]"
     ):
         predict(m, x.float())
     with pytest.raises(ValueError, match="normalised input"):

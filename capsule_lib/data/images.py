@@ -246,6 +246,7 @@ def _as_uint8_images(images: Any, name: str) -> torch.Tensor:
     return (x.float() * 255).round().to(torch.uint8).contiguous()
 
 
+@checked
 def register_images(
     name: str,
     images: Any,

@@ -12,14 +12,12 @@ smallNORB (the default :class:`SmallNORBConfig`, 271,688 parameters)::
     routing 2    [B, 5], [B, 5, 4, 4]          n_inp = 64
 
 Input preprocessing expected by :class:`SmallNORBClassifier`: the stereo pair stacked as 2 channels at the
-native 96 x 96 resolution (no resizing, no mean/std standardisation: the first BatchNorm does that), pixel
-values scaled to [0, 1] (``uint8 / 255``). The paper's training augmentation is a random shift of +-16 px with
-edge fill (``RandomCrop(96, padding=16, padding_mode='edge')``); test images are not cropped.
+native 96 x 96 resolution (no resizing or standardisation: the first BatchNorm does that), pixels in [0, 1]
+(``uint8 / 255``). The paper augments with a random +-16 px shift with edge fill (``RandomCrop(96, padding=16,
+padding_mode='edge')``); test images are not cropped.
 
-The coordinate channels are added inside the model by default. If the data pipeline already appended them
-(``capsule_lib.data.heinsen_transform(..., coords=True)`` gives ``[B, 4, 96, 96]``, the same two channels in the
-same order), build the model with ``SmallNORBConfig(in_channels=4, coord_channels=False)``: same network, same
-parameter count, same outputs.
+The model adds the coordinate channels; if the pipeline did (``heinsen_transform(..., coords=True)``: ``[B, 4, 96,
+96]``), build it with ``SmallNORBConfig(in_channels=4, coord_channels=False)``: the same network and outputs.
 """
 
 from __future__ import annotations

@@ -65,7 +65,7 @@ def dynamic_routing_reference(
     (tested in float64), with the public implementations' variants, a trace,
     and on the CPU a fused backward.
     """
-    _check_votes(votes, iterations, bias, "dynamic_routing_reference")  # one line for bad input, before the algorithm
+    _check_votes(votes, iterations, bias, "dynamic_routing_reference")
     b = votes.new_zeros(votes.shape[:3])  # [B, i, j] logits b_ij, all 0
     for t in range(iterations):
         c = torch.softmax(b, dim=2)  # [B, i, j] sums to 1 over parents j

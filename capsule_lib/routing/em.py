@@ -66,7 +66,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._checks import check_activations, check_choice, check_iterations, check_module_input, check_poses, check_tensor
+from .._checks import check_activations, check_iterations, check_module_input, check_poses, check_tensor
 from .._contracts import check_value
 from ..types import Routed, RoutingTrace
 from ._common import RoutingProtocol, require_activations, split_trace, use_kernel
@@ -149,7 +149,6 @@ def inverse_temperature_schedule(iterations: int, final_lambda: float = 1.0, kin
         One ``lambda_t`` per iteration."""
     check_iterations(iterations)
     check_value(final_lambda, float, "inverse_temperature_schedule: final_lambda")
-    check_choice(kind, _SCHEDULES, "kind")
     if kind == "hinton":
         return [final_lambda * (1.0 - 0.95 ** (t + 1)) for t in range(iterations)]
     if kind == "fixed":

@@ -219,8 +219,8 @@ def plot_coupling_sharpening(
 def plot_reconstructions(
     images: torch.Tensor,
     recons: torch.Tensor,
-    labels: Sequence[int] | None = None,
-    preds: Sequence[int] | None = None,
+    labels: Sequence[int] | torch.Tensor | None = None,
+    preds: Sequence[int] | torch.Tensor | None = None,
     n: int = 10,
 ) -> Figure:
     """Inputs (top row) vs reconstructions (bottom row)."""

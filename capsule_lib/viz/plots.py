@@ -109,7 +109,7 @@ def plot_squash(max_norm: float = 5.0, n: int = 400, ax: Axes | None = None) -> 
 
 @checked
 def plot_capsules(
-    vectors: torch.Tensor | np.ndarray,
+    vectors: torch.Tensor | np.ndarray | Sequence[Sequence[float]],
     labels: Sequence[str] | None = None,
     ax: Axes | None = None,
     title: str | None = None,
