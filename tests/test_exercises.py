@@ -270,6 +270,17 @@ def _versus(a, sa, b, sb, *, se=None, k=2):
     return "higher" if a - b > k * se else "lower" if b - a > k * se else "within noise"
 
 
+def _stats(images, split, *, keep=lambda s: s == 0, dims=(0, 2, 3), correction=0, per_image=False):
+    x = images[keep(split)]
+    if per_image:
+        return x.mean(dims), x.flatten(2).std(-1, correction=correction).mean(0)
+    return x.mean(dims), x.std(dims, correction=correction)
+
+
+def _names(poses, classes, *, score=lambda p: p.norm(dim=-1), axis=1):
+    return [classes[int(k)] for k in score(poses).argmax(axis)]
+
+
 WRONG = {
     ("squash_hinton", "no_epsilon"): _raw_squash,
     ("squash_hinton", "epsilon_outside_root"): lambda s: _norm(s) ** 2 / (1 + _norm(s) ** 2) * s / (_norm(s) + 1e-9),
@@ -377,6 +388,16 @@ WRONG = {
     ("versus", "errors_added"): lambda *a: _versus(*a, se=lambda p, q: p + q),
     ("versus", "one_standard_error"): lambda *a: _versus(*a, k=1),
     ("versus", "one_error_only"): lambda *a: _versus(*a, se=lambda p, q: p),
+    ("channel_stats", "all_splits"): lambda x, s: _stats(x, s, keep=lambda s: torch.ones_like(s, dtype=torch.bool)),
+    ("channel_stats", "train_and_val"): lambda x, s: _stats(x, s, keep=lambda s: s != 2),
+    ("channel_stats", "test_split"): lambda x, s: _stats(x, s, keep=lambda s: s == 2),
+    ("channel_stats", "channels_last"): lambda x, s: _stats(x, s, dims=(0, 1, 2)),
+    ("channel_stats", "one_number"): lambda x, s: (x[s == 0].mean(), x[s == 0].std(unbiased=False)),
+    ("channel_stats", "unbiased_std"): lambda x, s: _stats(x, s, correction=1),
+    ("channel_stats", "mean_of_image_stds"): lambda x, s: _stats(x, s, per_image=True),
+    ("predicted_classes", "largest_entry"): lambda p, c: _names(p, c, score=lambda p: p.max(-1).values),
+    ("predicted_classes", "over_the_batch"): lambda p, c: _names(p, c, axis=0),
+    ("predicted_classes", "indices_not_names"): lambda p, c: torch.linalg.vector_norm(p, dim=-1).argmax(-1),
 }
 
 
@@ -458,6 +479,9 @@ def _sweep(accs, setting=None):
     ]
 
 
+#: a CapsNet whose primary capsules hold the most parameters (5,192 of 9,856; the decoder 3,744)
+_TINY_CAPSNET = dict(image_size=20, conv_channels=8, primary_types=2, primary_dim=4, n_classes=2, class_dim=4,
+                     decoder_hidden=(8, 8))  # fmt: skip
 MEASURED = {
     "primer": dict(
         v=torch.tensor([[[0.9, 0.0], [0.0, 0.5]]]),
@@ -486,6 +510,9 @@ MEASURED = {
                            "dynamic_uniform": {"test_acc": Measured(0.95, 0.001, (0.95, 0.95))}}},
         changes={"dynamic": _Changes(0.01), "EM": _Changes(0.2)},
     ),
+    "own_images": dict(scores={"CapsNet (small)": torch.tensor([[0.9, 0.1], [0.2, 0.7], [0.6, 0.3]]),
+                               "CNN": torch.tensor([[2.0, -1.0], [1.0, 0.0], [1.0, 0.0]])},
+                       labels=torch.tensor([0, 1, 1]), capsnet=cl.CapsNet(**_TINY_CAPSNET)),
 }  # fmt: skip
 EXPECTED = {  # the text of the right choice of each chapter's predict questions, from the measurements above
     "primer": ["A", "no"],
@@ -497,6 +524,7 @@ EXPECTED = {  # the text of the right choice of each chapter's predict questions
     "routing_compared": ["plain CNN", "0"],
     "robustness": ["CNN"],
     "routing_critique": ["higher", "EM"],
+    "own_images": ["CapsNet (small)", "the primary capsules"],
 }
 
 
@@ -515,3 +543,28 @@ def test_a_tie_at_the_top_is_one_choice():
     qs = questions_of("robustness", curves={"CNN": {"BIM": _Curve(0.5)}, "EM": {"BIM": _Curve(0.5)},
                                             "dynamic": {"BIM": _Curve(0.2)}})  # fmt: skip
     assert [(c.text, c.correct) for c in qs[-1].choices] == [("CNN / EM", True), ("dynamic", False)]
+
+
+def test_equally_accurate_networks_are_the_answer_neither():
+    scores = {"CapsNet (small)": torch.tensor([[0.9, 0.1], [0.2, 0.7]]), "CNN": torch.tensor([[1.0, 0.0], [0.0, 1.0]])}
+    qs = questions_of("own_images", scores=scores, labels=torch.tensor([0, 1]), capsnet=cl.CapsNet(**_TINY_CAPSNET))
+    assert [(c.text, c.correct) for c in qs[3].choices] == [
+        ("CapsNet (small)", False),
+        ("CNN", False),
+        ("neither: the same accuracy", True),
+    ]
+    assert "CapsNet (small) 100.00 %, CNN 100.00 % of 2 test images" in qs[3].explanation
+
+
+def test_the_normalisation_exercise_answers_what_the_library_records_for_a_dataset():
+    from capsule_lib.data import get_dataset, image_facts, register_images
+
+    g = torch.Generator().manual_seed(0)
+    x = (torch.rand(30, 3, 6, 6, generator=g) * torch.linspace(0.2, 1.0, 30)[:, None, None, None] * 255).byte()
+    name = register_images("exercise_channel_stats", x, torch.arange(30) % 3, ["a", "b", "c"])
+    facts, train = image_facts(name), get_dataset(name, split="train")
+    mean, std = _defined(_cell_of("channel_stats", "exercise-solution"))["channel_stats"](
+        train.float_images(), torch.zeros(len(train), dtype=torch.long)
+    )
+    assert torch.allclose(mean, torch.tensor(facts.mean), atol=1e-4)
+    assert torch.allclose(std, torch.tensor(facts.std), atol=1e-4)

@@ -2,10 +2,10 @@
 
 Each exercise's cases are inputs and what the library's tested reference returns for them (a function of
 ``functional``, ``losses``, ``routing``, ``layers``, ``data``, ``attacks``, ``cost``, ``critique``,
-``routing_critique``; for the EM and Heinsen steps, the per-iteration trace of the library's routing). Each
+``routing_critique``, ``report``; for the EM and Heinsen steps, the per-iteration trace of the library's routing). Each
 :class:`~capsule_lib.exercises.checker.Mistake` is a wrong implementation that the seeds' code made (or that a reader
 makes while following the formula), written in the form the mistake takes, with the sentence that names it. The
-exercises themselves live in :mod:`.vectors`, :mod:`.matrices` and :mod:`.measures`.
+exercises themselves live in :mod:`.vectors`, :mod:`.matrices`, :mod:`.measures` and :mod:`.images`.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 from .._checks import check_choice
 from .._contracts import checked
 from .checker import CheckResult, Exercise, ExerciseFailed, run_exercise
+from .images import CHANNEL_STATS, PREDICTED_CLASSES
 from .matrices import CONV_WINDOWS, EM_E_STEP, EM_M_STEP, HEINSEN_E_STEP, HEINSEN_M_STEP, INVERTED_UPDATE
 from .measures import CAPSULE_VOTES, COUPLING_ENTROPY, FGSM, LOGLOG_SLOPE, RECONSTRUCTION_DISTANCE, VERSUS
 from .vectors import (
@@ -56,6 +57,8 @@ EXERCISES: dict[str, Exercise] = {
         RECONSTRUCTION_DISTANCE,
         COUPLING_ENTROPY,
         VERSUS,
+        CHANNEL_STATS,
+        PREDICTED_CLASSES,
     )
 }
 

@@ -23,6 +23,7 @@ from .questions_algorithms import (
     tsai_inverted_questions,
 )
 from .questions_comparison import robustness_questions, routing_compared_questions, routing_critique_questions
+from .questions_images import own_images_questions
 from .quiz import Question, Quiz
 
 __all__ = ["QUESTIONS", "quiz", "questions_of"]
@@ -43,6 +44,7 @@ QUESTIONS: dict[str, Callable[..., list[Question]]] = {
         routing_compared_questions,
         robustness_questions,
         routing_critique_questions,
+        own_images_questions,
     )  # fmt: skip
 }
 
