@@ -13,7 +13,7 @@ PY=${PY:-$(command -v python3 || command -v python)}
 mkdir -p "$OUT" "$WORK"
 export CAPSULE_DATA="$PWD/data"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$WORK/nvidia-smi.txt" 2>&1
-"$PY" -m capsule_lib.train.speedrun --minutes "$minutes" --out "$WORK" --offline "$@" > "$WORK/speedrun.log" 2>&1 &
+"$PY" -m capsule_lib.train.speedrun --minutes "$minutes" --out "$WORK" --overwrite --offline "$@" > "$WORK/speedrun.log" 2>&1 &
 pid=$!
 sync_out() {
     cp -u "$WORK"/checkpoints/*.pt "$OUT"/ 2>/dev/null
