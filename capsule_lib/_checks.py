@@ -131,10 +131,11 @@ def check_image_range(x: torch.Tensor, low: float | None, high: float | None, na
         )
 
 
-def check_images(x: torch.Tensor, contract: ImageContract, name: str = "x") -> None:
+def check_images(x: torch.Tensor, contract: ImageContract, name: str = "x", *, floating: bool = True) -> None:
     """The shape part of a model's :class:`~capsule_lib.types.ImageContract`, reading no pixel (every ``forward``
-    calls it, through :func:`check_model_input`): ``[B >= 1, channels, size, size]``."""
-    check_tensor(x, name, contract.spec, [None, contract.channels, contract.size, contract.size])
+    calls it, through :func:`check_model_input`): ``[B >= 1, channels, size, size]``; ``floating=False`` also takes
+    ``uint8`` images (what ``predict`` and the analyses convert to [0, 1] themselves)."""
+    check_tensor(x, name, contract.spec, [None, contract.channels, contract.size, contract.size], floating=floating)
     check_nonempty(x, name, contract.spec)
 
 

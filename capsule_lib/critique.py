@@ -412,7 +412,7 @@ def reroute_image(
     its = tuple(check_iterations(t) for t in iterations)
     contract = getattr(model, "input_contract", None)
     if contract is not None:
-        check_images(image.unsqueeze(0), contract, "reroute_image: image (one image [C, H, W])")
+        check_images(image.unsqueeze(0), contract, "reroute_image: image (one image [C, H, W])", floating=False)
     was_training, device = model.training, module_device(model)
     model.eval()
     try:

@@ -17,6 +17,7 @@ from ._checks import (
     check_device,
     check_image_range,
     check_image_values,
+    check_images,
     check_iterations,
     check_tensor,
     module_device,
@@ -95,13 +96,7 @@ def predict(
         )
     contract = getattr(model, "input_contract", None)
     if contract is not None:  # the whole input's shape (uint8 or float), before any batch runs
-        check_tensor(
-            images,
-            f"{name}: images",
-            contract.spec,
-            [None, contract.channels, contract.size, contract.size],
-            floating=False,
-        )
+        check_images(images, contract, f"{name}: images", floating=False)
     modes = [(m, m.training) for m in model.modules()]
     model.eval()
     try:

@@ -37,8 +37,10 @@ import pytest
 import torch
 from torch import nn
 
+import capsule_lib.critique as critique
 import capsule_lib.evaluation as ev
 import capsule_lib.models as M
+import capsule_lib.pretrained as pretrained
 from capsule_lib import RoutingTrace, _contracts
 from capsule_lib.routing import kinds
 from capsule_lib.routing_critique import CritiqueRun
@@ -721,6 +723,21 @@ VALUE_ROWS += [
     _call_row(_p("train.train"), "compile", recipe="capsnet", compile="fast", offline=True),
     _with(_p("train.train"), "out_dir", lambda: {"recipe": "capsnet", "out_dir": _path("FILE"), "train_subset": 16}),
     _call_row(_p("train.shipped_recipe"), "nope", checkpoint="nope"),
+    Row(
+        _p("pretrained.load_pretrained"),
+        "map_location",
+        lambda: pretrained.load_pretrained("capsnet_mnist", map_location={}),
+    ),
+    Row(
+        _p("pretrained.load_pretrained"),
+        "map_location",
+        lambda: pretrained.load_pretrained("capsnet_mnist", map_location="gpu"),
+    ),
+    Row(
+        _p("pretrained.load_pretrained"),
+        "nope",
+        lambda: pretrained.load_pretrained("nope"),
+    ),
     _call_row(_p("train.shipped_recipe"), "phase", checkpoint="capsnet_mnist", phase=5),
     # what routing does, measured
     Row(_p("critique.routing_changes"), "labels", lambda: _critique("routing_changes", labels=12)),
@@ -746,21 +763,17 @@ VALUE_ROWS += [
     Row(
         "capsule_lib.critique.coupling_stats",
         "couplings",
-        lambda: __import__("capsule_lib.critique", fromlist=["x"]).coupling_stats(
-            torch.full((4, 5, 3), -0.5) + torch.eye(3)[:1]
-        ),
+        lambda: critique.coupling_stats(torch.full((4, 5, 3), -0.5) + torch.eye(3)[:1]),
     ),
     Row(
         "capsule_lib.critique.coupling_stats",
         "activity",
-        lambda: __import__("capsule_lib.critique", fromlist=["x"]).coupling_stats(
-            torch.full((4, 5, 2), 0.5), torch.full((4, 2), float("nan"))
-        ),
+        lambda: critique.coupling_stats(torch.full((4, 5, 2), 0.5), torch.full((4, 2), float("nan"))),
     ),
     Row(
         "capsule_lib.critique.alive_share",
         "min_share",
-        lambda: __import__("capsule_lib.critique", fromlist=["x"]).alive_share(torch.rand(4, 3), min_share=2.0),
+        lambda: critique.alive_share(torch.rand(4, 3), min_share=2.0),
     ),
     # attacks and their tables
     Row(_p("robustness.attack_curves"), "eps", lambda: _robust("attack_curves", plan={"fgsm": {"eps": [-0.1, 0.1]}})),
