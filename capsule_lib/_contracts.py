@@ -67,6 +67,7 @@ def checked(fn: _F | None = None, *, allow_nonfinite: tuple[str, ...] = ()) -> A
         return fn(*args, **kwargs)
 
     wrapper.__checked__ = True  # type: ignore[attr-defined]
+    wrapper.__allow_nonfinite__ = allow_nonfinite  # type: ignore[attr-defined]
     return wrapper
 
 

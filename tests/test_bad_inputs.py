@@ -213,12 +213,17 @@ BY_TYPE: dict[str, Any] = {
 WRONG = ("not-a-value", 1.5, True, 7, object(), [object()], torch.zeros(3, dtype=torch.int64))
 
 
-def _wrong_values(hint: Any) -> list[Any]:
-    """Up to three values of the wrong type for ``hint``, and NaN and inf for a number."""
+def _wrong_values(hint: Any, nonfinite_ok: bool = False) -> list[Any]:
+    """Up to three values of the wrong type for ``hint``, and NaN and inf for a number (unless the function takes
+    them: ``@checked(allow_nonfinite=...)``)."""
     wrong = [v for v in WRONG if not _contracts._matches(v, hint)][:3]
-    if _contracts._is_float_hint(hint):
+    if _contracts._is_float_hint(hint) and not nonfinite_ok:
         wrong += [float("nan"), float("inf")]
     return wrong
+
+
+def _nonfinite_ok(obj: Any, argument: str) -> bool:
+    return argument in getattr(obj, "__allow_nonfinite__", ())
 
 
 # ------------------------------------------------------------------------------------------------ good calls
@@ -273,7 +278,7 @@ def _type_rows() -> list[Any]:
             hint = hints.get(p.name)
             if hint is None or hint is typing.Any or hint is _contracts._Unknown:
                 continue
-            for k, _ in enumerate(_wrong_values(hint)):
+            for k, _ in enumerate(_wrong_values(hint, _nonfinite_ok(obj, p.name))):
                 rows.append(pytest.param(path, p.name, k, id=f"{path.removeprefix('capsule_lib.')}:{p.name}:{k}"))
     return rows
 
@@ -294,7 +299,8 @@ def _assert_refused(call: Any, argument: str) -> str:
 
 @pytest.mark.parametrize("path, argument, k", _type_rows())
 def test_a_wrong_type_is_refused_in_one_line_naming_the_argument(path, argument, k):
-    bad = _wrong_values(_hints(DOCUMENTED[path])[argument])[k]
+    obj = DOCUMENTED[path]
+    bad = _wrong_values(_hints(obj)[argument], _nonfinite_ok(obj, argument))[k]
     _assert_refused(lambda: _call(path, {argument: bad}), argument)
 
 

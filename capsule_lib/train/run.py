@@ -119,6 +119,12 @@ def _data_meta(loaders: Any, fingerprint: str | None, images: ImageFacts | None)
     return meta
 
 
+def _check_out_dir(out_dir: str | Path | None) -> None:
+    """One line when the run's folder is a file."""
+    if out_dir is not None and Path(out_dir).exists() and not Path(out_dir).is_dir():
+        raise ValueError(f"out_dir {str(out_dir)!r} is a file; give a folder for the run (it is created if missing)")
+
+
 @checked
 def train(
     recipe: str | Recipe,
@@ -192,8 +198,7 @@ def train(
         ``test``, the test accuracy of the selected epoch.
     """
     r = make_recipe(recipe, **overrides)
-    if out_dir is not None and Path(out_dir).exists() and not Path(out_dir).is_dir():
-        raise ValueError(f"out_dir {str(out_dir)!r} is a file; give a folder for the run (it is created if missing)")
+    _check_out_dir(out_dir)
     compile = compile if compile is not None else getattr(r, "compile", None)  # the call's, else the recipe's
     check_choice(compile, COMPILE_MODES, "compile")
     check_device_available(r)
