@@ -220,6 +220,25 @@ def _sets(pairs: list[str]) -> list[str]:
     return pairs
 
 
+def _check_arguments(a: argparse.Namespace) -> None:
+    """What no call can use, in one line (exit 2) before anything is written: minutes and budgets that are not > 0, no
+    worker, a recipe that is not a speedrun recipe."""
+    from capsule_lib.train.recipes.speedrun import SPEEDRUNS
+
+    for name in ("minutes", "budget"):
+        value = getattr(a, name, None)
+        if isinstance(value, float) and not 0 < value < float("inf"):
+            gpu_stage.fail(f"--{name} must be a number of minutes > 0, got {value}", prog="gpu_items.py")
+    if getattr(a, "workers", 1) < 1:
+        gpu_stage.fail(f"--workers must be >= 1, got {a.workers}", prog="gpu_items.py")
+    known = [c.name for c in SPEEDRUNS]
+    unknown = [n for n in getattr(a, "names", []) if n not in known]
+    if unknown:
+        gpu_stage.fail(
+            f"RECIPE: not a speedrun recipe: {', '.join(unknown)} (one of {', '.join(known)})", prog="gpu_items.py"
+        )
+
+
 def _recipe_sets(recipe: str, quick: bool, given: list[str], extra: dict[str, Any] | None = None) -> list[str]:
     """The ``--set`` values of a run of ``recipe``: on the GPU, ``device=cuda``; with ``quick``, the speedrun's
     ``QUICK`` settings of its fields, ``extra`` and ``device=cpu``; then the ``given`` ``KEY=VALUE`` (which win)."""
@@ -458,6 +477,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.out is None:
         gpu_stage.fail("give --out DIR or set OUT (the folder whose files come back)", prog="gpu_items.py")
     _sets(a.set)
+    _check_arguments(a)
     call = Call(a.item, a.out, a.work, a.quick, argv)
     items = {"tsai": tsai, "critique": critique, "speedrun": lambda a, call: speedrun(a, rest, call)}
     try:

@@ -365,6 +365,9 @@ def collect(files: Path, args: argparse.Namespace) -> int:
     from capsule_lib.cost import machine_info
     from capsule_lib.train.shipped import CHECKPOINT_DIR
 
+    bad = next((kv for kv in args.rename if not all(kv.partition("=")[::2])), None)
+    if bad is not None:
+        fail(f"--rename wants OLD=NEW (a returned checkpoint's name and the name to ship it as), got {bad!r}")
     work = Path(args.scratch or tempfile.mkdtemp(prefix="gpu_collect_"))
     work.mkdir(parents=True, exist_ok=True)
     record = _unpack(files, work / "meta")
@@ -372,7 +375,7 @@ def collect(files: Path, args: argparse.Namespace) -> int:
     results = Path(args.results_dir or REPO / "benchmarks" / "results")
     if args.dry_run:  # a copy of the registry: its entries and the histories they bind
         copy = work / "checkpoints"
-        copy.mkdir()
+        copy.mkdir(exist_ok=True)
         for f in [target / "registry.json", *target.glob("*.history.json")]:
             if f.is_file():
                 shutil.copyfile(f, copy / f.name)
@@ -382,7 +385,10 @@ def collect(files: Path, args: argparse.Namespace) -> int:
     checks, registered, status = {}, [], 0
     names = [r["checkpoint"] for r in record.get("runs", []) if (files / f"{r.get('checkpoint')}.pt").is_file()]
     for name in names:
-        checked = recheck(name, files, work / "meta", args.data_root)
+        try:
+            checked = recheck(name, files, work / "meta", args.data_root)
+        except (OSError, ValueError, KeyError) as e:  # no data here, a damaged file: one line, nothing registered
+            fail(f"{name}: cannot be re-checked here: {str(e).splitlines()[0] if str(e) else type(e).__name__}", 1)
         counts = checked["counts"]
         off = max(abs(a - b) for a, b in counts.values())
         checks[name] = counts
@@ -410,16 +416,17 @@ def collect(files: Path, args: argparse.Namespace) -> int:
     results.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(rows, indent=1) + "\n")
     print(f"recorded {out}; registered {registered or 'nothing'} in {target}{' (dry run: a copy)' * args.dry_run}")
-    if record["item"] == "critique":
-        print(
-            f"the runs' results are in {work / 'meta' / 'critique'}: python benchmarks/critique_runs.py --collect "
-            f"--runs-dir {work / 'meta' / 'critique'} --records benchmarks/results/critique_runs_converged.json"
-        )
+    keep = work
     if not args.dry_run:  # the returned files kept (the device's folder goes with the session): --resume reads them
         keep = REPO / "runs" / "gpu" / f"{record['item']}_{datetime.datetime.now():%Y%m%d_%H%M%S}"
         shutil.copytree(files, keep / "files")
         shutil.copytree(work / "meta", keep / "meta")
         print(f"the call's files: {keep / 'files'} (stage ... --resume {keep / 'files'} sends its state out again)")
+    if record["item"] == "critique":
+        print(
+            f"the runs' results: python benchmarks/critique_runs.py --collect --runs-dir {keep / 'meta' / 'critique'} "
+            f"--records benchmarks/results/critique_runs_converged.json"
+        )
     return status
 
 

@@ -146,6 +146,7 @@ def test_a_missing_or_damaged_piece_stops_the_device_before_training(stage_mod, 
         (["stage", "critique", "--data", "{tmp}"], "no checksums.sha256 there"),
         (["back"], "nothing to move back"),
         (["collect", "{tmp}"], "no meta.tar.gz"),
+        (["collect", "{tmp}", "--rename", "a"], "--rename wants OLD=NEW"),
     ],
 )
 def test_bad_staging_arguments_are_one_line(stage_mod, data, tmp_path, capsys, monkeypatch, argv, message):
@@ -222,6 +223,9 @@ def test_the_peak_table_knows_each_card_by_its_name(items_mod):
         (["tsai"], 2, "give --out DIR or set OUT"),
         (["--out", "{tmp}/o", "tsai", "--set", "lr"], 2, "--set wants KEY=VALUE, got 'lr'"),
         (["--out", "{tmp}/o", "tsai", "--bogus"], 2, "unrecognised arguments: --bogus"),
+        (["--out", "{tmp}/o", "tsai", "--budget", "0"], 2, "--budget must be a number of minutes > 0, got 0.0"),
+        (["--out", "{tmp}/o", "critique", "--workers", "0"], 2, "--workers must be >= 1, got 0"),
+        (["--out", "{tmp}/o", "speedrun", "1", "capsnet"], 2, "RECIPE: not a speedrun recipe: capsnet (one of"),
         (["--out", "{tmp}/o", "--quick", "tsai"], 3, "stage/a is missing"),
         pytest.param(
             ["--out", "{tmp}/o", "tsai"],
