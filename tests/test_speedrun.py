@@ -90,7 +90,11 @@ def test_the_budget_fit_sets_the_epochs_that_fit_once_the_peak_is_held():
     }
     fit(trainer, {"epoch": 2, "wall_time": 40.0, "epoch_time": 1.0})  # once only
     assert trainer.epochs == 9
-    assert r.training_callbacks(None) == () and make_recipe("capsnet").training_callbacks(2.0) == ()
+    (nofit,) = r.training_callbacks(None)  # no budget: no fit (the callback restores a fitted run on resume)
+    other = type("T", (), {"history": type("H", (), {"meta": {}})(), "epochs": 80})()
+    nofit(other, {"epoch": 2, "wall_time": 40.0, "epoch_time": 10.0})
+    assert other.epochs == 80 and "epochs_fitted" not in other.history.meta
+    assert make_recipe("capsnet").training_callbacks(2.0) == ()
 
 
 # ------------------------------------------------------------------------------------------------ data on the device
@@ -191,6 +195,18 @@ def test_a_run_with_a_moving_average_selects_it_and_resumes_mid_epoch_exactly(tm
             torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-5, msg=k)
     assert resumed.ema.steps == straight.ema.steps == 2 * 4
     assert resumed.history.records[-1]["val_acc"] == pytest.approx(straight.history.records[-1]["val_acc"])
+
+
+def test_a_resumed_fitted_run_trains_to_its_fitted_epochs_on_the_same_schedule(tmp_path, glyphs):
+    first, fitted = _trainer(tmp_path), {"epochs": 2, "planned": 80, "at_epoch": 1, "epoch_time_s": 1.0}
+    first.history.meta["epochs_fitted"] = fitted  # what the budget fit records (another session's run, say)
+    first.fit(*_loaders(glyphs), epochs=1)
+    r = make_recipe("capsnet_speedrun", epochs=80)
+    again = _trainer(tmp_path)
+    again.callbacks = list(r.training_callbacks(None))  # resumed without a budget: no new fit
+    again.fit(*_loaders(glyphs), epochs=3)
+    assert again.epoch == again.epochs == r.epochs == 2  # not the 3 asked for, nor the recipe's 80
+    assert [rec["epoch"] for rec in again.history.records] == [1, 2]
 
 
 def test_losses_are_read_once_per_every_batches_and_a_non_finite_one_still_stops_the_run(glyphs):

@@ -49,6 +49,7 @@ __all__ = [
     "load_pretrained_history",
     "shipped_recipe",
     "export_checkpoint",
+    "evaluation_metrics",
     "export_run",
 ]
 
@@ -313,6 +314,37 @@ def export_checkpoint(
     return reg[name]
 
 
+@checked
+def evaluation_metrics(
+    model: nn.Module, sets: dict[str, Any], *, batch_size: int = 256, device: str = "cpu"
+) -> dict[str, Any]:
+    """What an export records of ``model`` on each evaluation set (``{split: ImageDataset}``, e.g. a recipe's
+    :meth:`~capsule_lib.train.recipes.base.Recipe.evaluation_sets`): ``<split>_acc``, ``<split>_errors`` and
+    ``<split>_size``; on two-digit images (MultiMNIST, labels ``[N, 2]``) an image is right when both digits are among
+    the top two scores (Sabour et al.'s metric), and ``<split>_per_digit`` adds the share of digits found
+    (Efficient-CapsNet's). The same counts on another machine are the check that a checkpoint travelled intact."""
+    from ..evaluation import multimnist_accuracy, predict
+
+    if batch_size < 1:
+        raise ValueError(f"evaluation_metrics: batch_size must be >= 1, got {batch_size}")
+    bad = next((k for k, ds in sets.items() if not (hasattr(ds, "images") and hasattr(ds, "labels"))), None)
+    if bad is not None:
+        raise ValueError(f"evaluation_metrics: sets[{bad!r}] must be a dataset with images and labels (ImageDataset)")
+    metrics: dict[str, Any] = {}
+    for split, ds in sets.items():
+        scores = predict(model, ds.images, batch_size=batch_size, device=device)["scores"]
+        if ds.labels.dim() == 2:  # two digits per image (MultiMNIST): right when both are among the top two scores
+            both = multimnist_accuracy(scores, ds.labels)
+            right = round(both["both_correct"] * len(ds))
+            metrics[f"{split}_per_digit"] = both["per_digit"]
+        else:
+            right = int((scores.argmax(1) == ds.labels).sum())
+        metrics[f"{split}_acc"] = right / len(ds)
+        metrics[f"{split}_errors"] = len(ds) - right
+        metrics[f"{split}_size"] = len(ds)
+    return metrics
+
+
 def export_run(
     run_dir: str | os.PathLike,
     name: str,
@@ -338,8 +370,6 @@ def export_run(
     (a smaller one for models whose activations are large, e.g. the paper-size Tsai network). ``eval_subset``: only
     the first N images of each evaluation set (a smoke run's export; the registry records the sizes).
     """
-    from ..evaluation import multimnist_accuracy, predict
-
     run = Path(run_dir)
     hist = load_history(run / "history.json")
     meta = hist.meta
@@ -363,16 +393,8 @@ def export_run(
     model.to(device).eval()
     metrics: dict[str, Any] = {"selected_epoch": best["epoch"], "selected_by": "val_acc"}
     sets = recipe_config(meta["recipe"], meta["config"]).evaluation_sets(data_root)  # e.g. val, test
-    for split, ds in sets.items():
-        ds = ds.subset(eval_subset) if eval_subset else ds
-        scores = predict(model, ds.images, batch_size=batch_size, device=device)["scores"]
-        if ds.labels.dim() == 2:  # two digits per image (MultiMNIST): right when both are among the top two scores
-            right = round(multimnist_accuracy(scores, ds.labels)["both_correct"] * len(ds))
-        else:
-            right = int((scores.argmax(1) == ds.labels).sum())
-        metrics[f"{split}_acc"] = right / len(ds)
-        metrics[f"{split}_errors"] = len(ds) - right
-        metrics[f"{split}_size"] = len(ds)
+    sets = {split: ds.subset(eval_subset) if eval_subset else ds for split, ds in sets.items()}
+    metrics.update(evaluation_metrics(model, sets, batch_size=batch_size, device=device))
     recs = hist.records
     training = {
         "epochs": recs[-1]["epoch"] if recs else 0,  # a fraction when a budget stopped the run inside an epoch

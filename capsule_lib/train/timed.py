@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 
+from .._contracts import checked
 from ..cost import machine_info
 from ..data.datasets import DataSource
 from .checkpoint import _atomic_write_text, load_history
@@ -46,7 +47,7 @@ from .recipes.registry import RECIPES, make_recipe
 from .run import train
 from .shipped import export_run
 
-__all__ = ["run_speedrun", "speedrun_recipe", "QUICK"]
+__all__ = ["run_speedrun", "speedrun_recipe", "run_summary", "QUICK"]
 
 #: what ``--quick`` sets in every recipe (and ``epochs`` 2; ``render_workers`` 1)
 QUICK = {
@@ -90,13 +91,10 @@ def _one_run(
     name: str, out: Path, source: DataSource, device: str, budget: float, tag: str, quick: bool, overrides: dict
 ) -> dict[str, Any]:
     """Train, export and summarise one speedrun recipe."""
-    cls = RECIPES[name]
     run_dir = out / "runs" / name
     t0 = time.time()
     recipe = speedrun_recipe(name, device, quick, overrides)  # (train()'s `compile` would shadow the recipe field's)
-    model, trainer = train(
-        recipe, out_dir=run_dir, data_root=source, progress=False, resume=False, budget_minutes=budget
-    )
+    train(recipe, out_dir=run_dir, data_root=source, progress=False, resume=False, budget_minutes=budget)
     hist = load_history(run_dir / "history.json")
     hardware = hist.meta.get("hardware")
     records = hist.records
@@ -115,23 +113,41 @@ def _one_run(
         notes=notes,
         eval_subset=QUICK["eval_subset"] if quick else None,
     )
+    summary = run_summary(name, run_dir, entry)
+    summary["budget_minutes"] = round(budget, 3)
+    summary["total_s"] = round(time.time() - t0, 2)
+    return summary
+
+
+@checked
+def run_summary(name: str, run_dir: str | os.PathLike, entry: dict[str, Any]) -> dict[str, Any]:
+    """What ``speedrun.json`` records of one exported run of the speedrun recipe ``name``: its run folder's history
+    (``run_dir``: epochs planned, fitted and trained, training wall time, the wall time at which validation first
+    reached each of the recipe's ``thresholds``, the validation curve, the training settings) and its export's registry
+    ``entry`` (the metrics of the fp16 weights, file, sha256)."""
+    cls = RECIPES.get(name)
+    if not hasattr(cls, "thresholds"):
+        raise ValueError(f"run_summary: name must be a speedrun recipe (e.g. 'capsnet_speedrun'), got {name!r}")
+    missing = [k for k in ("file", "sha256", "metrics") if k not in entry]
+    if missing:
+        raise ValueError(f"run_summary: entry must be an export's registry entry; it has no {', '.join(missing)}")
+    hist = load_history(Path(run_dir) / "history.json")
+    records = hist.records
     fitted = hist.meta.get("epochs_fitted") or {}
     return {
         "recipe": name,
-        "checkpoint": f"{name}_{tag}",
+        "checkpoint": Path(entry["file"]).stem,
         "paper_recipe": cls.paper_recipe,
         "parameters": hist.meta.get("parameters"),
         "dataset": hist.meta.get("dataset"),
         "generated_data": hist.meta.get("generated_data"),
-        "budget_minutes": round(budget, 3),
-        "epochs_planned": trainer.history.meta["config"]["epochs"],
+        "epochs_planned": hist.meta["config"]["epochs"],
         "epochs_fitted": fitted.get("epochs"),
         "epochs_trained": records[-1]["epoch"] if records else 0,
         "selected_epoch": entry["metrics"]["selected_epoch"],
         "metrics": entry["metrics"],
         "test_history": hist.meta.get("test"),
-        "train_wall_s": round(wall, 2),
-        "total_s": round(time.time() - t0, 2),
+        "train_wall_s": round(records[-1]["wall_time"] if records else 0.0, 2),
         "time_to_val": hist.time_to(cls.thresholds),
         "curve": [[round(r["wall_time"], 2), r.get("val_acc")] for r in records],
         "file": entry["file"],

@@ -45,7 +45,8 @@ class Trainer:
       ``best.pt`` (weights of the best validation epoch) and ``history.json`` are written after every epoch.
     * ``scheduler_step``: ``"epoch"`` or ``"batch"`` (when to call ``scheduler.step()``).
     * ``amp``: ``None``, ``"bf16"`` or ``"fp16"`` (fp16 uses a GradScaler; CUDA only).
-    * ``callbacks``: callables ``cb(trainer, record)`` run after each epoch (e.g. :class:`~capsule_lib.viz.LivePlot`).
+    * ``callbacks``: callables ``cb(trainer, record)`` run after each epoch (e.g. :class:`~capsule_lib.viz.LivePlot`);
+      one with a method ``resumed(trainer)`` is also called when :meth:`fit` resumes a run (e.g. the budget fit).
     * ``keep_epochs``: also keep every epoch's weights as ``epoch_NNN.pt`` (to compare budgets afterwards).
     * ``checkpoint_minutes``: also write ``last.pt`` *inside* an epoch, at most this often (default 10; ``None``
       turns it off), when the training loader can report and restore its position (``state()`` /
@@ -393,12 +394,15 @@ class Trainer:
             raise ValueError("budget_minutes applies to single-process runs; under torchrun, limit epochs instead")
         self._record_data(train_loader)
         resumed = False
+        self.epochs = epochs  # the loop's target; a callback may shorten the run (the speedrun's budget fit)
         if self.out_dir is not None:
             if self._writes:
                 self.out_dir.mkdir(parents=True, exist_ok=True)
             resumed = resume and self.resume()
+            for cb in self.callbacks if resumed else ():  # what the run decided goes on (the speedrun's fitted epochs)
+                getattr(cb, "resumed", lambda trainer: None)(self)
             if resumed:
-                self._say(self._resume_line(epochs))
+                self._say(self._resume_line(self.epochs))
             if resumed and self._meta.get("config") not in (None, self.history.meta.get("config")):
                 # the run continues with a different recipe: record what changed and from which epoch on
                 changes = self.history.meta.setdefault("changes", [])
@@ -427,8 +431,7 @@ class Trainer:
         self.history.meta.setdefault("seed", self.seed)
         self.history.meta.setdefault("amp", self.amp)
         self._record_threads(resumed)
-        self.epochs = epochs  # the loop's target; a callback may shorten the run (the speedrun's budget fit)
-        self._trained_now = self.epoch < epochs
+        self._trained_now = self.epoch < (epochs := self.epochs)  # a resumed run's fitted epochs, say
         if not self._trained_now:
             self._say(f"{self.out_dir or 'run'}: already finished ({self.epoch} of {epochs} epochs); nothing to train")
         self._interrupt = {}

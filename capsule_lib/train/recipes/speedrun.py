@@ -12,7 +12,8 @@ minute of a GPU. What changes against each paper recipe is how it is trained, ne
 * with a time budget (``train(..., budget_minutes=)``, the speedrun command's cap per run), the run's length is
   fitted once the peak phase is over: after ``hold_epochs`` epochs, ``epochs`` becomes the number of epochs that
   fit in what is left of the budget at the last epoch's pace (at most the recipe's ``epochs``), recorded in
-  ``history.meta["epochs_fitted"]``; a run without a budget trains ``epochs``.
+  ``history.meta["epochs_fitted"]``; a run without a budget trains ``epochs``; a fitted run that is resumed (in
+  another session, with or without a budget) trains to its fitted epochs on the same schedule.
 
 Selection on the validation split; the test split is read once, as for every recipe. ``minutes`` is the share of the
 speedrun command's time a recipe asks for, ``thresholds`` the validation accuracies whose crossing time it reports.
@@ -86,7 +87,7 @@ class SpeedrunRecipe:
         return {"resident": self.device_data}
 
     def training_callbacks(self, budget_minutes: float | None) -> tuple:
-        return (_FitToBudget(self, budget_minutes),) if budget_minutes is not None else ()
+        return (_FitToBudget(self, budget_minutes),)
 
     def validate(self) -> None:
         super().validate()
@@ -103,12 +104,20 @@ class SpeedrunRecipe:
 
 class _FitToBudget:
     """After epoch ``ceil(hold_epochs)``: ``epochs`` <- the epochs that fit in the rest of the budget at that epoch's
-    pace (never more than the recipe's), in the recipe (its schedule) and the trainer (its loop)."""
+    pace (never more than the recipe's), in the recipe (its schedule) and the trainer (its loop). A resumed run goes
+    on with the epochs fitted before (its schedule unchanged), with or without a budget (``None``: no fit)."""
 
-    def __init__(self, recipe: SpeedrunRecipe, budget_minutes: float) -> None:
-        self.recipe, self.budget_s = recipe, 60.0 * budget_minutes
+    def __init__(self, recipe: SpeedrunRecipe, budget_minutes: float | None) -> None:
+        self.recipe, self.budget_s = recipe, None if budget_minutes is None else 60.0 * budget_minutes
+
+    def resumed(self, trainer: Any) -> None:
+        fitted = trainer.history.meta.get("epochs_fitted")
+        if fitted:
+            self.recipe.epochs = trainer.epochs = fitted["epochs"]
 
     def __call__(self, trainer: Any, record: dict[str, Any]) -> None:
+        if self.budget_s is None:
+            return
         at = max(1, math.ceil(self.recipe.hold_epochs))
         if record.get("partial") or record["epoch"] != at or "epochs_fitted" in trainer.history.meta:
             return
