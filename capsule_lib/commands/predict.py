@@ -12,7 +12,7 @@ network's channels, the shorter side resized to its input size, the middle squar
 image file in it. Printed: one line per file, the predicted class and the scores (all classes up to 10, else the 5
 highest); ``--csv`` writes every score.
 
-Layering: a command (:mod:`capsule_lib.commands`, the top layer; nothing imports it); ``capsule_lib/predict.py``
+Layering: a command (``capsule_lib.commands``, the top layer; nothing imports it); ``capsule_lib/predict.py``
 holds nothing but the call of :func:`main`.
 """
 
@@ -33,7 +33,7 @@ from ._arguments import fail, parser
 
 __all__ = ["main"]
 
-#: the most classes whose scores are printed in full (more: the 5 highest; the CSV has them all)
+#: the most classes whose scores are printed in full (with more, the 5 highest; the CSV has them all)
 _PRINTED = 10
 
 

@@ -8,7 +8,7 @@ does, and writes, is described there)::
 The defaults of ``--data-root`` and ``--offline`` are ``CAPSULE_DATA`` / ``CAPSULE_OFFLINE``, read by
 :func:`capsule_lib.notebook.environment`.
 
-Layering: a command (:mod:`capsule_lib.commands`, the top layer; nothing imports it);
+Layering: a command (``capsule_lib.commands``, the top layer; nothing imports it);
 ``capsule_lib/train/speedrun.py`` holds nothing but the call of :func:`main`.
 """
 

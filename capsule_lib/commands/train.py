@@ -15,7 +15,7 @@ your own images (:mod:`capsule_lib.data.images`: the recipe's ``dataset`` become
 the network's classes, channels and input size come from the images. The defaults of ``--data-root`` and ``--offline``
 are ``CAPSULE_DATA`` / ``CAPSULE_OFFLINE``, read by :func:`capsule_lib.notebook.environment`.
 
-Layering: a command (:mod:`capsule_lib.commands`, the top layer; nothing imports it); ``python -m capsule_lib.train``
+Layering: a command (``capsule_lib.commands``, the top layer; nothing imports it); ``python -m capsule_lib.train``
 runs ``capsule_lib/train/__main__.py``, which holds nothing but the call of :func:`main`.
 """
 

@@ -36,7 +36,7 @@ __all__ = [
     "write_image_folder",
 ]
 
-#: PIL modes read as one grey channel (any other mode is read as RGB: palette, RGBA, CMYK, ...)
+#: PIL modes read as one grey channel (any other mode is read as RGB, e.g. palette, RGBA, CMYK)
 GREY_MODES = frozenset({"1", "L", "LA", "I", "I;16", "I;16L", "I;16B", "I;16N", "F"})
 #: the decoded-images cache's format; a cache of another format (or another capsule_lib version) is rebuilt
 CACHE_FORMAT = 1
@@ -113,7 +113,7 @@ def list_image_files(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> 
 
     Parameters
     ----------
-    paths : str, os.PathLike or a sequence of them
+    paths : str, os.PathLike or list
         Files and folders.
 
     Returns

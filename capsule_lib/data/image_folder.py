@@ -22,7 +22,7 @@ from .image_files import GREY_MODES, MAX_CACHED_SIDE, Decoded, FileImages, decod
 
 __all__ = ["IMAGES", "SPLIT_NAMES", "ImageSource"]
 
-#: the kind of a folder's dataset name: ``"images:PATH"`` (options after ``?``: :attr:`ImageSource.spec`)
+#: the kind of a folder's dataset name, ``"images:PATH"`` (options after ``?``, see :attr:`ImageSource.spec`)
 IMAGES = "images"
 #: the split folders of a folder that brings its own splits (``valid`` and ``validation`` are read as ``val``)
 SPLIT_NAMES = {"train": 0, "val": 1, "valid": 1, "validation": 1, "test": 2}
@@ -42,9 +42,11 @@ class ImageSource:
         The side images are resized to; ``None``: decided from the files.
     channels : int or None
         1 (grey) or 3 (RGB); ``None``: decided from the files.
-    val_fraction, test_fraction : float
-        The share of each class's training images held out for validation / test where the folder has no
-        ``val/`` / ``test/`` (default 0.1 each; both splits must end up with images).
+    val_fraction : float
+        The share of each class's training images held out for validation where the folder has no ``val/``
+        (default 0.1; the split must end up with images).
+    test_fraction : float
+        The same for the test split, where the folder has no ``test/`` (default 0.1).
     split_seed : int
         The seed of those held-out files.
     skip_bad : bool

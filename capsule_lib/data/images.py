@@ -59,7 +59,7 @@ from .image_folder import (
 )
 from .._contracts import checked
 
-__all__ = ["ImageSource", "ImageFacts", "image_facts", "register_images", "describe_images"]
+__all__ = ["ImageFacts", "image_facts", "register_images", "describe_images"]
 
 _SPLITS = ("train", "val", "test")
 _MEMORY: dict[str, dict[str, Any]] = {}  # register_images: name -> its prepared images
@@ -81,8 +81,10 @@ class ImageFacts:
         1 or 3.
     image_size : int
         The side of every image.
-    mean, std : list of float
+    mean : list of float
         Per channel, over the training split (values in [0, 1]).
+    std : list of float
+        Per channel, over the training split.
     record : dict
         Every decision (the run records it as ``history.meta["images"]``).
     """

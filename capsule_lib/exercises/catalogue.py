@@ -5,7 +5,8 @@ Each exercise's cases are inputs and what the library's tested reference returns
 ``routing_critique``, ``report``; for the EM and Heinsen steps, the per-iteration trace of the library's routing). Each
 :class:`~capsule_lib.exercises.checker.Mistake` is a wrong implementation that the seeds' code made (or that a reader
 makes while following the formula), written in the form the mistake takes, with the sentence that names it. The
-exercises themselves live in :mod:`.vectors`, :mod:`.matrices`, :mod:`.measures` and :mod:`.images`.
+exercises themselves live in :mod:`capsule_lib.exercises.vectors`, :mod:`capsule_lib.exercises.matrices`,
+:mod:`capsule_lib.exercises.measures` and :mod:`capsule_lib.exercises.images`.
 """
 
 from __future__ import annotations

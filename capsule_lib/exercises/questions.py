@@ -31,7 +31,7 @@ __all__ = ["QUESTIONS", "quiz", "questions_of"]
 TITLE = "Check your understanding"
 
 
-#: every chapter's question builder (keyword arguments: the measurements its predict questions reveal)
+#: every chapter's question builder (its keyword arguments are the measurements its predict questions reveal)
 QUESTIONS: dict[str, Callable[..., list[Question]]] = {
     f.__name__.removesuffix("_questions"): f
     for f in (

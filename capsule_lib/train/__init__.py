@@ -5,7 +5,7 @@ the shipped checkpoints a run is exported to or starts from (:mod:`~capsule_lib.
 
 Layering: ``train/`` sits below :mod:`capsule_lib.pretrained` (which re-exports the shipped checkpoints' names for
 their readers) and imports nothing from it, nor from :mod:`capsule_lib.notebook`. The commands ``python -m
-capsule_lib.train`` and ``python -m capsule_lib.train.speedrun`` are :mod:`capsule_lib.commands` (the top layer);
+capsule_lib.train`` and ``python -m capsule_lib.train.speedrun`` are ``capsule_lib.commands`` (the top layer);
 ``__main__.py`` and ``speedrun.py`` here are their entry modules, which hold nothing but the call.
 
 The objectives a recipe trains with live with the losses (:mod:`capsule_lib.losses`), the loaders with the

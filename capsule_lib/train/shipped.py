@@ -51,6 +51,9 @@ __all__ = [
     "export_checkpoint",
     "evaluation_metrics",
     "export_run",
+    "BOUND_FIELDS",
+    "EntryMismatchError",
+    "bound_sha256",
 ]
 
 # the shipped checkpoints' folder, capsule_lib/checkpoints (registry.json, <name>.pt, .history.json); a plain comment:
