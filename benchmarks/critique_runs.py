@@ -5,8 +5,11 @@ and record what each reached: ``runs/critique/<name>/result.json`` per run, then
 Several workers can share the queue (each claims a run by creating ``<name>.claim``); a run whose ``result.json``
 exists is skipped. Every run: one torch thread, the protocol of :data:`capsule_lib.routing_critique.CRITIQUE_BUDGET`,
 trained and evaluated by :func:`capsule_lib.routing_critique.train_run` (what the chapter calls with ``TRAIN`` on).
+``--collect`` merges the new results into the shipped records (a new record replaces the one of the same name:
+:func:`capsule_lib.routing_critique.merge_records`).
 
     python benchmarks/critique_runs.py --data-root $CAPSULE_DATA          # one worker (start two on two cores)
+    python benchmarks/critique_runs.py --only critique_norb_ _scaled_      # only runs whose name contains one of these
     python benchmarks/critique_runs.py --collect
 """
 
@@ -19,20 +22,19 @@ from pathlib import Path
 
 import torch
 
-from capsule_lib.cost import machine_info
-from capsule_lib.routing_critique import CRITIQUE_RECORDS, critique_runs, train_run
+from capsule_lib.routing_critique import CRITIQUE_RECORDS, critique_runs, merge_records, recorded_runs, train_run
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = CRITIQUE_RECORDS  # capsule_lib/checkpoints/critique_runs.json: shipped with the checkpoints
 
 
-def worker(data_root: str | None, only: str | None) -> None:
+def worker(data_root: str | None, only: list[str] | None) -> None:
     torch.set_num_threads(1)
     base = ROOT / "runs" / "critique"
     base.mkdir(parents=True, exist_ok=True)
     runs = sorted(critique_runs(), key=lambda r: (r.seed, r.dataset != "mnist"))  # a whole seed first
     for run in runs:
-        if only and only not in run.name:
+        if only and not any(part in run.name for part in only):
             continue
         out = base / run.name
         if (out / "result.json").exists():
@@ -51,24 +53,16 @@ def worker(data_root: str | None, only: str | None) -> None:
 
 def collect() -> None:
     base = ROOT / "runs" / "critique"
-    rows = [json.loads(p.read_text()) for p in sorted(base.glob("*/result.json"))]
-    planned = {r.name for r in critique_runs()}
-    rows = [r for r in rows if r["name"] in planned]
-    machine = machine_info("cpu")
-    out = {
-        "machine": machine,
-        "protocol": "capsule_lib.critique.CRITIQUE_BUDGET",
-        "rows": rows,
-        "missing": sorted(planned - {r["name"] for r in rows}),
-    }
+    new = [json.loads(p.read_text()) for p in sorted(base.glob("*/result.json"))]
+    out = {"protocol": "capsule_lib.routing_critique.CRITIQUE_BUDGET", **merge_records(recorded_runs(), new)}
     RESULTS.write_text(json.dumps(out, indent=1))
-    print(f"{len(rows)} runs -> {RESULTS.relative_to(ROOT)}; missing {len(out['missing'])}")
+    print(f"{len(out['rows'])} runs ({len(new)} new) -> {RESULTS.relative_to(ROOT)}; missing {len(out['missing'])}")
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data-root", default=os.environ.get("CAPSULE_DATA"))
-    ap.add_argument("--only", help="train only the runs whose name contains this")
+    ap.add_argument("--only", nargs="+", help="train only the runs whose name contains one of these")
     ap.add_argument("--collect", action="store_true", help="write capsule_lib/checkpoints/critique_runs.json")
     a = ap.parse_args()
     collect() if a.collect else worker(a.data_root, a.only)

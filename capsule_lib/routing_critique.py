@@ -26,12 +26,15 @@ import torch
 
 from ._checks import module_device
 from .comparison import SHORT_LABELS, contestant_recipe
+from .cost import machine_info
 from .critique import gradient_by_layer, routing_by_layer
 from .data import get_dataset
 from .evaluation import accuracy_standard_error, predict
-from .routing.kinds import ROUTING_KINDS
+from .learning import CHANCE, DID_NOT_TRAIN_LABEL, NOT_TESTED, learned
+from .routing.kinds import DEFAULT_ITERATIONS, ROUTING_KINDS
 from .train import train
 from .train.shipped import CHECKPOINT_DIR
+from .types import COUPLINGS
 
 __all__ = [
     "CRITIQUE_BUDGET",
@@ -39,6 +42,7 @@ __all__ = [
     "CRITIQUE_DYNAMIC_ITERATIONS",
     "CRITIQUE_DEPTHS",
     "DEPTH_CAPSULES",
+    "CRITIQUE_HEADS",
     "CritiqueRun",
     "critique_runs",
     "N_AFFINE",
@@ -46,6 +50,8 @@ __all__ = [
     "train_run",
     "CRITIQUE_RECORDS",
     "recorded_runs",
+    "merge_records",
+    "records_line",
     "retrain_cost",
     "METRICS",
     "METRIC_SIZES",
@@ -55,8 +61,14 @@ __all__ = [
     "summarise",
     "versus",
     "judged",
+    "first_pass_rows",
     "COUPLING_HEADERS",
     "coupling_rows",
+    "PANELS",
+    "coupling_panels",
+    "iteration_rows",
+    "ROUTING_FREE_ROWS",
+    "routing_free_rows",
     "DepthPoint",
     "depth_series",
     "DEPTH_HEADERS",
@@ -88,13 +100,17 @@ CRITIQUE_DEPTHS: tuple[int, ...] = (1, 2, 3, 4)
 #: capsules per hidden routing layer in the depth series
 DEPTH_CAPSULES = 16
 
+#: the routing-free heads trained on MNIST (:data:`~capsule_lib.models.routing_classifier.HEADS` but ``"routing"``)
+CRITIQUE_HEADS: tuple[str, ...] = ("hvc", "shared_transform", "aff_capsnet")
+
 
 @dataclass(frozen=True)
 class CritiqueRun:
     """One training run of the chapter: ``kind`` (a routing kind) routed with ``couplings`` (``"routed"``: its own
     algorithm; ``"uniform"``, ``"random"``: Paik et al.'s baselines) for ``iterations`` (``None``: its default), or
-    a routing-free ``head`` (``"hvc"``, ``"shared_transform"``), on ``dataset`` with ``seed``; ``depth`` (a run of the
-    depth series): that many routing layers, ``depth - 1`` of them hidden (:data:`DEPTH_CAPSULES` capsules each)."""
+    a routing-free ``head`` (:data:`CRITIQUE_HEADS`), on ``dataset`` with ``seed``; ``depth`` (a run of the depth
+    series): that many routing layers, ``depth - 1`` of them hidden (:data:`DEPTH_CAPSULES` capsules each), with
+    ``scaled_votes`` every routing layer's votes scaled to its fan-in (``RoutingClassifierConfig.scaled_votes``)."""
 
     dataset: str
     kind: str
@@ -103,6 +119,7 @@ class CritiqueRun:
     iterations: int | None = None
     head: str = "routing"
     depth: int | None = None
+    scaled_votes: bool = False
 
     @property
     def name(self) -> str:
@@ -116,23 +133,27 @@ class CritiqueRun:
             model["model__iterations"] = self.iterations
         if self.depth is not None:
             model["model__hidden"] = (DEPTH_CAPSULES,) * (self.depth - 1)
+        if self.scaled_votes:
+            model["model__scaled_votes"] = True
         fields = {**CRITIQUE_BUDGET[self.dataset], "seed": self.seed, **model, **overrides}
         return contestant_recipe(self.kind, self.dataset, **fields)
 
 
 def critique_runs(datasets: Sequence[str] = ("mnist", "norb"), heads: bool = True) -> list[CritiqueRun]:
     """Every run of the chapter, in training order: per dataset and seed, each routing kind routed, with uniform and
-    with random couplings; dynamic routing at :data:`CRITIQUE_DYNAMIC_ITERATIONS`; with ``heads``, the two
-    routing-free heads and the depth series (:data:`CRITIQUE_DEPTHS`; MNIST only: the affine test)."""
+    with random couplings; dynamic routing at :data:`CRITIQUE_DYNAMIC_ITERATIONS`; with ``heads``, the routing-free
+    heads (:data:`CRITIQUE_HEADS`) and the depth series (:data:`CRITIQUE_DEPTHS`) with the paper's layers and with
+    votes scaled to the fan-in (MNIST only: the affine test)."""
     runs = []
     for ds in datasets:
         for seed in CRITIQUE_SEEDS:
             runs += [CritiqueRun(ds, k, c, seed) for k in ROUTING_KINDS for c in ("routed", "uniform", "random")]
             runs += [CritiqueRun(ds, "dynamic", "routed", seed, T) for T in CRITIQUE_DYNAMIC_ITERATIONS]
             if heads and ds == "mnist":
-                runs += [CritiqueRun(ds, "dynamic", seed=seed, head=h) for h in ("hvc", "shared_transform")]
-    for seed in CRITIQUE_SEEDS if heads and "mnist" in datasets else ():
-        runs += [CritiqueRun("mnist", "dynamic", seed=seed, depth=k) for k in CRITIQUE_DEPTHS]
+                runs += [CritiqueRun(ds, "dynamic", seed=seed, head=h) for h in CRITIQUE_HEADS]
+    for scaled in (False, True) if heads and "mnist" in datasets else ():
+        for seed in CRITIQUE_SEEDS:
+            runs += [CritiqueRun("mnist", "dynamic", seed=seed, depth=k, scaled_votes=scaled) for k in CRITIQUE_DEPTHS]
     return runs
 
 
@@ -167,11 +188,13 @@ def train_run(
         "iterations": run.iterations,
         "head": run.head,
         "depth": run.depth,
+        "scaled_votes": run.scaled_votes,
         "parameters": sum(p.numel() for p in model.parameters()),
         "epochs": hist.records[-1]["epoch"],
         "train_images": hist.meta["train_images"],
         "train_seconds": hist.records[-1]["wall_time"],
         "hardware": hist.meta["hardware"],
+        "device_name": machine_info(module_device(model)).get("device_name"),
         "torch": hist.meta["torch"],
         "val_acc": hist.best("val_acc")["val_acc"],
     }
@@ -202,9 +225,36 @@ CRITIQUE_RECORDS = CHECKPOINT_DIR / "critique_runs.json"
 
 
 def recorded_runs(path: Any = None) -> dict[str, Any]:
-    """The shipped records of the chapter's runs: ``{"machine": ..., "rows": [record, ...], "missing": [name, ...]}``
-    (``path``: another file of that form)."""
+    """The shipped records of the chapter's runs: ``{"machines": {device name: runs}, "rows": [record, ...],
+    "missing": [name, ...]}`` (``path``: another file of that form)."""
     return json.loads(Path(path or CRITIQUE_RECORDS).read_text())
+
+
+def merge_records(old: dict[str, Any], new: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The records ``old`` with the run records ``new`` added, a new record replacing an old one of the same name;
+    only planned runs (:func:`critique_runs`) are kept, in planned order. A record without ``device_name`` (the first
+    records, which kept one machine for all) takes ``old["machine"]``'s."""
+    planned = [r.name for r in critique_runs()]
+    by_name = {r["name"]: r for r in old.get("rows", [])}
+    default = old.get("machine", {}).get("device_name")
+    for r in by_name.values():
+        r.setdefault("device_name", default)
+    by_name.update({r["name"]: r for r in new})
+    rows = [by_name[n] for n in planned if n in by_name]
+    machines: dict[str, int] = {}
+    for r in rows:
+        machines[r["device_name"]] = machines.get(r["device_name"], 0) + 1
+    return {"machines": machines, "rows": rows, "missing": [n for n in planned if n not in by_name]}
+
+
+def records_line(records: dict[str, Any]) -> str:
+    """One line on what the records hold: runs, machines, torch, CPU hours."""
+    rows = records["rows"]
+    machines = records.get("machines") or {records["machine"]["device_name"]: len(rows)}
+    on = ", ".join(f"{n} on {m}" for m, n in machines.items())
+    torches = ", ".join(sorted({r["torch"] for r in rows}))
+    hours = sum(r["total_seconds"] for r in rows) / 3600
+    return f"{len(rows)} runs ({on}), one thread each, torch {torches}; {hours:.1f} CPU hours"
 
 
 def retrain_cost(records: dict[str, Any] | None = None) -> str:
@@ -248,29 +298,32 @@ METRIC_SIZES: dict[str, int] = {
 
 
 def config_key(row: dict[str, Any]) -> str:
-    """A run's configuration without its seed: ``"<kind>_<couplings>"`` (then ``"_T<iterations>"`` and
-    ``"_depth<k>"`` where set), or the routing-free head's name."""
+    """A run's configuration without its seed: ``"<kind>_<couplings>"`` (then ``"_T<iterations>"``, ``"_depth<k>"``
+    and ``"_scaled"`` where set), or the routing-free head's name."""
     if row.get("head", "routing") != "routing":
         return row["head"]
     its = f"_T{row['iterations']}" if row.get("iterations") is not None else ""
     depth = f"_depth{row['depth']}" if row.get("depth") is not None else ""
-    return f"{row['kind']}_{row['couplings']}{its}{depth}"
+    scaled = "_scaled" if row.get("scaled_votes") else ""
+    return f"{row['kind']}_{row['couplings']}{its}{depth}{scaled}"
 
 
 @dataclass(frozen=True)
 class Measured:
     """One configuration's metric over its seeds: the mean, its standard error (the spread over the seeds and the
-    binomial error of each accuracy on ``n_images``, added in quadrature) and the seeds' values."""
+    binomial error of each accuracy on ``n_images``, added in quadrature), the seeds' values and whether every one of
+    its runs learned (:mod:`capsule_lib.learning`'s rule; shown as "did not train" when not)."""
 
     mean: float
     se: float
     values: tuple[float, ...]
+    learned: bool = True
 
     def __str__(self) -> str:
-        return f"{100 * self.mean:.2f} ± {100 * self.se:.2f}"
+        return f"{100 * self.mean:.2f} ± {100 * self.se:.2f}" + ("" if self.learned else f" ({DID_NOT_TRAIN_LABEL})")
 
 
-def measured(values: Sequence[float], n_images: int) -> Measured:
+def measured(values: Sequence[float], n_images: int, learned: bool = True) -> Measured:
     """:class:`Measured` of one configuration's accuracies over seeds (``values``), each on ``n_images`` images."""
     v = torch.tensor([float(x) for x in values], dtype=torch.float64)
     if v.numel() == 0:
@@ -278,20 +331,23 @@ def measured(values: Sequence[float], n_images: int) -> Measured:
     m = v.mean().item()
     seed_var = (v.var(unbiased=True).item() / v.numel()) if v.numel() > 1 else 0.0
     binom_var = accuracy_standard_error(m, n_images) ** 2 / v.numel()
-    return Measured(m, math.sqrt(seed_var + binom_var), tuple(v.tolist()))
+    return Measured(m, math.sqrt(seed_var + binom_var), tuple(v.tolist()), learned)
 
 
 def summarise(rows: Sequence[dict[str, Any]], dataset: str) -> dict[str, dict[str, Measured]]:
     """The runs of ``dataset`` by configuration (:func:`config_key`) -> metric (:data:`METRICS`) -> :class:`Measured`
-    over their seeds."""
+    over their seeds; a configuration learned when each of its runs' validation accuracy passes the book's rule
+    (:func:`~capsule_lib.learning.learned`) against the best run of ``dataset`` (every run has the same budget)."""
     groups: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         if r["dataset"] == dataset:
             groups.setdefault(config_key(r), []).append(r)
-    return {
-        key: {m: measured([r[m] for r in rs], METRIC_SIZES[m]) for m in METRICS[dataset] if m in rs[0]}
-        for key, rs in groups.items()
-    }
+    best = max((r["val_acc"] for rs in groups.values() for r in rs), default=0.0)
+    out = {}
+    for key, rs in groups.items():
+        ok = all(learned(r["val_acc"], best, CHANCE[dataset]) for r in rs)
+        out[key] = {m: measured([r[m] for r in rs], METRIC_SIZES[m], ok) for m in METRICS[dataset] if m in rs[0]}
+    return out
 
 
 def versus(a: Measured, b: Measured) -> str:
@@ -306,10 +362,31 @@ def versus(a: Measured, b: Measured) -> str:
 
 
 def judged(a: Measured, b: Measured) -> str | None:
-    """:func:`versus`, where both measurements have at least two seeds; ``None`` where one has a single seed (its
-    standard error would hold the test set's binomial error only, not how much training from another seed moves the
-    accuracy, and at a short budget that is the larger part)."""
+    """:func:`versus`, where both measurements have at least two seeds and both learned; :data:`~capsule_lib.learning.
+    NOT_TESTED` where one did not learn; ``None`` where one has a single seed (its standard error would hold the test
+    set's binomial error only, not how much training from another seed moves the accuracy, and at a short budget that
+    is the larger part)."""
+    if not (a.learned and b.learned):
+        return NOT_TESTED
     return versus(a, b) if min(len(a.values), len(b.values)) >= 2 else None
+
+
+def first_pass_rows() -> list[list[str]]:
+    """Section 1's check, in float64 on random capsules (4 images, 32 -> 10 capsules of 16): each routing's one pass
+    with uniform couplings against its first iteration, max |difference| (self-attention: no iterations); EM's
+    fixed-coupling pass at its first iteration's inverse temperature, its default being its last's."""
+    torch.manual_seed(0)
+    u, a = torch.randn(4, 32, 16, dtype=torch.float64), torch.randn(4, 32, dtype=torch.float64)
+    rows = []
+    for kind, spec in ROUTING_KINDS.items():
+        layer = spec.build(32, 10, 16, None, "routed").double()
+        if hasattr(layer, "coupled_temperature"):
+            layer.coupled_temperature = "first"  # the first iteration's (the default: its last iteration's)
+        poses, acts = (u if spec.squash is None else spec.squash(u)), spec.input_activations(a)
+        fixed = layer.route(poses, acts, couplings="uniform").poses
+        first = layer.route(poses, acts, iterations=1).poses if DEFAULT_ITERATIONS[kind] else None
+        rows.append([SHORT_LABELS[kind], "no iterations" if first is None else f"{(fixed - first).abs().max():.1e}"])
+    return rows
 
 
 #: the columns of :func:`coupling_rows`
@@ -328,6 +405,65 @@ def coupling_rows(summary: dict[str, dict[str, Measured]], metric: str) -> list[
         vs = [(judged(got[0], g) or "one seed: not judged") if g is not None else "" for g in got[1:]]
         rows.append([SHORT_LABELS[kind], *cells, *vs])
     return rows
+
+
+#: the panels of the chapter's coupling figure: title -> (dataset, metric)
+PANELS: dict[str, tuple[str, str]] = {
+    "MNIST test": ("mnist", "test_acc"),
+    "affine MNIST": ("mnist", "affine_acc"),
+    "novel views (smallNORB-like)": ("norb", "test_novel_acc"),
+}
+
+
+def coupling_panels(summaries: dict[str, dict[str, dict[str, Measured]]]) -> dict[str, dict[str, dict[str, Measured]]]:
+    """The coupling figure's data (:data:`PANELS`): panel title -> routing kind -> couplings -> :class:`Measured`,
+    from ``summaries`` (dataset -> :func:`summarise`)."""
+    panels = {}
+    for title, (ds, metric) in PANELS.items():
+        summary = summaries.get(ds, {})
+        panels[title] = {
+            kind: {c: summary[f"{kind}_{c}"][metric] for c in COUPLINGS if f"{kind}_{c}" in summary}
+            for kind in ROUTING_KINDS
+        }
+    return panels
+
+
+def iteration_rows(summaries: dict[str, dict[str, dict[str, Measured]]]) -> tuple[list[str], list[list[Any]]]:
+    """Dynamic routing's runs by iterations (1: uniform couplings, its first pass; 3: its default; and
+    :data:`CRITIQUE_DYNAMIC_ITERATIONS`): headers and rows of MNIST test, affine and novel-view accuracy."""
+    keys = {
+        1: "dynamic_uniform",
+        3: "dynamic_routed",
+        **{T: f"dynamic_routed_T{T}" for T in CRITIQUE_DYNAMIC_ITERATIONS},
+    }
+    cols = [("mnist", "test_acc"), ("mnist", "affine_acc"), ("norb", "test_novel_acc")]
+    headers = ["iterations", *(f"{METRICS[ds][m]} (%)" for ds, m in cols)]
+    rows = [
+        [T, *(str(summaries[ds][keys[T]][m]) if keys[T] in summaries.get(ds, {}) else "not run" for ds, m in cols)]
+        for T in sorted(keys)
+    ]
+    return headers, rows
+
+
+#: section 3's networks: configuration key -> label
+ROUTING_FREE_ROWS = {
+    "dynamic_routed": "dynamic routing (3 iterations)",
+    "dynamic_uniform": "dynamic, uniform couplings",
+    "shared_transform": "one transform per capsule type, no routing",
+    "aff_capsnet": "Aff-CapsNets' layer: one transform per class, no routing",
+    "hvc": "homogeneous vector capsules",
+}
+
+
+def routing_free_rows(records: dict[str, Any], mnist: dict[str, dict[str, Measured]]) -> list[list[str]]:
+    """Section 3's table: each network of :data:`ROUTING_FREE_ROWS` that was run, its parameters, MNIST test and
+    affine accuracy (:func:`summarise` of the MNIST runs, ``mnist``)."""
+    params = {config_key(r): r["parameters"] for r in records["rows"] if r["dataset"] == "mnist"}
+    return [
+        [label, f"{params[key] / 1e6:.2f}M", str(mnist[key]["test_acc"]), str(mnist[key]["affine_acc"])]
+        for key, label in ROUTING_FREE_ROWS.items()
+        if key in mnist
+    ]
 
 
 @dataclass(frozen=True)
@@ -351,10 +487,12 @@ class DepthPoint:
         return [layer["grad_rms"] for layer in self.layers]
 
 
-def depth_series(rows: Sequence[dict[str, Any]]) -> dict[int, DepthPoint]:
-    """The depth series among the recorded ``rows`` (those with a ``depth``), by depth (empty if there are none)."""
-    series = [r for r in rows if r.get("depth") is not None]
-    acc = summarise(series, "mnist")
+def depth_series(rows: Sequence[dict[str, Any]], scaled_votes: bool = False) -> dict[int, DepthPoint]:
+    """The depth series among the recorded ``rows`` (those with a ``depth``; with ``scaled_votes``, the series with
+    the votes scaled to the fan-in), by depth (empty if there are none). Whether each depth learned is judged
+    against every MNIST run of ``rows`` (the same budget)."""
+    series = [r for r in rows if r.get("depth") is not None and bool(r.get("scaled_votes")) == scaled_votes]
+    acc = summarise([r for r in rows if r["dataset"] == "mnist"], "mnist")
     out = {}
     for depth in sorted({r["depth"] for r in series}):
         rs = [r for r in series if r["depth"] == depth]
