@@ -29,6 +29,12 @@ ROOT = Path(__file__).resolve().parents[1]
 BASE = ROOT / "runs" / "compare"
 
 
+def _source(dataset: str, data_root: str | None) -> DataSource:
+    """MNIST from the data root; the viewpoint protocol's smallNORB, missing from the book's data, as its generated
+    stand-in without a download attempt."""
+    return DataSource.of(data_root, offline=True, standin=True) if dataset == "norb" else DataSource.of(data_root)
+
+
 def worker(dataset: str, data_root: str | None) -> None:
     torch.set_num_threads(1)
     BASE.mkdir(parents=True, exist_ok=True)
@@ -42,7 +48,7 @@ def worker(dataset: str, data_root: str | None) -> None:
             continue
         recipe = contestant_recipe(name, dataset)  # on "norb": smallNORB, or its generated stand-in where it is missing
         budget = BUDGET_MINUTES[dataset]
-        train(recipe, out_dir=out, data_root=data_root, budget_minutes=budget, standin=True, progress=False)
+        train(recipe, out_dir=out, data_root=_source(dataset, data_root), budget_minutes=budget, progress=False)
         print(f"{out.name}: trained", flush=True)
 
 
@@ -63,8 +69,7 @@ def export(dataset: str, data_root: str | None) -> None:
             f"learning-rate warm-up over the first epoch where it has one (capsule_lib.comparison.PROTOCOL); one "
             f"thread on a 2-core {cpu}, two runs at a time, the machine shared with other work. Selected on validation."
         )
-        source = DataSource.of(data_root, standin=True)
-        entry = export_run(out, shipped_name(name, dataset), data_root=source, notes=notes)
+        entry = export_run(out, shipped_name(name, dataset), data_root=_source(dataset, data_root), notes=notes)
         print(f"{shipped_name(name, dataset)}: {entry['metrics']}", flush=True)
 
 

@@ -76,8 +76,8 @@ DIAGNOSES: dict[str, tuple[int, int, dict[str, tuple[str, str, dict[str, Any], A
         },
     ),
     "depth": (
-        150,
-        15,
+        100,
+        10,
         {
             "defaults (3 routing layers, hidden 16, 16)": (
                 "dynamic",
@@ -93,12 +93,6 @@ DIAGNOSES: dict[str, tuple[int, int, dict[str, tuple[str, str, dict[str, Any], A
             ),
             "lr 1e-4": ("dynamic", "mnist", {**MNIST, "model__hidden": (16, 16), "lr": 1e-4}, None),
             "hidden 64, 64": ("dynamic", "mnist", {**MNIST, "model__hidden": (64, 64)}, None),
-            "fan-in init, bias 0.1": (
-                "dynamic",
-                "mnist",
-                {**MNIST, "model__hidden": (16, 16)},
-                _hidden_init("fan_in", 0.1),
-            ),
             "fan-in init, bias 0": (
                 "dynamic",
                 "mnist",
@@ -120,8 +114,8 @@ DIAGNOSES: dict[str, tuple[int, int, dict[str, tuple[str, str, dict[str, Any], A
         },
     ),
     "shared": (
-        150,
-        15,
+        100,
+        10,
         {
             "one transform per type (the first records)": (
                 "dynamic",
@@ -139,8 +133,8 @@ DIAGNOSES: dict[str, tuple[int, int, dict[str, tuple[str, str, dict[str, Any], A
         },
     ),
     "em_fixed": (
-        150,
-        15,
+        100,
+        10,
         {
             "before: first iteration's inverse temperature": (
                 "em",

@@ -30,7 +30,7 @@ from .cost import machine_info
 from .critique import gradient_by_layer, routing_by_layer
 from .data import get_dataset
 from .evaluation import accuracy_standard_error, predict
-from .learning import CHANCE, DID_NOT_TRAIN_LABEL, NOT_TESTED, learned
+from .learning import CHANCE, DID_NOT_TRAIN, DID_NOT_TRAIN_LABEL, NOT_TESTED, learned, learning_threshold
 from .routing.kinds import DEFAULT_ITERATIONS, ROUTING_KINDS
 from .train import train
 from .train.shipped import CHECKPOINT_DIR
@@ -62,6 +62,8 @@ __all__ = [
     "versus",
     "judged",
     "first_pass_rows",
+    "UNTRAINED_HEADERS",
+    "untrained_rows",
     "COUPLING_HEADERS",
     "coupling_rows",
     "PANELS",
@@ -369,6 +371,28 @@ def judged(a: Measured, b: Measured) -> str | None:
     if not (a.learned and b.learned):
         return NOT_TESTED
     return versus(a, b) if min(len(a.values), len(b.values)) >= 2 else None
+
+
+#: the columns of :func:`untrained_rows`
+UNTRAINED_HEADERS = ("data", "best val. (%)", "the rule's line (%)", "runs below it", "measured cause")
+
+
+def untrained_rows(records: dict[str, Any]) -> list[list[str]]:
+    """The book's rule on the records, one row per dataset: the best validation accuracy, the line a run must reach
+    (:func:`~capsule_lib.learning.learning_threshold`), the runs below it (``none``) and their labelled causes
+    (:data:`~capsule_lib.learning.DID_NOT_TRAIN`; ``"not labelled"`` if one has none)."""
+    rows = []
+    for ds in METRICS:
+        runs = {r["name"]: r["val_acc"] for r in records["rows"] if r["dataset"] == ds}
+        if not runs:
+            continue
+        best = max(runs.values())
+        line = learning_threshold(best, CHANCE[ds])
+        below = sorted(n for n, acc in runs.items() if acc < line)
+        causes = sorted({DID_NOT_TRAIN.get(n, "not labelled") for n in below})
+        names = ", ".join(f"{n.removeprefix('critique_')} ({100 * runs[n]:.1f})" for n in below) or "none"
+        rows.append([ds, f"{100 * best:.2f}", f"{100 * line:.2f}", names, "; ".join(causes) or "-"])
+    return rows
 
 
 def first_pass_rows() -> list[list[str]]:

@@ -390,6 +390,19 @@ def test_the_chapters_tables_come_from_the_records():
     assert free[0][1] == "1.00M"
 
 
+def test_the_rule_on_the_records_lists_the_runs_below_the_line_with_their_cause():
+    from capsule_lib.routing_critique import untrained_rows
+
+    rows = [
+        {"name": "critique_mnist_a_seed0", "dataset": "mnist", "val_acc": 0.98},
+        {"name": "critique_mnist_b_seed0", "dataset": "mnist", "val_acc": 0.11},
+        {"name": "critique_norb_a_seed0", "dataset": "norb", "val_acc": 0.90},
+    ]
+    (mnist, norb) = untrained_rows({"rows": rows})
+    assert mnist == ["mnist", "98.00", "54.00", "mnist_b_seed0 (11.0)", "not labelled"]
+    assert norb[3:] == ["none", "-"]
+
+
 def test_the_first_pass_check_is_exact_for_every_iterative_routing():
     rows = dict(first_pass_rows())
     assert rows["self-attention"] == "no iterations" and len(rows) == len(ROUTING_KINDS)
