@@ -111,8 +111,8 @@ class CritiqueRun:
     """One training run of the chapter: ``kind`` (a routing kind) routed with ``couplings`` (``"routed"``: its own
     algorithm; ``"uniform"``, ``"random"``: Paik et al.'s baselines) for ``iterations`` (``None``: its default), or
     a routing-free ``head`` (:data:`CRITIQUE_HEADS`), on ``dataset`` with ``seed``; ``depth`` (a run of the depth
-    series): that many routing layers, ``depth - 1`` of them hidden (:data:`DEPTH_CAPSULES` capsules each), with
-    ``scaled_votes`` every routing layer's votes scaled to its fan-in (``RoutingClassifierConfig.scaled_votes``)."""
+    series): that many routing layers, ``depth - 1`` of them hidden (:data:`DEPTH_CAPSULES` capsules each), started
+    as ``hidden_init`` says (``RoutingClassifierConfig.hidden_init``: ``"paper"`` or ``"unit"``)."""
 
     dataset: str
     kind: str
@@ -121,7 +121,7 @@ class CritiqueRun:
     iterations: int | None = None
     head: str = "routing"
     depth: int | None = None
-    scaled_votes: bool = False
+    hidden_init: str = "paper"
 
     @property
     def name(self) -> str:
@@ -135,8 +135,8 @@ class CritiqueRun:
             model["model__iterations"] = self.iterations
         if self.depth is not None:
             model["model__hidden"] = (DEPTH_CAPSULES,) * (self.depth - 1)
-        if self.scaled_votes:
-            model["model__scaled_votes"] = True
+        if self.hidden_init != "paper":
+            model["model__hidden_init"] = self.hidden_init
         fields = {**CRITIQUE_BUDGET[self.dataset], "seed": self.seed, **model, **overrides}
         return contestant_recipe(self.kind, self.dataset, **fields)
 
@@ -144,8 +144,9 @@ class CritiqueRun:
 def critique_runs(datasets: Sequence[str] = ("mnist", "norb"), heads: bool = True) -> list[CritiqueRun]:
     """Every run of the chapter, in training order: per dataset and seed, each routing kind routed, with uniform and
     with random couplings; dynamic routing at :data:`CRITIQUE_DYNAMIC_ITERATIONS`; with ``heads``, the routing-free
-    heads (:data:`CRITIQUE_HEADS`) and the depth series (:data:`CRITIQUE_DEPTHS`) with the paper's layers and with
-    votes scaled to the fan-in (MNIST only: the affine test)."""
+    heads (:data:`CRITIQUE_HEADS`) and the depth series (:data:`CRITIQUE_DEPTHS`) with the paper's initialisation of
+    the hidden layers and with ``"unit"`` (from two routing layers on: one has no hidden layer) (MNIST only: the
+    affine test)."""
     runs = []
     for ds in datasets:
         for seed in CRITIQUE_SEEDS:
@@ -153,9 +154,10 @@ def critique_runs(datasets: Sequence[str] = ("mnist", "norb"), heads: bool = Tru
             runs += [CritiqueRun(ds, "dynamic", "routed", seed, T) for T in CRITIQUE_DYNAMIC_ITERATIONS]
             if heads and ds == "mnist":
                 runs += [CritiqueRun(ds, "dynamic", seed=seed, head=h) for h in CRITIQUE_HEADS]
-    for scaled in (False, True) if heads and "mnist" in datasets else ():
+    for init in ("paper", "unit") if heads and "mnist" in datasets else ():
+        depths = [k for k in CRITIQUE_DEPTHS if init == "paper" or k > 1]
         for seed in CRITIQUE_SEEDS:
-            runs += [CritiqueRun("mnist", "dynamic", seed=seed, depth=k, scaled_votes=scaled) for k in CRITIQUE_DEPTHS]
+            runs += [CritiqueRun("mnist", "dynamic", seed=seed, depth=k, hidden_init=init) for k in depths]
     return runs
 
 
@@ -190,7 +192,7 @@ def train_run(
         "iterations": run.iterations,
         "head": run.head,
         "depth": run.depth,
-        "scaled_votes": run.scaled_votes,
+        "hidden_init": run.hidden_init,
         "parameters": sum(p.numel() for p in model.parameters()),
         "epochs": hist.records[-1]["epoch"],
         "train_images": hist.meta["train_images"],
@@ -301,13 +303,13 @@ METRIC_SIZES: dict[str, int] = {
 
 def config_key(row: dict[str, Any]) -> str:
     """A run's configuration without its seed: ``"<kind>_<couplings>"`` (then ``"_T<iterations>"``, ``"_depth<k>"``
-    and ``"_scaled"`` where set), or the routing-free head's name."""
+    and ``"_<hidden_init>"`` where set and not the paper's), or the routing-free head's name."""
     if row.get("head", "routing") != "routing":
         return row["head"]
     its = f"_T{row['iterations']}" if row.get("iterations") is not None else ""
     depth = f"_depth{row['depth']}" if row.get("depth") is not None else ""
-    scaled = "_scaled" if row.get("scaled_votes") else ""
-    return f"{row['kind']}_{row['couplings']}{its}{depth}{scaled}"
+    init = f"_{row['hidden_init']}" if row.get("hidden_init", "paper") != "paper" else ""
+    return f"{row['kind']}_{row['couplings']}{its}{depth}{init}"
 
 
 @dataclass(frozen=True)
@@ -511,11 +513,15 @@ class DepthPoint:
         return [layer["grad_rms"] for layer in self.layers]
 
 
-def depth_series(rows: Sequence[dict[str, Any]], scaled_votes: bool = False) -> dict[int, DepthPoint]:
-    """The depth series among the recorded ``rows`` (those with a ``depth``; with ``scaled_votes``, the series with
-    the votes scaled to the fan-in), by depth (empty if there are none). Whether each depth learned is judged
-    against every MNIST run of ``rows`` (the same budget)."""
-    series = [r for r in rows if r.get("depth") is not None and bool(r.get("scaled_votes")) == scaled_votes]
+def depth_series(rows: Sequence[dict[str, Any]], hidden_init: str = "paper") -> dict[int, DepthPoint]:
+    """The depth series among the recorded ``rows`` (those with a ``depth``) whose hidden layers started as
+    ``hidden_init`` says (a one-layer network has none: it belongs to every series), by depth (empty if there are
+    none). Whether each depth learned is judged against every MNIST run of ``rows`` (the same budget)."""
+    series = [
+        r
+        for r in rows
+        if r.get("depth") is not None and (r["depth"] == 1 or r.get("hidden_init", "paper") == hidden_init)
+    ]
     acc = summarise([r for r in rows if r["dataset"] == "mnist"], "mnist")
     out = {}
     for depth in sorted({r["depth"] for r in series}):

@@ -97,11 +97,14 @@ def test_the_runs_cover_every_routing_with_both_baselines_and_the_heads_once():
     names = [r.name for r in runs]
     assert len(names) == len(set(names))
     per_seed_and_set = len(ROUTING_KINDS) * 3 + 2  # routed, uniform, random; dynamic at 2 and 5 iterations
-    depths = len(CRITIQUE_DEPTHS)  # the depth series on MNIST, with the paper's layers and with scaled votes
-    assert len(runs) == 2 * 2 * per_seed_and_set + 2 * 3 + 2 * 2 * depths  # two datasets, two seeds; heads on MNIST
+    depths = len(CRITIQUE_DEPTHS)  # the depth series on MNIST, hidden layers started as the paper's and at N(0, 1)
+    # two datasets, two seeds; heads on MNIST; the "unit" series has no one-layer network (it has no hidden layer)
+    assert len(runs) == 2 * 2 * per_seed_and_set + 2 * 3 + 2 * depths + 2 * (depths - 1)
     assert {config_key(vars(r)) for r in runs if r.head != "routing"} == {"hvc", "shared_transform", "aff_capsnet"}
-    assert sorted(r.depth for r in runs if r.depth is not None) == sorted(CRITIQUE_DEPTHS * 4)
-    assert sum(r.scaled_votes for r in runs) == 2 * depths
+    assert sorted(r.depth for r in runs if r.depth is not None and r.hidden_init == "paper") == sorted(
+        CRITIQUE_DEPTHS * 2
+    )
+    assert sorted(r.depth for r in runs if r.hidden_init == "unit") == sorted([k for k in CRITIQUE_DEPTHS if k > 1] * 2)
     assert len(critique_runs(("norb",))) == 2 * per_seed_and_set  # no heads, no depth series without MNIST
 
 
@@ -119,8 +122,8 @@ def test_a_runs_recipe_carries_its_couplings_iterations_head_seed_and_the_budget
     assert r.model.hidden == (DEPTH_CAPSULES,) * 2 and len(r.build_model().hidden_layers) == 2
     assert CritiqueRun("mnist", "dynamic", depth=1).recipe().model.hidden == ()
     assert CritiqueRun("mnist", "dynamic", depth=3).name == "critique_mnist_dynamic_routed_depth3_seed0"
-    scaled = CritiqueRun("mnist", "dynamic", depth=2, scaled_votes=True)
-    assert scaled.name == "critique_mnist_dynamic_routed_depth2_scaled_seed0" and scaled.recipe().model.scaled_votes
+    unit = CritiqueRun("mnist", "dynamic", depth=2, hidden_init="unit")
+    assert unit.name == "critique_mnist_dynamic_routed_depth2_unit_seed0" and unit.recipe().model.hidden_init == "unit"
     assert CritiqueRun("norb", "heinsen_2019").recipe().warmup_epochs == 1.0  # the viewpoint protocol warms up
 
 
@@ -309,9 +312,10 @@ def test_the_depth_series_averages_the_seeds_and_its_verdicts_read_the_deepest_n
         "(did not train)"
     )
     assert [r[3] for r in depth_verdicts(series, "dynamic, defaults")] == [NOT_TESTED] * 3
-    # the scaled series is read apart from the paper's
-    scaled = [{**r, "scaled_votes": True, "test_acc": 0.97, "val_acc": 0.97} for r in rows]
-    assert depth_series(rows + scaled, scaled_votes=True)[3].accuracy["test_acc"].mean == 0.97
+    # the "unit" series is read apart from the paper's, and shares its one-layer network (no hidden layer)
+    unit = [{**r, "hidden_init": "unit", "test_acc": 0.97, "val_acc": 0.97} for r in rows[2:]]
+    both = depth_series(rows + unit, hidden_init="unit")
+    assert both[3].accuracy["test_acc"].mean == 0.97 and both[1].accuracy["test_acc"].mean == 0.98
 
 
 def _m(acc: float) -> Measured:

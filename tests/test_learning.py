@@ -181,3 +181,29 @@ def test_votes_scaled_to_the_fan_in_start_at_unit_weights_and_learn_slower_by_th
         RoutingClassifierConfig(routing="em", scaled_votes=True)
     with pytest.raises(ValueError, match="vote_scale must be a number > 0, got 0"):
         DynamicRouting(4, 2, 4, 4, vote_scale=0)
+
+
+def test_hidden_layers_started_at_unit_weights_pass_the_image_on():
+    """The paper's initialisation makes a hidden layer of 16 capsules output its bias for every image; weights
+    N(0, 1) and biases 0 (``hidden_init="unit"``) make its outputs differ from image to image. The class layer keeps
+    the paper's initialisation."""
+    from capsule_lib.models.routing_classifier import RoutingClassifier, RoutingClassifierConfig
+
+    x = torch.rand(8, 1, 28, 28)
+    spread = {}
+    for init in ("paper", "unit"):
+        torch.manual_seed(0)
+        cfg = RoutingClassifierConfig(stem_channels=(8, 16), primary_types=4, hidden=(16, 16), hidden_init=init)
+        net = RoutingClassifier(cfg).eval()
+        out = net(x, return_routing=True)
+        hidden = out.extra["traces"][1].outputs[-1]  # [B, 16, 16]: the second hidden layer's capsules
+        spread[init] = (hidden - hidden.mean(0)).norm(dim=-1).mean().item() / hidden.norm(dim=-1).mean().item()
+        if init == "unit":
+            assert all(torch.count_nonzero(m.bias) == 0 for m in net.hidden_layers)
+            assert abs(net.hidden_layers[0].weight.std().item() - 1.0) < 0.05
+            assert net.routing.weight.std().item() < 0.02  # the class layer: the paper's
+    assert spread["paper"] < 1e-2 < 0.1 < spread["unit"]
+    with pytest.raises(ValueError, match="hidden_init must be one of \\('paper', 'unit'\\), got 'zeros'"):
+        RoutingClassifierConfig(hidden_init="zeros")
+    with pytest.raises(ValueError, match="hidden_init='unit' needs a routing layer with unit_init_"):
+        RoutingClassifierConfig(routing="em", hidden_init="unit")

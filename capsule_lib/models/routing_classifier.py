@@ -89,6 +89,13 @@ class RoutingClassifierConfig:
     hidden : tuple of int
         Capsules of each hidden routing layer between the primary and the class capsules, image side first, each
         routed like the class layer (default ``()``: none, the comparison network); a routing head only.
+    hidden_init : str
+        How the hidden routing layers start: ``"paper"`` (default), the routing's own initialisation (dynamic
+        routing's ``N(0, 0.01^2)`` weights and 0.1 biases, made for a layer fed by a thousand capsules); ``"unit"``,
+        weights ``N(0, 1)`` and biases 0 (the routing's ``unit_init_``,
+        :meth:`~capsule_lib.routing.dynamic.DynamicRouting.unit_init_`), so that a hidden layer fed by a few capsules
+        passes the image on instead of its biases: the remedy that lets a stack of dynamic routing layers learn
+        (``benchmarks/learning_diagnostics.py depth``); a routing whose layer has it only.
     scaled_votes : bool
         Every routing layer's votes scaled to its fan-in (default ``False``, the paper's layers): the routing's
         ``scale_votes_`` (:meth:`~capsule_lib.routing.dynamic.DynamicRouting.scale_votes_`: effective weights
@@ -107,6 +114,7 @@ class RoutingClassifierConfig:
     couplings: str = "routed"
     head: str = "routing"
     hidden: tuple[int, ...] = ()
+    hidden_init: str = "paper"
     scaled_votes: bool = False
 
     def __post_init__(self) -> None:
@@ -125,6 +133,11 @@ class RoutingClassifierConfig:
         check_choice(self.head, HEADS, "head")
         if self.head != "routing" and (self.iterations is not None or self.couplings != "routed"):
             raise ValueError(f"head {self.head!r} routes nothing: leave iterations=None and couplings='routed'")
+        check_choice(self.hidden_init, ("paper", "unit"), "hidden_init")
+        if self.hidden_init != "paper" and not hasattr(ROUTING_KINDS[self.routing].layer, "unit_init_"):
+            raise ValueError(
+                f"hidden_init={self.hidden_init!r} needs a routing layer with unit_init_; {self.routing!r} has none"
+            )
         if self.scaled_votes and (
             self.head != "routing" or not hasattr(ROUTING_KINDS[self.routing].layer, "scale_votes_")
         ):
@@ -211,6 +224,9 @@ class RoutingClassifier(nn.Module):
             )
         sizes = (N, *cfg.hidden)  # each routing layer's input capsules, image side first
         self.hidden_layers = nn.ModuleList(self._routing_layer(n, m) for n, m in zip(sizes, sizes[1:]))
+        if cfg.hidden_init == "unit":
+            for layer in self.hidden_layers:
+                layer.unit_init_()
         self.routing = self._routing_layer(sizes[-1], K) if self.head is None else None
         # a routing whose outputs have no activations (heinsen_2022, inverted): one linear readout shared by the classes
         self.readout = nn.Linear(d, 1) if self.kind.scores is None and self.head is None else None

@@ -320,6 +320,17 @@ class DynamicRouting(RoutingProtocol, nn.Module):
         self.bias = nn.Parameter(torch.full((n_out, d_out), float(bias_init))) if bias else None
         self.vote_scale = float(vote_scale)
 
+    def unit_init_(self) -> DynamicRouting:
+        """Re-initialise the layer in place for a place deep in a stack (not the paper's): weights ``N(0, 1)``, so a
+        vote is about ``sqrt(d_out)`` times as long as its input, and the bias at 0. The paper's ``N(0, 0.01^2)`` and
+        0.1 suit a layer fed by a thousand capsules; fed by a few, its votes are so short that its output is its bias,
+        the same for every image (``benchmarks/learning_diagnostics.py depth``). Returns the layer."""
+        with torch.no_grad():
+            self.weight.normal_(0.0, 1.0)
+            if self.bias is not None:
+                self.bias.zero_()
+        return self
+
     def scale_votes_(self) -> DynamicRouting:
         """Scale the votes to the layer's fan-in, in place (see the module docstring): ``vote_scale = n_out /
         n_inp``, the stored ``weight ~ N(0, 1 / vote_scale^2)`` (effective weights ``N(0, 1)``), bias 0. Returns
