@@ -33,6 +33,7 @@ __all__ = [
     "routing_free_verdicts",
     "tree_verdicts",
     "depth_verdicts",
+    "tally",
 ]
 
 #: the columns of the verdict rows
@@ -298,3 +299,17 @@ def depth_verdicts(series: dict[int, DepthPoint], label: str = "dynamic") -> lis
             deep_label,
         ),
     ]
+
+
+def tally(verdicts: Sequence[Sequence[str]]) -> str:
+    """One line counting the verdicts of ``verdicts`` (rows of :data:`VERDICT_HEADERS`; a row against both baselines,
+    ``"uniform: ...; random: ..."``, counts twice), most frequent first."""
+    counts: dict[str, int] = {}
+    for *_, v in verdicts:
+        for part in v.split("; "):
+            key = part.split(": ", 1)[-1]
+            counts[key] = counts.get(key, 0) + 1
+    ordered = sorted(counts.items(), key=lambda kv: -kv[1])
+    return f"{len(verdicts)} rows, {sum(counts.values())} verdicts (a row against both baselines counts twice): " + (
+        ", ".join(f"{k} {n}" for k, n in ordered)
+    )

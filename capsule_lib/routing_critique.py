@@ -62,6 +62,8 @@ __all__ = [
     "versus",
     "judged",
     "first_pass_rows",
+    "change_headers",
+    "change_rows",
     "UNTRAINED_HEADERS",
     "untrained_rows",
     "COUPLING_HEADERS",
@@ -373,6 +375,39 @@ def judged(a: Measured, b: Measured) -> str | None:
     if not (a.learned and b.learned):
         return NOT_TESTED
     return versus(a, b) if min(len(a.values), len(b.values)) >= 2 else None
+
+
+def change_headers(data: str) -> list[str]:
+    """The columns of :func:`change_rows` for a test set named ``data``."""
+    return [
+        "routing",
+        "own T",
+        f"{data}: accuracy at T=1",
+        "at own T",
+        "at T=10",
+        "changed at own T",
+        "at T=10",
+        "entropy at T=1 → own → 10",
+    ]
+
+
+def change_rows(changes: dict[str, Any]) -> list[list[Any]]:
+    """Section 2's table, one row per network of ``changes`` (routing kind ->
+    :func:`~capsule_lib.critique.routing_changes`): its own ``T``, the accuracy at ``T = 1``, its own ``T`` and the
+    last, the predictions changed from one pass at its own ``T`` and the last, and the couplings' entropy."""
+    rows = []
+    for kind, ch in changes.items():
+        own = ch.iterations.index(ch.default)
+        rows.append(
+            [
+                SHORT_LABELS[kind],
+                ch.default,
+                *(f"{100 * ch.accuracy[t]:.2f} %" for t in (0, own, -1)),
+                *(f"{100 * ch.changed_from_first[t]:.1f} %" for t in (own, -1)),
+                " → ".join(f"{ch.stats[t].entropy:.2f}" for t in (0, own, -1)),
+            ]
+        )
+    return rows
 
 
 #: the columns of :func:`untrained_rows`

@@ -436,6 +436,21 @@ def _changes(acc, entropies, default=3):
     )
 
 
+def test_the_routing_changes_table_and_the_tally():
+    from capsule_lib.critique_verdicts import tally
+    from capsule_lib.routing_critique import change_headers, change_rows
+
+    ch = _changes([0.2, 0.5, 0.9, 0.95], [1.0, 0.8, 0.5, 0.4])
+    (row,) = change_rows({"em": ch})
+    assert len(row) == len(change_headers("MNIST")) and row[:5] == ["EM", 3, "20.00 %", "90.00 %", "95.00 %"]
+    assert row[-1] == "1.00 → 0.50 → 0.40"
+    rows = [["a", "", "", "uniform: holds; random: not tested (did not train)"], ["b", "", "", "holds"]]
+    assert (
+        tally(rows)
+        == "2 rows, 3 verdicts (a row against both baselines counts twice): holds 2, not tested (did not train) 1"
+    )
+
+
 def test_iteration_verdicts_compare_the_own_t_with_one_pass_and_call_polarised_below_the_threshold():
     from capsule_lib.critique_verdicts import POLARISED_ENTROPY, iteration_verdicts
 
