@@ -270,7 +270,7 @@ DIAGNOSIS_HEADERS = (
     "loss, first 10 → last 10 steps",
     "val. acc. at the end (%)",
     "input activations (mean, share off)",
-    "capsule lengths by layer (mean, share saturated)",
+    "capsule lengths by layer (mean / spread over images / share above 0.99)",
     "RMS gradient by layer, image side first",
 )
 
@@ -281,8 +281,9 @@ def _mean(values: Sequence[float]) -> float:
 
 def diagnosis_rows(results: Mapping[str, dict[str, Any]]) -> list[list[str]]:
     """One table row per probed run of ``results`` (label -> :func:`first_steps`): the mean loss of the first and last
-    ten steps, the probe accuracy at the end, the input activations and capsule lengths at the end (``-`` where the
-    network has none) and the RMS gradient by layer, averaged over the probes after the first step."""
+    ten steps, the probe accuracy at the end, the input activations (mean, share below 0.01) and capsule lengths
+    (mean, spread over the images, share above 0.99) at the end (``-`` where the network has none) and the RMS
+    gradient by layer, averaged over the probes after the first step."""
     rows = []
     for label, r in results.items():
         end = r["probes"][-1]
@@ -297,7 +298,9 @@ def diagnosis_rows(results: Mapping[str, dict[str, Any]]) -> list[list[str]]:
                 f"{_mean(r['loss'][:10]):.3f} → {_mean(r['loss'][-10:]):.3f}",
                 f"{100 * end['val_acc']:.1f}",
                 f"{act['mean']:.2g}, {act['off']:.0%}" if act else "-",
-                "; ".join(f"{x['mean']:.2f}, {x['saturated']:.0%}" for x in lengths) if lengths else "-",
+                "; ".join(f"{x['mean']:.2f} / {x['spread_over_images']:.2f} / {x['saturated']:.0%}" for x in lengths)
+                if lengths
+                else "-",
                 ", ".join(f"{g:.0e}" for g in grads),
             ]
         )

@@ -2,11 +2,16 @@
 
 * **the runs** (:class:`CritiqueRun`, :func:`critique_runs`, :func:`train_run`): every routing kind of the comparison
   network routed, with Paik et al.'s uniform and random couplings, and dynamic routing at other iteration counts,
-  plus the two routing-free heads and a depth series of dynamic routing (one to four routing layers), each for the
-  same epochs (:data:`CRITIQUE_BUDGET`) and two seeds; the records are shipped with the checkpoints
-  (:func:`recorded_runs`);
-* **reading them** (:func:`summarise`, :class:`Measured`, :func:`versus`, :func:`coupling_rows`,
-  :func:`depth_series`, :func:`depth_rows`): means over the seeds with standard errors, the two-standard-error rule.
+  plus the routing-free heads (:data:`CRITIQUE_HEADS`) and a depth series of dynamic routing (one to four routing
+  layers, the hidden layers started as the paper's and at ``N(0, 1)``), each for the same epochs
+  (:data:`CRITIQUE_BUDGET`; on the viewpoint protocol after the comparison's learning-rate warm-up) and two seeds;
+  the records are shipped with the checkpoints (:func:`recorded_runs`, :func:`merge_records`, :func:`records_line`);
+* **reading them** (:func:`summarise`, :class:`Measured`, :func:`versus`, :func:`judged`, :func:`coupling_rows`,
+  :func:`depth_series`, :func:`depth_rows`): means over the seeds with standard errors, the two-standard-error rule,
+  and the book's rule that a network must have learned (:mod:`capsule_lib.learning`: a configuration that did not
+  is shown as "did not train" and never judged); the chapter's other tables and its figure's data
+  (:func:`untrained_rows`, :func:`first_pass_rows`, :func:`coupling_panels`, :func:`iteration_rows`,
+  :func:`routing_free_rows`, :func:`change_rows`).
 
 What they say about the critics' claims: :mod:`capsule_lib.critique_verdicts`; the measurements of trained networks
 come from :mod:`capsule_lib.critique`.
@@ -379,16 +384,8 @@ def judged(a: Measured, b: Measured) -> str | None:
 
 def change_headers(data: str) -> list[str]:
     """The columns of :func:`change_rows` for a test set named ``data``."""
-    return [
-        "routing",
-        "own T",
-        f"{data}: accuracy at T=1",
-        "at own T",
-        "at T=10",
-        "changed at own T",
-        "at T=10",
-        "entropy at T=1 → own → 10",
-    ]
+    at = ["own T", f"{data}: accuracy at T=1", "at own T", "at T=10", "changed at own T", "at T=10"]
+    return ["routing", *at, "entropy at T=1 → own → 10"]
 
 
 def change_rows(changes: dict[str, Any]) -> list[list[Any]]:
