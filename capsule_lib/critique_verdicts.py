@@ -184,7 +184,8 @@ def _judge(a: Measured, b: Measured, verdicts: dict[str, str]) -> tuple[str, str
 def routing_free_verdicts(mnist: dict[str, dict[str, Measured]]) -> list[list[str]]:
     """Gu & Tresp's and Byerly et al.'s claims on the MNIST runs (:func:`summarise`): dynamic routing against its
     uniform couplings on the affine test; Aff-CapsNets' layer (head ``"aff_capsnet"``) against routed dynamic routing
-    on the affine test; the HVC head against the best routed network that learned on the test split."""
+    on the affine test, at the chapter's budget and at each lengthened one both were trained with (keys ending in
+    ``"_e<epochs>"``); the HVC head against the best routed network that learned on the test split."""
     rows = []
     routed, uniform = mnist["dynamic_routed"], mnist["dynamic_uniform"]
     cmp, verdict = _judge(routed["affine_acc"], uniform["affine_acc"], {"higher": "does not hold", "lower": "holds"})
@@ -197,16 +198,15 @@ def routing_free_verdicts(mnist: dict[str, dict[str, Measured]]) -> list[list[st
             "dynamic",
         )
     )
-    if "aff_capsnet" in mnist:
-        shared = mnist["aff_capsnet"]["affine_acc"]
-        cmp, verdict = _judge(shared, routed["affine_acc"], {"higher": "holds", "lower": "does not hold"})
-        rows.append(
-            _claim(
-                "shared",
-                f"affine MNIST: Aff-CapsNets' layer {shared}, dynamic routing {routed['affine_acc']} ({cmp})",
-                verdict,
-            )
-        )
+    for key in sorted(k for k in mnist if k.startswith("aff_capsnet")):  # and with a lengthened budget, "_e<epochs>"
+        budget = key.removeprefix("aff_capsnet")
+        ref = mnist.get(f"dynamic_routed{budget}", {}).get("affine_acc")
+        if ref is None:
+            continue
+        shared = mnist[key]["affine_acc"]
+        cmp, verdict = _judge(shared, ref, {"higher": "holds", "lower": "does not hold"})
+        ours = f"affine MNIST: Aff-CapsNets' layer {shared}, dynamic routing {ref} ({cmp})"
+        rows.append(_claim("shared", ours, verdict, f"{budget[2:]} epochs, both" if budget else ""))
     learned_routed = [k for k in ROUTING_KINDS if f"{k}_routed" in mnist and mnist[f"{k}_routed"]["test_acc"].learned]
     if "hvc" in mnist and learned_routed:
         best = max(learned_routed, key=lambda k: mnist[f"{k}_routed"]["test_acc"].mean)

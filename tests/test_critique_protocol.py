@@ -25,6 +25,7 @@ from capsule_lib.routing_critique import (
     CRITIQUE_BUDGET,
     CRITIQUE_DEPTHS,
     DEPTH_CAPSULES,
+    LONGER_EPOCHS,
     PANELS,
     ROUTING_FREE_ROWS,
     CritiqueRun,
@@ -35,7 +36,6 @@ from capsule_lib.routing_critique import (
     critique_runs,
     depth_rows,
     depth_series,
-    first_pass_rows,
     iteration_rows,
     measured,
     merge_records,
@@ -98,9 +98,20 @@ def test_the_runs_cover_every_routing_with_both_baselines_and_the_heads_once():
     assert len(names) == len(set(names))
     per_seed_and_set = len(ROUTING_KINDS) * 3 + 2  # routed, uniform, random; dynamic at 2 and 5 iterations
     depths = len(CRITIQUE_DEPTHS)  # the depth series on MNIST, hidden layers started as the paper's and at N(0, 1)
-    # two datasets, two seeds; heads on MNIST; the "unit" series has no one-layer network (it has no hidden layer)
-    assert len(runs) == 2 * 2 * per_seed_and_set + 2 * 3 + 2 * depths + 2 * (depths - 1)
-    assert {config_key(vars(r)) for r in runs if r.head != "routing"} == {"hvc", "shared_transform", "aff_capsnet"}
+    # two datasets, two seeds; heads on MNIST; the "unit" series has no one-layer network (it has no hidden layer);
+    # Aff-CapsNets' layer and the routed dynamic network with the lengthened budget
+    assert len(runs) == 2 * 2 * per_seed_and_set + 2 * 3 + 2 * depths + 2 * (depths - 1) + 2 * 2
+    longer = [r for r in runs if r.budget_epochs is not None]
+    assert {config_key(vars(r)) for r in longer} == {
+        f"aff_capsnet_e{LONGER_EPOCHS}",
+        f"dynamic_routed_e{LONGER_EPOCHS}",
+    }
+    assert (
+        longer[0].recipe().epochs == LONGER_EPOCHS
+        and longer[0].name == f"critique_mnist_aff_capsnet_e{LONGER_EPOCHS}_seed0"
+    )
+    heads = {config_key(vars(r)) for r in runs if r.head != "routing" and r.budget_epochs is None}
+    assert heads == {"hvc", "shared_transform", "aff_capsnet"}
     assert sorted(r.depth for r in runs if r.depth is not None and r.hidden_init == "paper") == sorted(
         CRITIQUE_DEPTHS * 2
     )
@@ -408,6 +419,8 @@ def test_the_rule_on_the_records_lists_the_runs_below_the_line_with_their_cause(
 
 
 def test_the_first_pass_check_is_exact_for_every_iterative_routing():
+    from capsule_lib.critique import first_pass_rows
+
     rows = dict(first_pass_rows())
     assert rows["self-attention"] == "no iterations" and len(rows) == len(ROUTING_KINDS)
     assert all(float(v) < 1e-12 for k, v in rows.items() if k != "self-attention")
@@ -437,8 +450,8 @@ def _changes(acc, entropies, default=3):
 
 
 def test_the_routing_changes_table_and_the_tally():
+    from capsule_lib.critique import change_headers, change_rows
     from capsule_lib.critique_verdicts import tally
-    from capsule_lib.routing_critique import change_headers, change_rows
 
     ch = _changes([0.2, 0.5, 0.9, 0.95], [1.0, 0.8, 0.5, 0.4])
     (row,) = change_rows({"em": ch})
@@ -481,8 +494,11 @@ def test_routing_free_and_tree_verdicts():
     # a network that did not learn is never judged: not the Aff-CapsNets row, not the best routed network
     mnist["aff_capsnet"] = {m: measured([0.12, 0.12], 10**9, learned=False) for m in ("test_acc", "affine_acc")}
     mnist["em_routed"] = {m: measured([0.12, 0.12], 10**9, learned=False) for m in ("test_acc", "affine_acc")}
+    mnist["aff_capsnet_e3"] = {"test_acc": _m(0.95), "affine_acc": _m(0.7)}  # a lengthened budget for both
+    mnist["dynamic_routed_e3"] = {"test_acc": _m(0.98), "affine_acc": _m(0.65)}
     rows = routing_free_verdicts(mnist)
-    assert rows[1][3] == NOT_TESTED and "best routed (dynamic)" in rows[2][2]
+    assert rows[1][3] == NOT_TESTED and rows[2][3] == "holds" and "best routed (dynamic)" in rows[3][2]
+    assert rows[2][0].endswith("(3 epochs, both)") and "Aff-CapsNets' layer 70.00" in rows[2][2]
 
     def layer(depth, variation, alive):
         return LayerRouting(f"l{depth}", depth, 3, 8, CouplingStats(0.3, 0.7, variation, alive))

@@ -512,12 +512,10 @@ class EMRouting(RoutingProtocol, EMRoutingBase):
     init_std : float or None, optional
         Std of the ``N(0, init_std^2)`` weights; ``None`` (default): ``1/sqrt(P)`` (vote variance = pose variance).
     coupled_temperature : str, optional
-        The inverse temperature of the one pass with fixed couplings (``route(..., couplings="uniform" | "random")``,
-        Paik et al.'s baselines): ``"last"`` (default), the layer's last iteration's, the one its routed output is
-        computed with (the routed layer with its couplings held fixed); ``"first"``, the first iteration's, which
-        makes ``"uniform"`` equal to ``route(iterations=1)`` (2.9 times smaller with the default schedule and 3
-        iterations: the class activations start far flatter and learn far slower, ``benchmarks/learning_diagnostics.py
-        em_fixed``; what the book's first records used).
+        The inverse temperature of the one pass with fixed couplings (Paik et al.'s baselines): ``"last"`` (default),
+        the last iteration's, the one the routed output is computed at; ``"first"``, the first iteration's (2.9 times
+        smaller for 3 iterations: slower learning, ``benchmarks/learning_diagnostics.py em_fixed``), with which
+        ``"uniform"`` equals ``route(iterations=1)``.
     \\*\\*routing
         The routing options of :class:`EMRoutingBase` (``inverse_temperature``, ``normalize_over_outputs``,
         ``normalize_costs``, ``eps``)."""
@@ -597,7 +595,5 @@ class EMRouting(RoutingProtocol, EMRoutingBase):
         return Routed(mu.to(poses.dtype), torch.sigmoid(logit).to(poses.dtype), None)  # [B, j, d], [B, j]
 
     def extra_repr(self) -> str:
-        return (
-            f"n_inp={self.n_inp}, n_out={self.n_out}, pose_size={self.pose_size}, "
-            f"coupled_temperature={self.coupled_temperature!r}, " + self._repr()
-        )
+        shape = f"n_inp={self.n_inp}, n_out={self.n_out}, pose_size={self.pose_size}"
+        return f"{shape}, coupled_temperature={self.coupled_temperature!r}, {self._repr()}"
