@@ -12,7 +12,8 @@ takes ``iterations=`` and ``return_routing=`` (:class:`~capsule_lib.models.routi
   prediction changes with ``T``, and the couplings' statistics per ``T`` (polarisation).
 
 Both read the couplings ``[N, n_inp, n_out]`` of the last routing iteration from the trace
-(:attr:`~capsule_lib.types.RoutingTrace.coefficients`, summing to 1 over the parents).
+(:attr:`~capsule_lib.types.RoutingTrace.coefficients`, summing to 1 over the parents). The chapter's tables of
+them: :func:`first_pass_rows` (uniform couplings against every routing's first pass) and :func:`change_rows`.
 """
 
 from __future__ import annotations
@@ -27,9 +28,13 @@ from torch import nn
 
 from ._checks import check_class_labels, check_images, check_iterations, check_tensor, float_images, module_device
 from ._contracts import checked
-from .routing.kinds import ROUTING_KINDS
+from .comparison import SHORT_LABELS
+from .routing.kinds import DEFAULT_ITERATIONS, ROUTING_KINDS
 
 __all__ = [
+    "first_pass_rows",
+    "change_headers",
+    "change_rows",
     "CouplingStats",
     "coupling_stats",
     "alive_share",
@@ -457,3 +462,49 @@ def gradient_by_layer(
         model.zero_grad()
         model.train(was_training)
     return out
+
+
+@checked
+def first_pass_rows() -> list[list[str]]:
+    """Section 1's check, in float64 on random capsules (4 images, 32 -> 10 capsules of 16): each routing's one pass
+    with uniform couplings against its first iteration, max |difference| (self-attention: no iterations); EM's
+    fixed-coupling pass at its first iteration's inverse temperature, its default being its last's."""
+    torch.manual_seed(0)
+    u, a = torch.randn(4, 32, 16, dtype=torch.float64), torch.randn(4, 32, dtype=torch.float64)
+    rows = []
+    for kind, spec in ROUTING_KINDS.items():
+        layer = spec.build(32, 10, 16, None, "routed").double()
+        if hasattr(layer, "coupled_temperature"):
+            layer.coupled_temperature = "first"  # the first iteration's (the default: its last iteration's)
+        poses, acts = (u if spec.squash is None else spec.squash(u)), spec.input_activations(a)
+        fixed = layer.route(poses, acts, couplings="uniform").poses
+        first = layer.route(poses, acts, iterations=1).poses if DEFAULT_ITERATIONS[kind] else None
+        rows.append([SHORT_LABELS[kind], "no iterations" if first is None else f"{(fixed - first).abs().max():.1e}"])
+    return rows
+
+
+@checked
+def change_headers(data: str) -> list[str]:
+    """The columns of :func:`change_rows` for a test set named ``data``."""
+    at = ["own T", f"{data}: accuracy at T=1", "at own T", "at T=10", "changed at own T", "at T=10"]
+    return ["routing", *at, "entropy at T=1 → own → 10"]
+
+
+@checked
+def change_rows(changes: dict[str, Any]) -> list[list[Any]]:
+    """Section 2's table, one row per network of ``changes`` (routing kind ->
+    :func:`~capsule_lib.critique.routing_changes`): its own ``T``, the accuracy at ``T = 1``, its own ``T`` and the
+    last, the predictions changed from one pass at its own ``T`` and the last, and the couplings' entropy."""
+    rows = []
+    for kind, ch in changes.items():
+        own = ch.iterations.index(ch.default)
+        rows.append(
+            [
+                SHORT_LABELS[kind],
+                ch.default,
+                *(f"{100 * ch.accuracy[t]:.2f} %" for t in (0, own, -1)),
+                *(f"{100 * ch.changed_from_first[t]:.1f} %" for t in (own, -1)),
+                " → ".join(f"{ch.stats[t].entropy:.2f}" for t in (0, own, -1)),
+            ]
+        )
+    return rows

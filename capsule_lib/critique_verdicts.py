@@ -1,6 +1,7 @@
 """The verdicts of the chapter "Do capsules need routing?": each critic's claim in its own words (:data:`CLAIMS`), our
 measurement and "holds", "does not hold" or "within noise", by the two-standard-error rule where there are seeds
-(:func:`~capsule_lib.routing_critique.versus`) and by stated thresholds otherwise.
+(:func:`~capsule_lib.routing_critique.versus`) and by stated thresholds otherwise; a verdict that rests on a network
+that did not learn (:mod:`capsule_lib.learning`'s rule) is :data:`~capsule_lib.learning.NOT_TESTED`.
 
 * Paik et al.: :func:`fixed_coupling_verdicts` (the recorded runs), :func:`iteration_verdicts` (test-time
   iterations of trained networks, :func:`capsule_lib.critique.routing_changes`);
@@ -18,6 +19,7 @@ from collections.abc import Sequence
 from ._contracts import checked
 from .comparison import SHORT_LABELS
 from .critique import LayerRouting, RoutingChanges
+from .learning import NOT_TESTED
 from .routing.kinds import ROUTING_KINDS
 from .routing_critique import METRICS, DepthPoint, Measured, judged, measured, versus
 
@@ -32,6 +34,7 @@ __all__ = [
     "routing_free_verdicts",
     "tree_verdicts",
     "depth_verdicts",
+    "tally",
 ]
 
 #: the columns of the verdict rows
@@ -60,7 +63,7 @@ CLAIMS: dict[str, tuple[str, str, str]] = {
         "routing contributes neither to generalization nor to affine robustness",
     ),
     "shared": (
-        "shared transforms without routing are more robust",
+        "Aff-CapsNets' shared transforms without routing are more robust",
         "gu2020improving",
         "affNIST 79% (CapsNet) to 93.21% (Aff-CapsNets), no routing",
     ),
@@ -113,7 +116,8 @@ def fixed_coupling_verdicts(summaries: dict[str, dict[str, dict[str, Measured]]]
     """Paik et al.'s first claim for each routing kind: the routed network against the same network with uniform and
     with random couplings on every metric of ``summaries`` (dataset -> :func:`summarise`): it holds where the routed
     network is lower on some metric and higher on none, does not where it is higher on some and lower on none. Only
-    metrics measured with at least two seeds on both sides are judged (:func:`judged`)."""
+    metrics measured with at least two seeds on both sides are judged (:func:`judged`); where one side did not learn
+    the scheme's verdict is :data:`~capsule_lib.learning.NOT_TESTED`."""
     rows = []
     for kind in ROUTING_KINDS:
         parts, verdicts = [], []
@@ -122,22 +126,25 @@ def fixed_coupling_verdicts(summaries: dict[str, dict[str, dict[str, Measured]]]
             for ds, summary in summaries.items():
                 routed, fixed = summary.get(f"{kind}_routed", {}), summary.get(f"{kind}_{scheme}", {})
                 for m in (m for m in routed if m in fixed and judged(routed[m], fixed[m]) is not None):
-                    res.append(versus(routed[m], fixed[m]))
+                    res.append(judged(routed[m], fixed[m]))
                     diffs.append(f"{100 * (routed[m].mean - fixed[m].mean):+.1f} ({METRICS[ds][m]})")
             if res:
                 parts.append(f"routed - {scheme}: " + ", ".join(diffs) + " points")
-                verdicts.append(f"{scheme}: {_no_better(res)}")
+                verdicts.append(f"{scheme}: {NOT_TESTED if NOT_TESTED in res else _no_better(res)}")
         if parts:
             rows.append(_claim("fixed", "; ".join(parts), "; ".join(verdicts), SHORT_LABELS[kind]))
     return rows
 
 
 @checked
-def iteration_verdicts(changes: dict[str, RoutingChanges], n_images: int) -> list[list[str]]:
+def iteration_verdicts(
+    changes: dict[str, RoutingChanges], n_images: int, untrained: Sequence[str] = ()
+) -> list[list[str]]:
     """Paik et al.'s second and third claims on each trained network of ``changes`` (kind -> :func:`routing_changes`
     on ``n_images`` labelled images): the accuracy at its own ``T`` against ``T = 1`` (two standard errors: within
     noise = the routing does not change the result), and whether the couplings polarise: their entropy falls at
-    every added iteration, to at most :data:`POLARISED_ENTROPY` at the last ``T``."""
+    every added iteration, to at most :data:`POLARISED_ENTROPY` at the last ``T``. The kinds in ``untrained`` (their
+    networks did not learn: :func:`~capsule_lib.comparison.untrained_contestants`) are :data:`NOT_TESTED`."""
     rows = []
     for kind, ch in changes.items():
         if ch.accuracy is None:
@@ -150,7 +157,7 @@ def iteration_verdicts(changes: dict[str, RoutingChanges], n_images: int) -> lis
                 "changes",
                 f"T = 1 -> {ch.default}: {100 * ch.changed_from_first[k]:.1f}% of predictions change; accuracy "
                 f"{100 * first.mean:.2f} -> {100 * own.mean:.2f}% ({cmp})",
-                "holds" if cmp == "within noise" else "does not hold",
+                NOT_TESTED if kind in untrained else "holds" if cmp == "within noise" else "does not hold",
                 SHORT_LABELS[kind],
             )
         )
@@ -161,53 +168,55 @@ def iteration_verdicts(changes: dict[str, RoutingChanges], n_images: int) -> lis
                 "polarises",
                 f"entropy {ent[0]:.2f} (T = 1) -> {ent[k]:.2f} (T = {ch.default}) -> {ent[-1]:.2f} "
                 f"(T = {ch.iterations[-1]})",
-                "holds" if falls else "does not hold",
+                NOT_TESTED if kind in untrained else "holds" if falls else "does not hold",
                 SHORT_LABELS[kind],
             )
         )
     return rows
 
 
+def _judge(a: Measured, b: Measured, verdicts: dict[str, str]) -> tuple[str, str]:
+    """``(comparison, verdict)``: :func:`versus` of ``a`` against ``b`` and its verdict from ``verdicts`` (comparison ->
+    verdict, "within noise" by default), or :data:`NOT_TESTED` for both when one of them did not learn."""
+    if not (a.learned and b.learned):
+        return NOT_TESTED, NOT_TESTED
+    cmp = versus(a, b)
+    return cmp, verdicts.get(cmp, "within noise")
+
+
 @checked
 def routing_free_verdicts(mnist: dict[str, dict[str, Measured]]) -> list[list[str]]:
     """Gu & Tresp's and Byerly et al.'s claims on the MNIST runs (:func:`summarise`): dynamic routing against its
-    uniform couplings on the affine test; the shared-transform head against routed dynamic routing on the affine
-    test; the HVC head against the best routed network on the test split."""
+    uniform couplings on the affine test; Aff-CapsNets' layer (head ``"aff_capsnet"``) against routed dynamic routing
+    on the affine test, at the chapter's budget and at each lengthened one both were trained with (keys ending in
+    ``"_e<epochs>"``); the HVC head against the best routed network that learned on the test split."""
     rows = []
     routed, uniform = mnist["dynamic_routed"], mnist["dynamic_uniform"]
-    cmp = versus(routed["affine_acc"], uniform["affine_acc"])
+    cmp, verdict = _judge(routed["affine_acc"], uniform["affine_acc"], {"higher": "does not hold", "lower": "holds"})
+    verdict = "holds" if verdict == "within noise" else verdict  # "contributes neither": within noise agrees
     rows.append(
         _claim(
             "affine",
             f"affine MNIST: routed {routed['affine_acc']}, uniform {uniform['affine_acc']} ({cmp})",
-            "does not hold" if cmp == "higher" else "holds",
+            verdict,
             "dynamic",
         )
     )
-    if "shared_transform" in mnist:
-        shared = mnist["shared_transform"]["affine_acc"]
-        cmp = versus(shared, routed["affine_acc"])
-        verdict = {"higher": "holds", "lower": "does not hold"}.get(cmp, "within noise")
-        rows.append(
-            _claim(
-                "shared",
-                f"affine MNIST: shared transforms {shared}, dynamic routing {routed['affine_acc']} ({cmp})",
-                verdict,
-            )
-        )
-    if "hvc" in mnist:
-        best = max(
-            (k for k in ROUTING_KINDS if f"{k}_routed" in mnist), key=lambda k: mnist[f"{k}_routed"]["test_acc"].mean
-        )
+    for key in sorted(k for k in mnist if k.startswith("aff_capsnet")):  # and with a lengthened budget, "_e<epochs>"
+        budget = key.removeprefix("aff_capsnet")
+        ref = mnist.get(f"dynamic_routed{budget}", {}).get("affine_acc")
+        if ref is None:
+            continue
+        shared = mnist[key]["affine_acc"]
+        cmp, verdict = _judge(shared, ref, {"higher": "holds", "lower": "does not hold"})
+        ours = f"affine MNIST: Aff-CapsNets' layer {shared}, dynamic routing {ref} ({cmp})"
+        rows.append(_claim("shared", ours, verdict, f"{budget[2:]} epochs, both" if budget else ""))
+    learned_routed = [k for k in ROUTING_KINDS if f"{k}_routed" in mnist and mnist[f"{k}_routed"]["test_acc"].learned]
+    if "hvc" in mnist and learned_routed:
+        best = max(learned_routed, key=lambda k: mnist[f"{k}_routed"]["test_acc"].mean)
         hvc, top = mnist["hvc"]["test_acc"], mnist[f"{best}_routed"]["test_acc"]
-        cmp = versus(hvc, top)
-        rows.append(
-            _claim(
-                "hvc",
-                f"MNIST test: HVC {hvc}, best routed ({SHORT_LABELS[best]}) {top} ({cmp})",
-                "does not hold" if cmp == "lower" else "holds",
-            )
-        )
+        cmp, verdict = _judge(hvc, top, {"lower": "does not hold", "higher": "holds", "within noise": "holds"})
+        rows.append(_claim("hvc", f"MNIST test: HVC {hvc}, best routed ({SHORT_LABELS[best]}) {top} ({cmp})", verdict))
     return rows
 
 
@@ -259,32 +268,55 @@ def tree_verdicts(layers: dict[str, Sequence[LayerRouting]], gradients: dict[str
 
 
 @checked
-def depth_verdicts(series: dict[int, DepthPoint]) -> list[list[str]]:
-    """Mitterreiter et al.'s claims on the depth series (:func:`~capsule_lib.routing_critique.depth_series`): each
-    deeper network's MNIST test accuracy against the shallowest (two standard errors: holds where deeper is lower,
-    does not where it is higher); starvation (at least :data:`STARVED_SHARE` of a hidden layer's parents never
-    active) and the vanishing gradient (the RMS gradient shrinking at every layer towards the image) in the deepest
-    network."""
+def depth_verdicts(series: dict[int, DepthPoint], label: str = "dynamic") -> list[list[str]]:
+    """Mitterreiter et al.'s claims on a depth series (:func:`~capsule_lib.routing_critique.depth_series`, ``label``
+    naming it): each deeper network's MNIST test accuracy against the shallowest (two standard errors: holds where
+    deeper is lower, does not where it is higher); starvation (at least :data:`STARVED_SHARE` of a hidden layer's
+    parents never active) and the vanishing gradient (the RMS gradient shrinking at every layer towards the image) in
+    the deepest network. A verdict that rests on a depth that did not learn is :data:`NOT_TESTED`."""
     if not series:
         return []
     depths = sorted(series)
-    first, deepest = series[depths[0]], series[depths[-1]]
-    cmp = [versus(series[k].accuracy["test_acc"], first.accuracy["test_acc"]) for k in depths[1:]]
-    ours = ", ".join(f"{k}: {series[k].accuracy['test_acc']}" for k in depths)
+    deepest = series[depths[-1]]
+    acc = {k: series[k].accuracy["test_acc"] for k in depths}
+    cmp = [versus(acc[k], acc[depths[0]]) for k in depths[1:]]
+    ours = ", ".join(f"{k}: {acc[k]}" for k in depths)
     never, g = deepest.never_active, deepest.gradients
-    label = f"dynamic, {depths[-1]} routing layers"
+    deep_label = f"{label}, {depths[-1]} routing layers"
+    all_learned, deepest_learned = all(a.learned for a in acc.values()), acc[depths[-1]].learned
     return [
-        _claim("deeper", f"MNIST test (%) by routing layers, {ours}", _no_better(cmp), "dynamic"),
+        _claim(
+            "deeper", f"MNIST test (%) by routing layers, {ours}", _no_better(cmp) if all_learned else NOT_TESTED, label
+        ),
         _claim(
             "starve",
             "parents never active, by hidden layer: " + ", ".join(f"{v:.0%}" for v in never),
-            "holds" if never and max(never) >= STARVED_SHARE else "does not hold",
-            label,
+            NOT_TESTED
+            if not deepest_learned
+            else "holds"
+            if never and max(never) >= STARVED_SHARE
+            else "does not hold",
+            deep_label,
         ),
         _claim(
             "vanish",
             "RMS gradient by layer, image side first: " + ", ".join(f"{v:.1e}" for v in g),
-            "holds" if all(a < b for a, b in zip(g, g[1:])) else "does not hold",
-            label,
+            NOT_TESTED if not deepest_learned else "holds" if all(a < b for a, b in zip(g, g[1:])) else "does not hold",
+            deep_label,
         ),
     ]
+
+
+@checked
+def tally(verdicts: Sequence[Sequence[str]]) -> str:
+    """One line counting the verdicts of ``verdicts`` (rows of :data:`VERDICT_HEADERS`; a row against both baselines,
+    ``"uniform: ...; random: ..."``, counts twice), most frequent first."""
+    counts: dict[str, int] = {}
+    for *_, v in verdicts:
+        for part in v.split("; "):
+            key = part.split(": ", 1)[-1]
+            counts[key] = counts.get(key, 0) + 1
+    ordered = sorted(counts.items(), key=lambda kv: -kv[1])
+    return f"{len(verdicts)} rows, {sum(counts.values())} verdicts (a row against both baselines counts twice): " + (
+        ", ".join(f"{k} {n}" for k, n in ordered)
+    )

@@ -315,8 +315,9 @@ def train_or_load(
     smoke
         ``(train_subset, eval_subset)`` in smoke mode.
     budget
-        Train for the shipped run's wall-clock budget (``budget_minutes`` of its history; the comparison chapter's
-        contestants) instead of its epochs; in smoke mode at most 0.05 minutes.
+        Train for the shipped run's budget (the comparison chapter's contestants): its wall-clock minutes
+        (``budget_minutes`` of its history; in smoke mode at most 0.05) instead of ``cfg.epochs``, or, for a run that
+        had none, its own recipe's epochs.
     start_from
         Start the training from this shipped checkpoint's weights (:func:`~capsule_lib.train.run.train`).
     speedrun
@@ -360,7 +361,7 @@ def train_or_load(
             if cfg.smoke and minutes is not None:
                 minutes = min(minutes, 0.05)
             sub = {"train_subset": smoke[0], "eval_subset": smoke[1]} if cfg.smoke else {}
-            epochs = {} if source != name else {"epochs": cfg.epochs}
+            epochs = {} if source != name or (budget and minutes is None) else {"epochs": cfg.epochs}
             recipe = shipped_recipe(source, **{**epochs, "device": str(cfg.device), **overrides})
             run_dir = f"runs/{source}{run_suffix}" + ("_smoke" if cfg.smoke else "")
             models[name], trainer = train_recipe(

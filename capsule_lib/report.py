@@ -29,6 +29,7 @@ __all__ = [
 
 
 @checked(allow_nonfinite=("x",))
+@checked
 def pct(x: float | None, digits: int = 2) -> str:
     """``0.99612 -> "99.61 %"``; ``None -> "—"``."""
     if digits < 0:
@@ -135,7 +136,8 @@ def train_cost(
         Shipped runs the chapter retrains, trained on a CPU / on a GPU: each contributes its mean wall time per
         epoch (validation included) times ``epochs``; the runs of one kind are summed.
     budget
-        Shipped runs that train for a wall-clock budget instead (their ``budget_minutes``, summed).
+        Shipped runs that train for their budget instead: a wall-clock one (their ``budget_minutes``, summed), or,
+        for a run without one, its own epochs (its recorded wall time, on a CPU).
     speedrun
         A shipped speedrun run that the chapter retrains on a GPU instead of ``gpu`` (its ``budget_minutes`` on its
         hardware).
@@ -153,8 +155,13 @@ def train_cost(
         return recs[-1]["wall_time"] / recs[-1]["epoch"]
 
     if budget:
-        minutes = sum(load_pretrained_history(n).meta["budget_minutes"] for n in budget)
-        text = f"≈ {duration(60 * minutes)} on any hardware ({len(budget)} runs, each stops at its time budget)"
+        histories = [load_pretrained_history(n) for n in budget]
+        timed = [h.meta["budget_minutes"] for h in histories if h.meta.get("budget_minutes")]
+        own = [h.records[-1]["wall_time"] for h in histories if not h.meta.get("budget_minutes")]
+        parts = [f"≈ {duration(60 * sum(timed))} on any hardware ({len(timed)} runs, each stops at its time budget)"]
+        if own:
+            parts.append(f"≈ {duration(sum(own))} on a CPU ({len(own)} runs of their recipes' epochs)")
+        text = " + ".join(parts[bool(not timed) :])
     elif speedrun:
         meta = load_pretrained_history(speedrun).meta
         cpu_part = f"≈ {duration(epochs * sum(per_epoch(n) for n in cpu))} on a CPU ({epochs} epochs), " if cpu else ""

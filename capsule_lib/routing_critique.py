@@ -2,11 +2,15 @@
 
 * **the runs** (:class:`CritiqueRun`, :func:`critique_runs`, :func:`train_run`): every routing kind of the comparison
   network routed, with Paik et al.'s uniform and random couplings, and dynamic routing at other iteration counts,
-  plus the two routing-free heads and a depth series of dynamic routing (one to four routing layers), each for the
-  same epochs (:data:`CRITIQUE_BUDGET`) and two seeds; the records are shipped with the checkpoints
-  (:func:`recorded_runs`);
-* **reading them** (:func:`summarise`, :class:`Measured`, :func:`versus`, :func:`coupling_rows`,
-  :func:`depth_series`, :func:`depth_rows`): means over the seeds with standard errors, the two-standard-error rule.
+  plus the routing-free heads (:data:`CRITIQUE_HEADS`) and a depth series of dynamic routing (one to four routing
+  layers, the hidden layers started as the paper's and at ``N(0, 1)``), each for the same epochs
+  (:data:`CRITIQUE_BUDGET`; on the viewpoint protocol after the comparison's learning-rate warm-up) and two seeds;
+  the records are shipped with the checkpoints (:func:`recorded_runs`, :func:`merge_records`, :func:`records_line`);
+* **reading them** (:func:`summarise`, :class:`Measured`, :func:`versus`, :func:`judged`, :func:`coupling_rows`,
+  :func:`depth_series`, :func:`depth_rows`): means over the seeds with standard errors, the two-standard-error rule,
+  and the book's rule that a network must have learned (:mod:`capsule_lib.learning`: a configuration that did not
+  is shown as "did not train" and never judged); the chapter's other tables and its figure's data
+  (:func:`untrained_rows`, :func:`coupling_panels`, :func:`iteration_rows`, :func:`routing_free_rows`).
 
 What they say about the critics' claims: :mod:`capsule_lib.critique_verdicts`; the measurements of trained networks
 come from :mod:`capsule_lib.critique`.
@@ -27,12 +31,15 @@ import torch
 from ._checks import module_device
 from ._contracts import checked
 from .comparison import SHORT_LABELS, contestant_recipe
+from .cost import machine_info
 from .critique import gradient_by_layer, routing_by_layer
 from .data import get_dataset
 from .evaluation import accuracy_standard_error, predict
+from .learning import CHANCE, DID_NOT_TRAIN, DID_NOT_TRAIN_LABEL, NOT_TESTED, learned, learning_threshold
 from .routing.kinds import ROUTING_KINDS
 from .train import train
 from .train.shipped import CHECKPOINT_DIR
+from .types import COUPLINGS
 
 __all__ = [
     "CRITIQUE_BUDGET",
@@ -40,6 +47,8 @@ __all__ = [
     "CRITIQUE_DYNAMIC_ITERATIONS",
     "CRITIQUE_DEPTHS",
     "DEPTH_CAPSULES",
+    "CRITIQUE_HEADS",
+    "LONGER_EPOCHS",
     "CritiqueRun",
     "critique_runs",
     "N_AFFINE",
@@ -47,17 +56,27 @@ __all__ = [
     "train_run",
     "CRITIQUE_RECORDS",
     "recorded_runs",
+    "merge_records",
+    "records_line",
     "retrain_cost",
     "METRICS",
     "METRIC_SIZES",
     "config_key",
     "Measured",
     "measured",
+    "best_val",
     "summarise",
     "versus",
     "judged",
+    "UNTRAINED_HEADERS",
+    "untrained_rows",
     "COUPLING_HEADERS",
     "coupling_rows",
+    "PANELS",
+    "coupling_panels",
+    "iteration_rows",
+    "ROUTING_FREE_ROWS",
+    "routing_free_rows",
     "DepthPoint",
     "depth_series",
     "DEPTH_HEADERS",
@@ -89,13 +108,22 @@ CRITIQUE_DEPTHS: tuple[int, ...] = (1, 2, 3, 4)
 #: capsules per hidden routing layer in the depth series
 DEPTH_CAPSULES = 16
 
+#: the routing-free heads trained on MNIST (:data:`~capsule_lib.models.routing_classifier.HEADS` but ``"routing"``)
+CRITIQUE_HEADS: tuple[str, ...] = ("hvc", "shared_transform", "aff_capsnet")
+
+#: the lengthened MNIST budget of Aff-CapsNets' layer, which does not learn in one epoch (it stays on the margin loss's
+#: plateau), and of the routed dynamic-routing network it is judged against
+LONGER_EPOCHS = 3
+
 
 @dataclass(frozen=True)
 class CritiqueRun:
     """One training run of the chapter: ``kind`` (a routing kind) routed with ``couplings`` (``"routed"``: its own
     algorithm; ``"uniform"``, ``"random"``: Paik et al.'s baselines) for ``iterations`` (``None``: its default), or
-    a routing-free ``head`` (``"hvc"``, ``"shared_transform"``), on ``dataset`` with ``seed``; ``depth`` (a run of the
-    depth series): that many routing layers, ``depth - 1`` of them hidden (:data:`DEPTH_CAPSULES` capsules each)."""
+    a routing-free ``head`` (:data:`CRITIQUE_HEADS`), on ``dataset`` with ``seed``; ``depth`` (a run of the depth
+    series): that many routing layers, ``depth - 1`` of them hidden (:data:`DEPTH_CAPSULES` capsules each), started
+    as ``hidden_init`` says (``RoutingClassifierConfig.hidden_init``: ``"paper"`` or ``"unit"``); ``budget_epochs``:
+    a budget lengthened beyond :data:`CRITIQUE_BUDGET`'s (:data:`LONGER_EPOCHS`)."""
 
     dataset: str
     kind: str
@@ -104,6 +132,8 @@ class CritiqueRun:
     iterations: int | None = None
     head: str = "routing"
     depth: int | None = None
+    hidden_init: str = "paper"
+    budget_epochs: int | None = None
 
     @property
     def name(self) -> str:
@@ -117,24 +147,35 @@ class CritiqueRun:
             model["model__iterations"] = self.iterations
         if self.depth is not None:
             model["model__hidden"] = (DEPTH_CAPSULES,) * (self.depth - 1)
-        fields = {**CRITIQUE_BUDGET[self.dataset], "seed": self.seed, **model, **overrides}
+        if self.hidden_init != "paper":
+            model["model__hidden_init"] = self.hidden_init
+        longer = {"epochs": self.budget_epochs} if self.budget_epochs is not None else {}
+        fields = {**CRITIQUE_BUDGET[self.dataset], **longer, "seed": self.seed, **model, **overrides}
         return contestant_recipe(self.kind, self.dataset, **fields)
 
 
 @checked
 def critique_runs(datasets: Sequence[str] = ("mnist", "norb"), heads: bool = True) -> list[CritiqueRun]:
     """Every run of the chapter, in training order: per dataset and seed, each routing kind routed, with uniform and
-    with random couplings; dynamic routing at :data:`CRITIQUE_DYNAMIC_ITERATIONS`; with ``heads``, the two
-    routing-free heads and the depth series (:data:`CRITIQUE_DEPTHS`; MNIST only: the affine test)."""
+    with random couplings; dynamic routing at :data:`CRITIQUE_DYNAMIC_ITERATIONS`; with ``heads``, the routing-free
+    heads (:data:`CRITIQUE_HEADS`) and the depth series (:data:`CRITIQUE_DEPTHS`) with the paper's initialisation of
+    the hidden layers and with ``"unit"`` (from two routing layers on: one has no hidden layer) (MNIST only: the
+    affine test)."""
     runs = []
     for ds in datasets:
         for seed in CRITIQUE_SEEDS:
             runs += [CritiqueRun(ds, k, c, seed) for k in ROUTING_KINDS for c in ("routed", "uniform", "random")]
             runs += [CritiqueRun(ds, "dynamic", "routed", seed, T) for T in CRITIQUE_DYNAMIC_ITERATIONS]
             if heads and ds == "mnist":
-                runs += [CritiqueRun(ds, "dynamic", seed=seed, head=h) for h in ("hvc", "shared_transform")]
-    for seed in CRITIQUE_SEEDS if heads and "mnist" in datasets else ():
-        runs += [CritiqueRun("mnist", "dynamic", seed=seed, depth=k) for k in CRITIQUE_DEPTHS]
+                runs += [CritiqueRun(ds, "dynamic", seed=seed, head=h) for h in CRITIQUE_HEADS]
+                runs += [
+                    CritiqueRun(ds, "dynamic", seed=seed, head=h, budget_epochs=LONGER_EPOCHS) for h in ("aff_capsnet",)
+                ]
+                runs += [CritiqueRun(ds, "dynamic", seed=seed, budget_epochs=LONGER_EPOCHS)]
+    for init in ("paper", "unit") if heads and "mnist" in datasets else ():
+        depths = [k for k in CRITIQUE_DEPTHS if init == "paper" or k > 1]
+        for seed in CRITIQUE_SEEDS:
+            runs += [CritiqueRun("mnist", "dynamic", seed=seed, depth=k, hidden_init=init) for k in depths]
     return runs
 
 
@@ -170,11 +211,14 @@ def train_run(
         "iterations": run.iterations,
         "head": run.head,
         "depth": run.depth,
+        "hidden_init": run.hidden_init,
+        "budget_epochs": run.budget_epochs,
         "parameters": sum(p.numel() for p in model.parameters()),
         "epochs": hist.records[-1]["epoch"],
         "train_images": hist.meta["train_images"],
         "train_seconds": hist.records[-1]["wall_time"],
         "hardware": hist.meta["hardware"],
+        "device_name": machine_info(module_device(model)).get("device_name"),
         "torch": hist.meta["torch"],
         "val_acc": hist.best("val_acc")["val_acc"],
     }
@@ -206,9 +250,38 @@ CRITIQUE_RECORDS = CHECKPOINT_DIR / "critique_runs.json"
 
 @checked
 def recorded_runs(path: Any = None) -> dict[str, Any]:
-    """The shipped records of the chapter's runs: ``{"machine": ..., "rows": [record, ...], "missing": [name, ...]}``
-    (``path``: another file of that form)."""
+    """The shipped records of the chapter's runs: ``{"machines": {device name: runs}, "rows": [record, ...],
+    "missing": [name, ...]}`` (``path``: another file of that form)."""
     return json.loads(Path(path or CRITIQUE_RECORDS).read_text())
+
+
+@checked
+def merge_records(old: dict[str, Any], new: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The records ``old`` with the run records ``new`` added, a new record replacing an old one of the same name;
+    only planned runs (:func:`critique_runs`) are kept, in planned order. A record without ``device_name`` (the first
+    records, which kept one machine for all) takes ``old["machine"]``'s."""
+    planned = [r.name for r in critique_runs()]
+    by_name = {r["name"]: r for r in old.get("rows", [])}
+    default = old.get("machine", {}).get("device_name")
+    for r in by_name.values():
+        r.setdefault("device_name", default)
+    by_name.update({r["name"]: r for r in new})
+    rows = [by_name[n] for n in planned if n in by_name]
+    machines: dict[str, int] = {}
+    for r in rows:
+        machines[r["device_name"]] = machines.get(r["device_name"], 0) + 1
+    return {"machines": machines, "rows": rows, "missing": [n for n in planned if n not in by_name]}
+
+
+@checked
+def records_line(records: dict[str, Any]) -> str:
+    """One line on what the records hold: runs, machines, torch, CPU hours."""
+    rows = records["rows"]
+    machines = records.get("machines") or {records["machine"]["device_name"]: len(rows)}
+    on = ", ".join(f"{n} on {m}" for m, n in machines.items())
+    torches = ", ".join(sorted({r["torch"] for r in rows}))
+    hours = sum(r["total_seconds"] for r in rows) / 3600
+    return f"{len(rows)} runs ({on}), one thread each, torch {torches}; {hours:.1f} CPU hours"
 
 
 def retrain_cost(records: dict[str, Any] | None = None) -> str:
@@ -253,29 +326,34 @@ METRIC_SIZES: dict[str, int] = {
 
 @checked
 def config_key(row: dict[str, Any]) -> str:
-    """A run's configuration without its seed: ``"<kind>_<couplings>"`` (then ``"_T<iterations>"`` and
-    ``"_depth<k>"`` where set), or the routing-free head's name."""
+    """A run's configuration without its seed: ``"<kind>_<couplings>"`` (then ``"_T<iterations>"``, ``"_depth<k>"``
+    and ``"_<hidden_init>"`` where set and not the paper's), or the routing-free head's name; ``"_e<epochs>"`` after
+    either for a lengthened budget (``budget_epochs``)."""
+    suffix = f"_e{row['budget_epochs']}" if row.get("budget_epochs") is not None else ""
     if row.get("head", "routing") != "routing":
-        return row["head"]
+        return row["head"] + suffix
     its = f"_T{row['iterations']}" if row.get("iterations") is not None else ""
     depth = f"_depth{row['depth']}" if row.get("depth") is not None else ""
-    return f"{row['kind']}_{row['couplings']}{its}{depth}"
+    init = f"_{row['hidden_init']}" if row.get("hidden_init", "paper") != "paper" else ""
+    return f"{row['kind']}_{row['couplings']}{its}{depth}{init}{suffix}"
 
 
 @dataclass(frozen=True)
 class Measured:
     """One configuration's metric over its seeds: the mean, its standard error (the spread over the seeds and the
-    binomial error of each accuracy on ``n_images``, added in quadrature) and the seeds' values."""
+    binomial error of each accuracy on ``n_images``, added in quadrature), the seeds' values and whether every one of
+    its runs learned (:mod:`capsule_lib.learning`'s rule; shown as "did not train" when not)."""
 
     mean: float
     se: float
     values: tuple[float, ...]
+    learned: bool = True
 
     def __str__(self) -> str:
-        return f"{100 * self.mean:.2f} ± {100 * self.se:.2f}"
+        return f"{100 * self.mean:.2f} ± {100 * self.se:.2f}" + ("" if self.learned else f" ({DID_NOT_TRAIN_LABEL})")
 
 
-def measured(values: Sequence[float], n_images: int) -> Measured:
+def measured(values: Sequence[float], n_images: int, learned: bool = True) -> Measured:
     """:class:`Measured` of one configuration's accuracies over seeds (``values``), each on ``n_images`` images."""
     v = torch.tensor([float(x) for x in values], dtype=torch.float64)
     if v.numel() == 0:
@@ -283,21 +361,30 @@ def measured(values: Sequence[float], n_images: int) -> Measured:
     m = v.mean().item()
     seed_var = (v.var(unbiased=True).item() / v.numel()) if v.numel() > 1 else 0.0
     binom_var = accuracy_standard_error(m, n_images) ** 2 / v.numel()
-    return Measured(m, math.sqrt(seed_var + binom_var), tuple(v.tolist()))
+    return Measured(m, math.sqrt(seed_var + binom_var), tuple(v.tolist()), learned)
+
+
+def best_val(rows: Sequence[dict[str, Any]], dataset: str) -> float:
+    """The best validation accuracy among the runs of ``dataset`` at the chapter's budget (:data:`CRITIQUE_BUDGET`;
+    a lengthened one can only help): what the book's rule measures every run of ``dataset`` against."""
+    return max((r["val_acc"] for r in rows if r["dataset"] == dataset and r.get("budget_epochs") is None), default=0.0)
 
 
 @checked
 def summarise(rows: Sequence[dict[str, Any]], dataset: str) -> dict[str, dict[str, Measured]]:
     """The runs of ``dataset`` by configuration (:func:`config_key`) -> metric (:data:`METRICS`) -> :class:`Measured`
-    over their seeds."""
+    over their seeds; a configuration learned when each of its runs' validation accuracy passes the book's rule
+    (:func:`~capsule_lib.learning.learned`) against :func:`best_val`."""
     groups: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         if r["dataset"] == dataset:
             groups.setdefault(config_key(r), []).append(r)
-    return {
-        key: {m: measured([r[m] for r in rs], METRIC_SIZES[m]) for m in METRICS[dataset] if m in rs[0]}
-        for key, rs in groups.items()
-    }
+    best = best_val(rows, dataset)
+    out = {}
+    for key, rs in groups.items():
+        ok = all(learned(r["val_acc"], best, CHANCE[dataset]) for r in rs)
+        out[key] = {m: measured([r[m] for r in rs], METRIC_SIZES[m], ok) for m in METRICS[dataset] if m in rs[0]}
+    return out
 
 
 def versus(a: Measured, b: Measured) -> str:
@@ -312,10 +399,36 @@ def versus(a: Measured, b: Measured) -> str:
 
 
 def judged(a: Measured, b: Measured) -> str | None:
-    """:func:`versus`, where both measurements have at least two seeds; ``None`` where one has a single seed (its
-    standard error would hold the test set's binomial error only, not how much training from another seed moves the
-    accuracy, and at a short budget that is the larger part)."""
+    """:func:`versus`, where both measurements have at least two seeds and both learned; :data:`~capsule_lib.learning.
+    NOT_TESTED` where one did not learn; ``None`` where one has a single seed (its standard error would hold the test
+    set's binomial error only, not how much training from another seed moves the accuracy, and at a short budget that
+    is the larger part)."""
+    if not (a.learned and b.learned):
+        return NOT_TESTED
     return versus(a, b) if min(len(a.values), len(b.values)) >= 2 else None
+
+
+#: the columns of :func:`untrained_rows`
+UNTRAINED_HEADERS = ("data", "best val. (%)", "the rule's line (%)", "runs below it", "measured cause")
+
+
+@checked
+def untrained_rows(records: dict[str, Any]) -> list[list[str]]:
+    """The book's rule on the records, one row per dataset: the best validation accuracy, the line a run must reach
+    (:func:`~capsule_lib.learning.learning_threshold`), the runs below it (``none``) and their labelled causes
+    (:data:`~capsule_lib.learning.DID_NOT_TRAIN`; ``"not labelled"`` if one has none)."""
+    rows = []
+    for ds in METRICS:
+        runs = {r["name"]: r["val_acc"] for r in records["rows"] if r["dataset"] == ds}
+        if not runs:
+            continue
+        best = best_val(records["rows"], ds)
+        line = learning_threshold(best, CHANCE[ds])
+        below = sorted(n for n, acc in runs.items() if acc < line)
+        causes = sorted({DID_NOT_TRAIN.get(n, "not labelled") for n in below})
+        names = ", ".join(f"{n.removeprefix('critique_')} ({100 * runs[n]:.1f})" for n in below) or "none"
+        rows.append([ds, f"{100 * best:.2f}", f"{100 * line:.2f}", names, "; ".join(causes) or "-"])
+    return rows
 
 
 #: the columns of :func:`coupling_rows`
@@ -335,6 +448,70 @@ def coupling_rows(summary: dict[str, dict[str, Measured]], metric: str) -> list[
         vs = [(judged(got[0], g) or "one seed: not judged") if g is not None else "" for g in got[1:]]
         rows.append([SHORT_LABELS[kind], *cells, *vs])
     return rows
+
+
+#: the panels of the chapter's coupling figure: title -> (dataset, metric)
+PANELS: dict[str, tuple[str, str]] = {
+    "MNIST test": ("mnist", "test_acc"),
+    "affine MNIST": ("mnist", "affine_acc"),
+    "novel views (smallNORB-like)": ("norb", "test_novel_acc"),
+}
+
+
+@checked
+def coupling_panels(summaries: dict[str, dict[str, dict[str, Measured]]]) -> dict[str, dict[str, dict[str, Measured]]]:
+    """The coupling figure's data (:data:`PANELS`): panel title -> routing kind -> couplings -> :class:`Measured`,
+    from ``summaries`` (dataset -> :func:`summarise`)."""
+    panels = {}
+    for title, (ds, metric) in PANELS.items():
+        summary = summaries.get(ds, {})
+        panels[title] = {
+            kind: {c: summary[f"{kind}_{c}"][metric] for c in COUPLINGS if f"{kind}_{c}" in summary}
+            for kind in ROUTING_KINDS
+        }
+    return panels
+
+
+@checked
+def iteration_rows(summaries: dict[str, dict[str, dict[str, Measured]]]) -> tuple[list[str], list[list[Any]]]:
+    """Dynamic routing's runs by iterations (1: uniform couplings, its first pass; 3: its default; and
+    :data:`CRITIQUE_DYNAMIC_ITERATIONS`): headers and rows of MNIST test, affine and novel-view accuracy."""
+    keys = {
+        1: "dynamic_uniform",
+        3: "dynamic_routed",
+        **{T: f"dynamic_routed_T{T}" for T in CRITIQUE_DYNAMIC_ITERATIONS},
+    }
+    cols = [("mnist", "test_acc"), ("mnist", "affine_acc"), ("norb", "test_novel_acc")]
+    headers = ["iterations", *(f"{METRICS[ds][m]} (%)" for ds, m in cols)]
+    rows = [
+        [T, *(str(summaries[ds][keys[T]][m]) if keys[T] in summaries.get(ds, {}) else "not run" for ds, m in cols)]
+        for T in sorted(keys)
+    ]
+    return headers, rows
+
+
+#: section 3's networks: configuration key -> label
+ROUTING_FREE_ROWS = {
+    "dynamic_routed": "dynamic routing (3 iterations)",
+    "dynamic_uniform": "dynamic, uniform couplings",
+    "shared_transform": "one transform per capsule type, no routing",
+    "aff_capsnet": "Aff-CapsNets' layer: one transform per class, no routing",
+    "hvc": "homogeneous vector capsules",
+    f"dynamic_routed_e{LONGER_EPOCHS}": f"dynamic routing, {LONGER_EPOCHS} epochs",
+    f"aff_capsnet_e{LONGER_EPOCHS}": f"Aff-CapsNets' layer, {LONGER_EPOCHS} epochs",
+}
+
+
+@checked
+def routing_free_rows(records: dict[str, Any], mnist: dict[str, dict[str, Measured]]) -> list[list[str]]:
+    """Section 3's table: each network of :data:`ROUTING_FREE_ROWS` that was run, its parameters, MNIST test and
+    affine accuracy (:func:`summarise` of the MNIST runs, ``mnist``)."""
+    params = {config_key(r): r["parameters"] for r in records["rows"] if r["dataset"] == "mnist"}
+    return [
+        [label, f"{params[key] / 1e6:.2f}M", str(mnist[key]["test_acc"]), str(mnist[key]["affine_acc"])]
+        for key, label in ROUTING_FREE_ROWS.items()
+        if key in mnist
+    ]
 
 
 @dataclass(frozen=True)
@@ -359,10 +536,16 @@ class DepthPoint:
 
 
 @checked
-def depth_series(rows: Sequence[dict[str, Any]]) -> dict[int, DepthPoint]:
-    """The depth series among the recorded ``rows`` (those with a ``depth``), by depth (empty if there are none)."""
-    series = [r for r in rows if r.get("depth") is not None]
-    acc = summarise(series, "mnist")
+def depth_series(rows: Sequence[dict[str, Any]], hidden_init: str = "paper") -> dict[int, DepthPoint]:
+    """The depth series among the recorded ``rows`` (those with a ``depth``) whose hidden layers started as
+    ``hidden_init`` says (a one-layer network has none: it belongs to every series), by depth (empty if there are
+    none). Whether each depth learned is judged against every MNIST run of ``rows`` (the same budget)."""
+    series = [
+        r
+        for r in rows
+        if r.get("depth") is not None and (r["depth"] == 1 or r.get("hidden_init", "paper") == hidden_init)
+    ]
+    acc = summarise([r for r in rows if r["dataset"] == "mnist"], "mnist")
     out = {}
     for depth in sorted({r["depth"] for r in series}):
         rs = [r for r in series if r["depth"] == depth]

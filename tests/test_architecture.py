@@ -51,6 +51,7 @@ LAYERS = [
     "train.timed",  # run_speedrun: the speedrun recipes through train() in a number of minutes
     "train",  # train/__init__: re-exports; everything of train/ above sits below pretrained
     "pretrained",  # the readers' door to the shipped checkpoints (re-exports train.shipped), the author's weights
+    "learning",  # the rule a network must pass to enter a comparison or a verdict; a probe of a run's first steps
     "comparison",
     "critique",  # the critics' questions: what routing does to a trained network, measured
     "routing_critique",  # the critics' chapter on the comparison network: its runs and their records
@@ -608,11 +609,14 @@ def test_shipped_checkpoints_recipes_train_through_the_one_entry_point(name, tmp
     config, recorded = dict(meta["config"]), {**shipped["config"], **smoke}
     # a model field added after the export is recorded now with the default the exported run had implicitly
     later = set(config["model"]) - set(recorded["model"])
-    defaults = {"couplings": "routed", "head": "routing", "hidden": ()}
+    defaults = {"couplings": "routed", "head": "routing", "hidden": (), "hidden_init": "paper", "scaled_votes": False}
     assert later <= set(defaults), later
     as_read = {k: tuple(v) if isinstance(v := config["model"][k], list) else v for k in later}  # JSON: lists
     assert as_read == {k: defaults[k] for k in later}, as_read
     config["model"] = {k: v for k, v in config["model"].items() if k not in later}
+    later_recipe = set(config) - set(recorded)  # likewise a recipe field (the learning-rate warm-up)
+    assert later_recipe <= {"warmup_epochs"} and all(config[k] == 0 for k in later_recipe), later_recipe
+    config = {k: v for k, v in config.items() if k not in later_recipe}
     assert config == recorded
     assert meta["parameters"] == shipped["parameters"]
     assert len(trainer.history.records) == 1 and trainer.history.records[0]["train_loss"] > 0

@@ -104,13 +104,18 @@ def test_shipped_run_is_its_recipe_stopped_by_the_common_budget(name, dataset):
     got = recipe_config(meta["recipe"], meta["config"])
     assert type(got) is type(want) and got.config() == want.config()
     assert not meta.get("changes") and not meta.get("start_from")
-    # the same budget for everyone, on the real data for MNIST (the viewpoint runs: the rendered set)
-    assert meta["budget_minutes"] == BUDGET_MINUTES[dataset]
+    # the same budget for everyone, on the real data for MNIST (the viewpoint runs: the rendered set); a wall-clock
+    # budget on MNIST, the recipe's epochs on the viewpoint protocol
+    budget = BUDGET_MINUTES[dataset]
+    assert meta.get("budget_minutes") == budget
     assert meta["seed"] == 0 and meta["amp"] is None
     assert meta["generated_data"] is (dataset == "norb")
     last = hist.records[-1]
-    assert last["wall_time"] >= 60 * BUDGET_MINUTES[dataset] - 1 or last["epoch"] == want.epochs
-    assert last["wall_time"] < 60 * BUDGET_MINUTES[dataset] + 120  # stopped by the budget, not much after
+    if budget is None:
+        assert last["epoch"] == want.epochs
+    else:
+        assert last["wall_time"] >= 60 * budget - 1 or last["epoch"] == want.epochs
+        assert last["wall_time"] < 60 * budget + 120  # stopped by the budget, not much after
     # selected on validation, never on the test set
     best = max((r for r in hist.records if "val_acc" in r), key=lambda r: r["val_acc"])
     assert entry["metrics"]["selected_by"] == "val_acc" and entry["metrics"]["selected_epoch"] == best["epoch"]

@@ -61,6 +61,23 @@ def test_the_depth_series_figure_has_accuracy_and_a_gradient_line_per_depth():
     assert len(left.containers) == 2 and len(right.lines) == 4 and right.get_yscale() == "log"
 
 
+def test_the_first_steps_figure_draws_loss_accuracy_and_the_first_layers_gradient_per_run():
+    def run(scale):
+        probes = [{"step": 0, "val_acc": 0.1}] + [
+            {"step": t, "val_acc": min(1.0, 0.1 + scale * t), "grad_rms": {"stem": 10.0 ** (-t / 10), "routing": 1e-3}}
+            for t in (1, 2, 5, 10, 20, 40)
+        ]
+        return {"loss": [1.0 - scale * t for t in range(40)], "probes": probes}
+
+    runs = {f"variant {i}: a label as long as the chapter's": run(0.01 * i) for i in range(1, 8)}
+    fig = vcr.plot_first_steps(runs, title="the first 40 steps of seven runs")
+    loss, acc, grad = fig.axes
+    assert len(loss.lines) == len(acc.lines) == len(grad.lines) == 7 and grad.get_yscale() == "log"
+    assert len(loss.lines[0].get_xdata()) == 31  # a running mean of 10 over 40 steps
+    with pytest.raises(ValueError, match="no runs to draw"):
+        vcr.plot_first_steps({})
+
+
 def test_routing_changes_and_layers_figures(nets):
     x = torch.rand(6, 1, 28, 28)
     changes = {k: routing_changes(m, x, iterations=range(1, 11)) for k, m in nets.items()}

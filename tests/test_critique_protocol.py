@@ -17,6 +17,7 @@ from capsule_lib.critique import (
     routing_by_layer,
 )
 from capsule_lib.layers.routing_free import SharedTransformCapsules
+from capsule_lib.learning import NOT_TESTED
 from capsule_lib.models import EMCapsNet, EMCapsNetConfig, SmallNORBClassifier, SmallNORBConfig
 from capsule_lib.models.routing_classifier import RoutingClassifier, RoutingClassifierConfig
 from capsule_lib.routing.kinds import ROUTING_KINDS
@@ -24,18 +25,27 @@ from capsule_lib.routing_critique import (
     CRITIQUE_BUDGET,
     CRITIQUE_DEPTHS,
     DEPTH_CAPSULES,
+    LONGER_EPOCHS,
+    PANELS,
+    ROUTING_FREE_ROWS,
     CritiqueRun,
     Measured,
     config_key,
+    coupling_panels,
     coupling_rows,
     critique_runs,
     depth_rows,
     depth_series,
+    iteration_rows,
     measured,
+    merge_records,
+    records_line,
+    routing_free_rows,
     summarise,
     train_run,
     versus,
 )
+from capsule_lib.types import COUPLINGS
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -45,7 +55,7 @@ def _net(**kw) -> RoutingClassifier:
     return RoutingClassifier(RoutingClassifierConfig(stem_channels=(8, 16), primary_types=4, **kw))
 
 
-@pytest.mark.parametrize("head, kind", [("hvc", "logits"), ("shared_transform", "lengths")])
+@pytest.mark.parametrize("head, kind", [("hvc", "logits"), ("shared_transform", "lengths"), ("aff_capsnet", "lengths")])
 def test_routing_free_heads_give_class_capsules_and_a_gradient_for_every_parameter(head, kind, adam_steps):
     model = _net(head=head)
     assert model.routing is None and model.config.routing_iterations is None
@@ -87,10 +97,25 @@ def test_the_runs_cover_every_routing_with_both_baselines_and_the_heads_once():
     names = [r.name for r in runs]
     assert len(names) == len(set(names))
     per_seed_and_set = len(ROUTING_KINDS) * 3 + 2  # routed, uniform, random; dynamic at 2 and 5 iterations
-    depths = len(CRITIQUE_DEPTHS)  # the depth series on MNIST
-    assert len(runs) == 2 * 2 * per_seed_and_set + 2 * 2 + 2 * depths  # two datasets, two seeds; heads on MNIST
-    assert {config_key(vars(r)) for r in runs if r.head != "routing"} == {"hvc", "shared_transform"}
-    assert sorted(r.depth for r in runs if r.depth is not None) == sorted(CRITIQUE_DEPTHS * 2)
+    depths = len(CRITIQUE_DEPTHS)  # the depth series on MNIST, hidden layers started as the paper's and at N(0, 1)
+    # two datasets, two seeds; heads on MNIST; the "unit" series has no one-layer network (it has no hidden layer);
+    # Aff-CapsNets' layer and the routed dynamic network with the lengthened budget
+    assert len(runs) == 2 * 2 * per_seed_and_set + 2 * 3 + 2 * depths + 2 * (depths - 1) + 2 * 2
+    longer = [r for r in runs if r.budget_epochs is not None]
+    assert {config_key(vars(r)) for r in longer} == {
+        f"aff_capsnet_e{LONGER_EPOCHS}",
+        f"dynamic_routed_e{LONGER_EPOCHS}",
+    }
+    assert (
+        longer[0].recipe().epochs == LONGER_EPOCHS
+        and longer[0].name == f"critique_mnist_aff_capsnet_e{LONGER_EPOCHS}_seed0"
+    )
+    heads = {config_key(vars(r)) for r in runs if r.head != "routing" and r.budget_epochs is None}
+    assert heads == {"hvc", "shared_transform", "aff_capsnet"}
+    assert sorted(r.depth for r in runs if r.depth is not None and r.hidden_init == "paper") == sorted(
+        CRITIQUE_DEPTHS * 2
+    )
+    assert sorted(r.depth for r in runs if r.hidden_init == "unit") == sorted([k for k in CRITIQUE_DEPTHS if k > 1] * 2)
     assert len(critique_runs(("norb",))) == 2 * per_seed_and_set  # no heads, no depth series without MNIST
 
 
@@ -108,6 +133,9 @@ def test_a_runs_recipe_carries_its_couplings_iterations_head_seed_and_the_budget
     assert r.model.hidden == (DEPTH_CAPSULES,) * 2 and len(r.build_model().hidden_layers) == 2
     assert CritiqueRun("mnist", "dynamic", depth=1).recipe().model.hidden == ()
     assert CritiqueRun("mnist", "dynamic", depth=3).name == "critique_mnist_dynamic_routed_depth3_seed0"
+    unit = CritiqueRun("mnist", "dynamic", depth=2, hidden_init="unit")
+    assert unit.name == "critique_mnist_dynamic_routed_depth2_unit_seed0" and unit.recipe().model.hidden_init == "unit"
+    assert CritiqueRun("norb", "heinsen_2019").recipe().warmup_epochs == 1.0  # the viewpoint protocol warms up
 
 
 def test_measured_adds_the_seed_spread_and_the_binomial_error():
@@ -125,6 +153,7 @@ def test_versus_is_the_two_standard_error_rule():
 
 
 def _row(kind, couplings, seed, **metrics):
+    metrics.setdefault("val_acc", metrics.get("test_acc", 0.9))
     return dict(dataset="mnist", kind=kind, couplings=couplings, seed=seed, iterations=None, head="routing", **metrics)
 
 
@@ -275,18 +304,29 @@ def test_the_depth_series_averages_the_seeds_and_its_verdicts_read_the_deepest_n
     from capsule_lib.critique_verdicts import depth_verdicts
 
     rows = [_depth_row(1, s, 0.98, [1.0], [1e-2]) for s in (0, 1)] + [
-        _depth_row(3, 0, 0.50, [1.0, 0.2, 1.0], [1e-6, 1e-4, 1e-2]),
-        _depth_row(3, 1, 0.52, [1.0, 0.4, 1.0], [3e-6, 1e-4, 1e-2]),
+        _depth_row(3, 0, 0.60, [1.0, 0.2, 1.0], [1e-6, 1e-4, 1e-2]),
+        _depth_row(3, 1, 0.62, [1.0, 0.4, 1.0], [3e-6, 1e-4, 1e-2]),
     ]
     series = depth_series(rows)
     assert sorted(series) == [1, 3] and series[3].never_active == pytest.approx([0.0, 0.7])
-    assert series[3].gradients == pytest.approx([2e-6, 1e-4, 1e-2]) and series[3].accuracy["test_acc"].mean == 0.51
+    assert series[3].gradients == pytest.approx([2e-6, 1e-4, 1e-2]) and series[3].accuracy["test_acc"].mean == 0.61
     table = depth_rows(series)
     assert table[0][4] == "-" and table[1][4] == "0%, 70%" and table[1][5] == "2.0e-06, 1.0e-04, 1.0e-02"
     deeper, starve, vanish = depth_verdicts(series)
     assert (deeper[3], starve[3], vanish[3]) == ("holds", "holds", "holds")
     assert "{cite}`mitterreiter2023why`" in deeper[1] and "3 routing layers" in starve[0]
     assert depth_verdicts({}) == []
+    # a depth whose runs did not learn (below halfway from chance to the best MNIST run): its verdicts are not tested
+    rows[2:] = [_depth_row(3, s, 0.11, [1.0, 0.0, 1.0], [1e-10, 1e-6, 1e-3]) for s in (0, 1)]
+    series = depth_series(rows)
+    assert not series[3].accuracy["test_acc"].learned and str(series[3].accuracy["test_acc"]).endswith(
+        "(did not train)"
+    )
+    assert [r[3] for r in depth_verdicts(series, "dynamic, defaults")] == [NOT_TESTED] * 3
+    # the "unit" series is read apart from the paper's, and shares its one-layer network (no hidden layer)
+    unit = [{**r, "hidden_init": "unit", "test_acc": 0.97, "val_acc": 0.97} for r in rows[2:]]
+    both = depth_series(rows + unit, hidden_init="unit")
+    assert both[3].accuracy["test_acc"].mean == 0.97 and both[1].accuracy["test_acc"].mean == 0.98
 
 
 def _m(acc: float) -> Measured:
@@ -325,6 +365,80 @@ def test_fixed_coupling_verdicts_follow_the_two_standard_error_rule():
     }
     assert "novel" not in fixed_coupling_verdicts(summary)[0][2]
     assert coupling_rows(summary["norb"], "test_novel_acc")[0][4] == "one seed: not judged"
+    # a baseline that did not learn: not tested, in the verdict and in the table
+    summary["mnist"]["em_uniform"] = {"test_acc": measured([0.1, 0.1], 10**9, learned=False)}
+    em = {r[0]: r for r in fixed_coupling_verdicts(summary)}["routing is no better than fixed couplings (EM)"]
+    assert em[3] == f"uniform: {NOT_TESTED}; random: within noise"
+    assert coupling_rows(summary["mnist"], "test_acc")[1][4] == NOT_TESTED
+
+
+def test_summarise_marks_a_configuration_that_did_not_learn():
+    rows = [_row("dynamic", "routed", s, test_acc=0.98) for s in (0, 1)]
+    rows += [_row("em", "uniform", 0, test_acc=0.60), _row("em", "uniform", 1, test_acc=0.50)]  # the bar: 0.54
+    summary = summarise(rows, "mnist")
+    assert summary["dynamic_routed"]["test_acc"].learned and not summary["em_uniform"]["test_acc"].learned
+    assert str(summary["em_uniform"]["test_acc"]) == "55.00 ± 5.01 (did not train)"  # seeds and 10,000 images
+
+
+def test_the_chapters_tables_come_from_the_records():
+    rows = [
+        _row(k, c, s, test_acc=0.9 + 0.01 * s, affine_acc=0.5) for k in ROUTING_KINDS for c in COUPLINGS for s in (0, 1)
+    ]
+    rows += [{**_row("dynamic", "routed", s, test_acc=0.95, affine_acc=0.6), "iterations": 5} for s in (0, 1)]
+    norb = [
+        {**_row("dynamic", c, s, test_novel_acc=0.7, test_familiar_acc=0.8), "dataset": "norb"}
+        for c in COUPLINGS
+        for s in (0, 1)
+    ]
+    summaries = {"mnist": summarise(rows, "mnist"), "norb": summarise(norb, "norb")}
+    panels = coupling_panels(summaries)
+    assert list(panels) == list(PANELS) and set(panels["MNIST test"]["em"]) == set(COUPLINGS)
+    assert (
+        panels["novel views (smallNORB-like)"]["em"] == {} and panels["affine MNIST"]["dynamic"]["routed"].mean == 0.5
+    )
+    headers, table = iteration_rows(summaries)
+    assert headers[0] == "iterations" and [r[0] for r in table] == [1, 2, 3, 5]
+    assert table[1][1] == "not run" and table[3][1].startswith("95.00") and table[0][3].startswith("70.00")
+    records = {"rows": [{**r, "parameters": 10**6} for r in rows]}
+    free = routing_free_rows(records, summaries["mnist"])
+    assert [r[0] for r in free] == [ROUTING_FREE_ROWS["dynamic_routed"], ROUTING_FREE_ROWS["dynamic_uniform"]]
+    assert free[0][1] == "1.00M"
+
+
+def test_the_rule_on_the_records_lists_the_runs_below_the_line_with_their_cause():
+    from capsule_lib.routing_critique import untrained_rows
+
+    rows = [
+        {"name": "critique_mnist_a_seed0", "dataset": "mnist", "val_acc": 0.98},
+        {"name": "critique_mnist_b_seed0", "dataset": "mnist", "val_acc": 0.11},
+        {"name": "critique_norb_a_seed0", "dataset": "norb", "val_acc": 0.90},
+    ]
+    (mnist, norb) = untrained_rows({"rows": rows})
+    assert mnist == ["mnist", "98.00", "54.00", "mnist_b_seed0 (11.0)", "not labelled"]
+    assert norb[3:] == ["none", "-"]
+
+
+def test_the_first_pass_check_is_exact_for_every_iterative_routing():
+    from capsule_lib.critique import first_pass_rows
+
+    rows = dict(first_pass_rows())
+    assert rows["self-attention"] == "no iterations" and len(rows) == len(ROUTING_KINDS)
+    assert all(float(v) < 1e-12 for k, v in rows.items() if k != "self-attention")
+
+
+def test_records_merge_by_name_and_say_where_they_ran():
+    old_rows = [
+        {"name": r.name, "dataset": r.dataset, "torch": "2.0", "total_seconds": 3600.0} for r in critique_runs()[:3]
+    ]
+    old = {"machine": {"device_name": "AMD EPYC"}, "rows": old_rows}
+    new = [{**old_rows[1], "device_name": "Intel Xeon", "torch": "2.1"}, {"name": "not planned", "device_name": "x"}]
+    merged = merge_records(old, new)
+    assert [r["name"] for r in merged["rows"]] == [r["name"] for r in old_rows] and merged["rows"][1]["torch"] == "2.1"
+    assert merged["machines"] == {"AMD EPYC": 2, "Intel Xeon": 1} and len(merged["missing"]) == len(critique_runs()) - 3
+    assert (
+        records_line(merged)
+        == "3 runs (2 on AMD EPYC, 1 on Intel Xeon), one thread each, torch 2.0, 2.1; 3.0 CPU hours"
+    )
 
 
 def _changes(acc, entropies, default=3):
@@ -335,6 +449,21 @@ def _changes(acc, entropies, default=3):
     )
 
 
+def test_the_routing_changes_table_and_the_tally():
+    from capsule_lib.critique import change_headers, change_rows
+    from capsule_lib.critique_verdicts import tally
+
+    ch = _changes([0.2, 0.5, 0.9, 0.95], [1.0, 0.8, 0.5, 0.4])
+    (row,) = change_rows({"em": ch})
+    assert len(row) == len(change_headers("MNIST")) and row[:5] == ["EM", 3, "20.00 %", "90.00 %", "95.00 %"]
+    assert row[-1] == "1.00 → 0.50 → 0.40"
+    rows = [["a", "", "", "uniform: holds; random: not tested (did not train)"], ["b", "", "", "holds"]]
+    assert (
+        tally(rows)
+        == "2 rows, 3 verdicts (a row against both baselines counts twice): holds 2, not tested (did not train) 1"
+    )
+
+
 def test_iteration_verdicts_compare_the_own_t_with_one_pass_and_call_polarised_below_the_threshold():
     from capsule_lib.critique_verdicts import POLARISED_ENTROPY, iteration_verdicts
 
@@ -342,6 +471,7 @@ def test_iteration_verdicts_compare_the_own_t_with_one_pass_and_call_polarised_b
     better = _changes([0.2, 0.5, 0.9, 0.9], [1.0, 0.99, 0.98, 0.97])
     rows = iteration_verdicts({"dynamic": same, "em": better}, 10_000)
     assert [r[3] for r in rows] == ["holds", "holds", "does not hold", "does not hold"]
+    assert [r[3] for r in iteration_verdicts({"em": better}, 10_000, untrained=["em"])] == [NOT_TESTED] * 2
     assert rows[2][2].endswith("accuracy 20.00 -> 90.00% (higher)")
     with pytest.raises(ValueError, match="needs labels"):
         iteration_verdicts({"em": RoutingChanges(*[*vars(better).values()][:5], None, better.stats)}, 10)
@@ -354,12 +484,21 @@ def test_routing_free_and_tree_verdicts():
         "dynamic_routed": {"test_acc": _m(0.97), "affine_acc": _m(0.60)},
         "dynamic_uniform": {"test_acc": _m(0.97), "affine_acc": _m(0.65)},
         "em_routed": {"test_acc": _m(0.98), "affine_acc": _m(0.5)},
-        "shared_transform": {"test_acc": _m(0.7), "affine_acc": _m(0.4)},
+        "shared_transform": {"test_acc": _m(0.7), "affine_acc": _m(0.4)},  # not Gu & Tresp's: shown, not judged
+        "aff_capsnet": {"test_acc": _m(0.9), "affine_acc": _m(0.4)},
         "hvc": {"test_acc": _m(0.98), "affine_acc": _m(0.6)},
     }
     rows = routing_free_verdicts(mnist)
     assert [r[3] for r in rows] == ["holds", "does not hold", "holds"]
-    assert "best routed (EM)" in rows[2][2]
+    assert "best routed (EM)" in rows[2][2] and "Aff-CapsNets' layer 40.00" in rows[1][2]
+    # a network that did not learn is never judged: not the Aff-CapsNets row, not the best routed network
+    mnist["aff_capsnet"] = {m: measured([0.12, 0.12], 10**9, learned=False) for m in ("test_acc", "affine_acc")}
+    mnist["em_routed"] = {m: measured([0.12, 0.12], 10**9, learned=False) for m in ("test_acc", "affine_acc")}
+    mnist["aff_capsnet_e3"] = {"test_acc": _m(0.95), "affine_acc": _m(0.7)}  # a lengthened budget for both
+    mnist["dynamic_routed_e3"] = {"test_acc": _m(0.98), "affine_acc": _m(0.65)}
+    rows = routing_free_verdicts(mnist)
+    assert rows[1][3] == NOT_TESTED and rows[2][3] == "holds" and "best routed (dynamic)" in rows[3][2]
+    assert rows[2][0].endswith("(3 epochs, both)") and "Aff-CapsNets' layer 70.00" in rows[2][2]
 
     def layer(depth, variation, alive):
         return LayerRouting(f"l{depth}", depth, 3, 8, CouplingStats(0.3, 0.7, variation, alive))

@@ -1,7 +1,8 @@
 """Paik et al.'s (2019) baselines for every registered routing: fixed couplings, ``"uniform"`` or ``"random"``, in
 one pass (``layer.route(..., couplings=...)``, ``build_routing(..., couplings=...)``, the comparison network's
 ``couplings``). For an iterative algorithm ``"uniform"`` is its first iteration, computed here by another path (the
-layer's plain one-pass code against the algorithm's own loop, kernels included): checked in float64."""
+layer's plain one-pass code against the algorithm's own loop, kernels included): checked in float64. (EM's pass runs,
+by default, at its last iteration's inverse temperature: its first iteration with ``coupled_temperature="first"``.)"""
 
 from __future__ import annotations
 
@@ -32,12 +33,35 @@ def _case(kind: str, dtype=torch.float64, seed: int = 0):
 @pytest.mark.parametrize("kind", ITERATIVE)
 def test_uniform_couplings_are_the_first_iteration(kind):
     layer, poses, acts = _case(kind)
+    if hasattr(layer, "coupled_temperature"):
+        layer.coupled_temperature = "first"  # EM: the first iteration's inverse temperature
     fixed, first = layer.route(poses, acts, couplings="uniform"), layer.route(poses, acts, iterations=1)
     torch.testing.assert_close(fixed.poses, first.poses, rtol=1e-12, atol=1e-12)
     if first.activations is not None:
         torch.testing.assert_close(fixed.activations, first.activations, rtol=1e-12, atol=1e-12)
     # and not the routed result: the later iterations change the outputs
     assert not torch.allclose(fixed.poses, layer.route(poses, acts).poses, atol=1e-6)
+
+
+def test_em_fixed_couplings_run_at_the_last_iterations_inverse_temperature_by_default():
+    """The routed EM layer computes its output at its last iteration's inverse temperature; its fixed-coupling pass
+    does too (the same layer with its couplings held), which is one iteration of a layer whose temperature is fixed
+    at that value, and not its first iteration (a colder start: 2.9 times smaller for 3 iterations)."""
+    from capsule_lib.routing.em import EMRouting
+
+    layer, poses, acts = _case("em")
+    assert layer.coupled_temperature == "last"
+    lam = layer.inverse_temperatures(layer.iterations)[-1]
+    fixed_lam = EMRouting(I, J, 4, layer.iterations, inverse_temperature=lam).double()
+    fixed_lam.load_state_dict(layer.state_dict())
+    expected = fixed_lam.route(poses, acts, iterations=1)
+    got = layer.route(poses, acts, couplings="uniform")
+    torch.testing.assert_close(got.poses, expected.poses, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(got.activations, expected.activations, rtol=1e-12, atol=1e-12)
+    assert lam / layer.inverse_temperatures(1)[0] == pytest.approx(0.143 / 0.05, rel=0.01)
+    assert not torch.allclose(got.activations, layer.route(poses, acts, iterations=1).activations, atol=1e-6)
+    with pytest.raises(ValueError, match=r"coupled_temperature must be one of \('last', 'first'\), got 'middle'"):
+        EMRouting(I, J, 4, 3, coupled_temperature="middle")
 
 
 def test_uniform_self_attention_routing_replaces_the_softmax_and_keeps_the_prior():

@@ -66,8 +66,32 @@ def test_shared_transforms_without_routing_are_dynamic_routings_uniform_pass_wit
     torch.testing.assert_close(layer(moved), layer(u), rtol=1e-12, atol=1e-12)
 
 
+def test_aff_capsnets_share_one_transform_per_class_across_every_capsule():
+    """Gu & Tresp's Aff-CapsNets (``shared="all"``): one matrix per class for every input capsule, couplings 1/n_out:
+    dynamic routing's first pass with the weights tied across all inputs; the class capsules see only the sum of the
+    input capsules, so any reordering of them, across types and positions, changes nothing."""
+    torch.manual_seed(0)
+    types, positions = 3, 4
+    layer = SharedTransformCapsules(types, positions, J, D, 16, shared="all").double()
+    assert layer.weight.shape == (1, J, D, 16) and "shared='all'" in repr(layer)
+    tied = DynamicRouting(types * positions, J, D, 16, bias=False).double()
+    with torch.no_grad():
+        tied.weight.copy_(layer.weight.expand(types * positions, -1, -1, -1))
+    u = torch.randn(B, types * positions, D, dtype=torch.float64)
+    torch.testing.assert_close(layer(u), tied.route(u, couplings="uniform").poses, rtol=1e-12, atol=1e-12)
+    shuffled = u[:, torch.randperm(types * positions)]
+    torch.testing.assert_close(layer(shuffled), layer(u), rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match=r"shared must be one of \('type', 'all'\), got 'position'"):
+        SharedTransformCapsules(types, positions, J, D, D, shared="position")
+
+
 @pytest.mark.parametrize(
-    "make", [lambda: HomogeneousVectorCapsules(I, J, D), lambda: SharedTransformCapsules(3, 4, J, D, D)]
+    "make",
+    [
+        lambda: HomogeneousVectorCapsules(I, J, D),
+        lambda: SharedTransformCapsules(3, 4, J, D, D),
+        lambda: SharedTransformCapsules(3, 4, J, D, D, shared="all"),
+    ],
 )
 def test_routing_free_layers_give_every_parameter_a_finite_gradient(make):
     torch.manual_seed(0)

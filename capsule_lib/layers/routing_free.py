@@ -13,11 +13,16 @@ batch-normalised and rectified; a class's score is its capsule's length::
                                                   classes, a learned shift, no scale (the authors' batch_norm)
 
 **Shared transforms, no routing** (Gu & Tresp 2020, "Improving the robustness of capsule networks to image affine
-transformations", the AffCapsNets): the votes come from one transformation matrix per (input capsule *type*, class),
-the same at every position of the type, and are not routed: every coupling is ``1 / n_out``, the first iteration of
-dynamic routing (Sabour et al.'s r = 1)::
+transformations"): the votes are not routed, every coupling is ``1 / n_out`` (the first iteration of dynamic routing,
+Sabour et al.'s r = 1), and the transformation matrices are shared by many input capsules. ``shared="all"`` is Gu &
+Tresp's Aff-CapsNets as their paper describes them: one matrix per class for *every* primary capsule, whatever its
+type and position; ``shared="type"`` (the book's first reading of their change) one matrix per (input capsule
+*type*, class), the same at every position of the type::
 
-    u_hat_{j|i} = W_{type(i), j}^T u_i ;   v_j = squash( sum_i u_hat_{j|i} / n_out )          [B, n_out, e]
+    u_hat_{j|i} = W_{g(i), j}^T u_i ;   v_j = squash( sum_i u_hat_{j|i} / n_out )          [B, n_out, e]
+
+with ``g(i)`` the type of ``i`` (``"type"``) or one group for all (``"all"``). As ``W`` is linear, the layer sums
+each group's capsules first and transforms the sums: the class capsules see no position at all.
 """
 
 from __future__ import annotations
@@ -25,10 +30,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .._checks import check_nonempty, check_tensor
+from .._checks import check_choice, check_nonempty, check_tensor
 from ..functional import capsule_lengths, squash
 
-__all__ = ["homogeneous_vector_capsules_reference", "HomogeneousVectorCapsules", "SharedTransformCapsules"]
+__all__ = ["homogeneous_vector_capsules_reference", "HomogeneousVectorCapsules", "SHARED", "SharedTransformCapsules"]
 
 
 def homogeneous_vector_capsules_reference(
@@ -93,9 +98,13 @@ class HomogeneousVectorCapsules(nn.Module):
         return f"n_inp={self.n_inp}, n_out={self.n_out}, d={self.d}"
 
 
+#: what :class:`SharedTransformCapsules` shares one transformation matrix across (per class)
+SHARED = ("type", "all")
+
+
 class SharedTransformCapsules(nn.Module):
-    """Class capsules from votes made by transforms shared across positions, without routing (see the module
-    docstring): ``[B, n_types * n_positions, d_inp] -> [B, n_out, d_out]``.
+    """Class capsules from votes made by shared transforms, without routing (see the module docstring):
+    ``[B, n_types * n_positions, d_inp] -> [B, n_out, d_out]``.
 
     Input capsule ``i`` is of type ``i // n_positions`` (type-major, as :class:`~capsule_lib.layers.PrimaryCapsules`
     orders them).
@@ -110,22 +119,36 @@ class SharedTransformCapsules(nn.Module):
         Capsule dimensions.
     init_std : float, optional
         Std of the ``N(0, init_std^2)`` weights (default 0.01, as the dynamic-routing layer's).
+    shared : str, optional
+        ``"type"`` (default): one matrix per (type, class), shared by the type's positions; ``"all"``: one matrix per
+        class, shared by every input capsule (Gu & Tresp's Aff-CapsNets).
     """
 
     def __init__(
-        self, n_types: int, n_positions: int, n_out: int, d_inp: int, d_out: int, init_std: float = 0.01
+        self,
+        n_types: int,
+        n_positions: int,
+        n_out: int,
+        d_inp: int,
+        d_out: int,
+        init_std: float = 0.01,
+        shared: str = "type",
     ) -> None:
         super().__init__()
+        check_choice(shared, SHARED, "shared")
         self.n_types, self.n_positions, self.n_out, self.d_inp, self.d_out = n_types, n_positions, n_out, d_inp, d_out
-        self.weight = nn.Parameter(torch.randn(n_types, n_out, d_inp, d_out) * init_std)  # [t, j, d, e]
+        self.shared = shared
+        groups = n_types if shared == "type" else 1
+        self.weight = nn.Parameter(torch.randn(groups, n_out, d_inp, d_out) * init_std)  # [g, j, d, e]
 
     def forward(self, u: torch.Tensor) -> torch.Tensor:
         """``u [B, n_types * n_positions, d_inp]`` -> ``v [B, n_out, d_out]``."""
         spec = f"[B, n_inp={self.n_types * self.n_positions}, d_inp={self.d_inp}]"
         check_tensor(u, "u", spec, [None, self.n_types * self.n_positions, self.d_inp])
         check_nonempty(u, "u", spec)
-        per_type = u.view(u.shape[0], self.n_types, self.n_positions, self.d_inp).sum(2)  # [B, t, d]: W is linear
-        s = torch.einsum("btd,tjde->bje", per_type, self.weight) / self.n_out  # [B, j, e] couplings 1 / n_out
+        groups = self.weight.shape[0]
+        per_group = u.view(u.shape[0], groups, -1, self.d_inp).sum(2)  # [B, g, d]: W is linear, sum first
+        s = torch.einsum("bgd,gjde->bje", per_group, self.weight) / self.n_out  # [B, j, e] couplings 1 / n_out
         return squash(s, "hinton")  # [B, j, e]
 
     @staticmethod
@@ -136,5 +159,5 @@ class SharedTransformCapsules(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"n_types={self.n_types}, n_positions={self.n_positions}, n_out={self.n_out}, "
-            f"d_inp={self.d_inp}, d_out={self.d_out}"
+            f"d_inp={self.d_inp}, d_out={self.d_out}, shared={self.shared!r}"
         )

@@ -49,7 +49,7 @@ from ..types import COUPLINGS, CapsuleOutput, ImageContract
 __all__ = ["HEADS", "RoutingClassifierConfig", "RoutingClassifier"]
 
 #: the layers a :class:`RoutingClassifier` can put between its primary and class capsules (``config.head``)
-HEADS: tuple[str, ...] = ("routing", "hvc", "shared_transform")
+HEADS: tuple[str, ...] = ("routing", "hvc", "shared_transform", "aff_capsnet")
 
 
 @dataclass
@@ -83,11 +83,25 @@ class RoutingClassifierConfig:
         ``couplings``), or one of the critics' routing-free layers (:mod:`capsule_lib.layers.routing_free`; then
         ``routing`` is not read, and ``iterations`` and ``couplings`` must keep their defaults): ``"hvc"``,
         homogeneous vector capsules on the unsquashed primaries, their lengths as logits, cross-entropy (Byerly et
-        al. 2021); ``"shared_transform"``, one transform per primary type on the squashed primaries, couplings
-        ``1 / n_out``, squash, lengths, margin loss (Gu & Tresp 2020's AffCapsNets).
+        al. 2021); ``"shared_transform"``, one transform per primary type (shared by its positions) on the squashed
+        primaries, couplings ``1 / n_out``, squash, lengths, margin loss (the book's first reading of Gu & Tresp
+        2020); ``"aff_capsnet"``, the same with one transform per class shared by every primary capsule, Gu &
+        Tresp's Aff-CapsNets (:class:`~capsule_lib.layers.SharedTransformCapsules`, ``shared="all"``).
     hidden : tuple of int
         Capsules of each hidden routing layer between the primary and the class capsules, image side first, each
         routed like the class layer (default ``()``: none, the comparison network); a routing head only.
+    hidden_init : str
+        How the hidden routing layers start: ``"paper"`` (default), the routing's own initialisation (dynamic
+        routing's ``N(0, 0.01^2)`` weights and 0.1 biases, made for a layer fed by a thousand capsules); ``"unit"``,
+        weights ``N(0, 1)`` and biases 0 (the routing's ``unit_init_``,
+        :meth:`~capsule_lib.routing.dynamic.DynamicRouting.unit_init_`), so that a hidden layer fed by a few capsules
+        passes the image on instead of its biases: the remedy that lets a stack of dynamic routing layers learn
+        (``benchmarks/learning_diagnostics.py depth``); a routing whose layer has it only.
+    scaled_votes : bool
+        Every routing layer's votes scaled to its fan-in (default ``False``, the paper's layers): the routing's
+        ``scale_votes_`` (:meth:`~capsule_lib.routing.dynamic.DynamicRouting.scale_votes_`: effective weights
+        ``N(0, 1)``, bias 0, each layer's weights trained ``n_out / n_inp`` times slower), the remedy that lets a
+        stack of dynamic routing layers learn; a routing head whose layer has it only.
     """
 
     routing: str = "dynamic"
@@ -101,6 +115,8 @@ class RoutingClassifierConfig:
     couplings: str = "routed"
     head: str = "routing"
     hidden: tuple[int, ...] = ()
+    hidden_init: str = "paper"
+    scaled_votes: bool = False
 
     def __post_init__(self) -> None:
         check_fields(self)  # every field of the annotated type (one line naming it)
@@ -127,6 +143,18 @@ class RoutingClassifierConfig:
         check_choice(self.head, HEADS, "head")
         if self.head != "routing" and (self.iterations is not None or self.couplings != "routed"):
             raise ValueError(f"head {self.head!r} routes nothing: leave iterations=None and couplings='routed'")
+        check_choice(self.hidden_init, ("paper", "unit"), "hidden_init")
+        if self.hidden_init != "paper" and not hasattr(ROUTING_KINDS[self.routing].layer, "unit_init_"):
+            raise ValueError(
+                f"hidden_init={self.hidden_init!r} needs a routing layer with unit_init_; {self.routing!r} has none"
+            )
+        if self.scaled_votes and (
+            self.head != "routing" or not hasattr(ROUTING_KINDS[self.routing].layer, "scale_votes_")
+        ):
+            raise ValueError(
+                f"scaled_votes needs a routing head whose layer scales its votes (scale_votes_); {self.routing!r} "
+                f"with head {self.head!r} has none"
+            )
         if int(self.caps_dim**0.5) ** 2 != self.caps_dim:
             raise ValueError(f"caps_dim must be a square (EM and inverted routing use matrices), got {self.caps_dim}")
 
@@ -202,15 +230,25 @@ class RoutingClassifier(nn.Module):
         self.head = None  # a routing-free layer (config.head), else None
         if cfg.head == "hvc":
             self.head = HomogeneousVectorCapsules(N, K, d)
-        elif cfg.head == "shared_transform":
-            self.head = SharedTransformCapsules(T, cfg.grid**2, K, d, d)
+        elif cfg.head in ("shared_transform", "aff_capsnet"):
+            self.head = SharedTransformCapsules(
+                T, cfg.grid**2, K, d, d, shared="type" if cfg.head == "shared_transform" else "all"
+            )
         sizes = (N, *cfg.hidden)  # each routing layer's input capsules, image side first
-        self.hidden_layers = nn.ModuleList(
-            self.kind.build(n, m, d, cfg.iterations, cfg.couplings) for n, m in zip(sizes, sizes[1:])
-        )
-        self.routing = self.kind.build(sizes[-1], K, d, cfg.iterations, cfg.couplings) if self.head is None else None
+        self.hidden_layers = nn.ModuleList(self._routing_layer(n, m) for n, m in zip(sizes, sizes[1:]))
+        if cfg.hidden_init == "unit":
+            for layer in self.hidden_layers:
+                layer.unit_init_()
+        self.routing = self._routing_layer(sizes[-1], K) if self.head is None else None
         # a routing whose outputs have no activations (heinsen_2022, inverted): one linear readout shared by the classes
         self.readout = nn.Linear(d, 1) if self.kind.scores is None and self.head is None else None
+
+    def _routing_layer(self, n_inp: int, n_out: int) -> nn.Module:
+        """One routing layer ``n_inp -> n_out`` of the config's kind, iterations and couplings (votes scaled to its
+        fan-in with ``scaled_votes``)."""
+        cfg = self.config
+        layer = self.kind.build(n_inp, n_out, cfg.caps_dim, cfg.iterations, cfg.couplings)
+        return layer.scale_votes_() if cfg.scaled_votes else layer
 
     @property
     def input_contract(self) -> ImageContract:

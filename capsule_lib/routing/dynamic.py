@@ -34,6 +34,16 @@ logits are moderate); the official code's truncated-normal initialisation (std 0
 approximated by a normal one.
 ``detach="non_final"`` (XifengGuo) routes the non-final iterations on detached votes, so only the last
 iteration's weighted sum carries gradient to the votes (and through them to ``W``).
+
+**Votes scaled to the fan-in** (:meth:`DynamicRouting.scale_votes_`, not in the paper): the votes are made with
+``W * k``, ``k = n_out / n_inp``, the stored ``W`` drawn from ``N(0, 1 / k^2)`` and the bias set to 0. At the start
+the effective weights ``W * k`` are ``N(0, 1)``: a vote is about as long as four times its input (``d = 16``), where
+the paper's ``N(0, 0.01^2)`` makes votes so short that a layer fed by a few capsules outputs its bias, the same for
+every image. In training Adam moves every stored weight by about the learning rate per step, so the effective
+weights move ``k`` times less: a layer fed by 576 capsules, whose sum of votes otherwise saturates the squash within
+tens of steps, learns ``n_inp / n_out`` times slower than a layer of 16 to 16. A per-layer initialisation and
+learning rate, written into the layer (``benchmarks/learning_diagnostics.py depth`` measures it and the usual
+remedies one by one).
 """
 
 from __future__ import annotations
@@ -287,6 +297,9 @@ class DynamicRouting(RoutingProtocol, nn.Module):
         Standard deviation of the normal initialisation of ``weight`` (default 0.01).
     bias_init : float, optional
         Initial value of every bias entry (default 0.1).
+    vote_scale : float, optional
+        The votes are made with ``weight * vote_scale`` (default 1: the paper's votes; see
+        :meth:`scale_votes_`).
     """
 
     def __init__(
@@ -304,15 +317,41 @@ class DynamicRouting(RoutingProtocol, nn.Module):
         detach: str = "none",
         init_std: float = 0.01,
         bias_init: float = 0.1,
+        vote_scale: float = 1.0,
     ) -> None:
         super().__init__()
         check_choice(coupling, _COUPLING, "coupling")
+        if isinstance(vote_scale, bool) or not isinstance(vote_scale, (int, float)) or not vote_scale > 0:
+            raise ValueError(f"vote_scale must be a number > 0, got {vote_scale!r}")
         check_choice(detach, _DETACH, "detach")
         self.n_inp, self.n_out, self.d_inp, self.d_out = n_inp, n_out, d_inp, d_out
         self.iterations, self.leaky, self.coupling, self.squash_kind = iterations, leaky, coupling, squash_kind
         self.detach = detach
         self.weight = nn.Parameter(torch.randn(n_inp, n_out, d_inp, d_out) * init_std)
         self.bias = nn.Parameter(torch.full((n_out, d_out), float(bias_init))) if bias else None
+        self.vote_scale = float(vote_scale)
+
+    def unit_init_(self) -> DynamicRouting:
+        """Re-initialise the layer in place for a place deep in a stack (not the paper's): weights ``N(0, 1)``, so a
+        vote is about ``sqrt(d_out)`` times as long as its input, and the bias at 0. The paper's ``N(0, 0.01^2)`` and
+        0.1 suit a layer fed by a thousand capsules; fed by a few, its votes are so short that its output is its bias,
+        the same for every image (``benchmarks/learning_diagnostics.py depth``). Returns the layer."""
+        with torch.no_grad():
+            self.weight.normal_(0.0, 1.0)
+            if self.bias is not None:
+                self.bias.zero_()
+        return self
+
+    def scale_votes_(self) -> DynamicRouting:
+        """Scale the votes to the layer's fan-in, in place (see the module docstring): ``vote_scale = n_out /
+        n_inp``, the stored ``weight ~ N(0, 1 / vote_scale^2)`` (effective weights ``N(0, 1)``), bias 0. Returns
+        the layer."""
+        self.vote_scale = self.n_out / self.n_inp
+        with torch.no_grad():
+            self.weight.normal_(0.0, 1.0 / self.vote_scale)
+            if self.bias is not None:
+                self.bias.zero_()
+        return self
 
     @classmethod
     def preset(
@@ -359,7 +398,7 @@ class DynamicRouting(RoutingProtocol, nn.Module):
         spec = f"[B, n_inp={self.n_inp}, d_inp={self.d_inp}]"
         check_tensor(u, "u", spec, [None, self.n_inp, self.d_inp])
         check_nonempty(u, "u", spec)
-        return capsule_votes(u, self.weight)
+        return capsule_votes(u, self.weight if self.vote_scale == 1.0 else self.weight * self.vote_scale)
 
     def forward(self, u: torch.Tensor, return_routing: bool = False, iterations: int | None = None):
         """Route the input capsules to the output capsules.
@@ -415,5 +454,15 @@ class DynamicRouting(RoutingProtocol, nn.Module):
 
     def extra_repr(self) -> str:
         return fields_repr(
-            self, "n_inp", "n_out", "d_inp", "d_out", "iterations", "coupling", "leaky", "squash_kind", "detach"
+            self,
+            "n_inp",
+            "n_out",
+            "d_inp",
+            "d_out",
+            "iterations",
+            "coupling",
+            "leaky",
+            "squash_kind",
+            "detach",
+            *(("vote_scale",) if self.vote_scale != 1.0 else ()),
         )

@@ -66,7 +66,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._checks import check_activations, check_iterations, check_module_input, check_poses, check_tensor
+from .._checks import check_activations, check_choice, check_iterations, check_module_input, check_poses, check_tensor
 from .._contracts import check_value
 from ..types import Routed, RoutingTrace
 from ._common import RoutingProtocol, require_activations, split_trace, use_kernel
@@ -513,6 +513,11 @@ class EMRouting(RoutingProtocol, EMRoutingBase):
         EM iterations, >= 1 (default 3); a call may override it.
     init_std : float or None, optional
         Std of the ``N(0, init_std^2)`` weights; ``None`` (default): ``1/sqrt(P)`` (vote variance = pose variance).
+    coupled_temperature : str, optional
+        The inverse temperature of the one pass with fixed couplings (Paik et al.'s baselines): ``"last"`` (default),
+        the last iteration's, the one the routed output is computed at; ``"first"``, the first iteration's (2.9 times
+        smaller for 3 iterations: slower learning, ``benchmarks/learning_diagnostics.py em_fixed``), with which
+        ``"uniform"`` equals ``route(iterations=1)``.
     \\*\\*routing
         The routing options of :class:`EMRoutingBase` (``inverse_temperature``, ``normalize_over_outputs``,
         ``normalize_costs``, ``eps``)."""
@@ -525,9 +530,11 @@ class EMRouting(RoutingProtocol, EMRoutingBase):
         iterations: int = 3,
         *,
         init_std: float | None = None,
+        coupled_temperature: str = "last",
         **routing: Any,
     ) -> None:
         super().__init__(n_out, iterations, **routing)
+        self.coupled_temperature = check_choice(coupled_temperature, ("last", "first"), "coupled_temperature")
         self.n_inp, self.n_out, self.pose_size = n_inp, n_out, pose_size
         self.weight = self.pose_weight((n_inp, n_out, pose_size, pose_size), init_std)
 
@@ -573,14 +580,18 @@ class EMRouting(RoutingProtocol, EMRoutingBase):
         return Routed(mu, a_out, trace)  # [B, n_out, P*P], [B, n_out]
 
     def _coupled(self, poses, activations, R) -> Routed:
-        """The protocol's fixed couplings ``R [B, n_inp, n_out]``: one M-step (the first iteration's inverse
-        temperature), in float32 or float64."""
+        """The protocol's fixed couplings ``R [B, n_inp, n_out]``: one M-step at the inverse temperature
+        ``coupled_temperature`` names (default: the layer's last iteration's), in float32 or float64."""
         a_in = require_activations(activations, self, "probabilities in [0, 1]")
         cdt = torch.promote_types(poses.dtype, torch.float32)
         V = self.votes(poses).to(cdt).transpose(1, 2).contiguous()  # [B, j, i, d]
         I, J = V.shape[2], V.shape[1]
         scale = J / I if self.normalize_costs else 1.0
-        lam = self.inverse_temperatures(1)[0]
+        lam = (
+            self.inverse_temperatures(self.iterations)[-1]
+            if self.coupled_temperature == "last"
+            else (self.inverse_temperatures(1)[0])
+        )
         bu, ba = self.beta_u.to(cdt).unsqueeze(-1), self.beta_a.to(cdt)  # [J, 1], [J]
         R = R.to(cdt).transpose(1, 2).contiguous()  # [B, j, i]
         *_, mu, _, _, _, _, logit = _m_step(
@@ -589,4 +600,5 @@ class EMRouting(RoutingProtocol, EMRoutingBase):
         return Routed(mu.to(poses.dtype), torch.sigmoid(logit).to(poses.dtype), None)  # [B, j, d], [B, j]
 
     def extra_repr(self) -> str:
-        return f"n_inp={self.n_inp}, n_out={self.n_out}, pose_size={self.pose_size}, " + self._repr()
+        shape = f"n_inp={self.n_inp}, n_out={self.n_out}, pose_size={self.pose_size}"
+        return f"{shape}, coupled_temperature={self.coupled_temperature!r}, {self._repr()}"

@@ -27,6 +27,7 @@ __all__ = [
     "plot_routing_changes",
     "plot_layers",
     "plot_depth_series",
+    "plot_first_steps",
     "plot_rerouted_image",
     "plot_image_iterations",
 ]
@@ -169,6 +170,41 @@ def plot_depth_series(series: Mapping[int, Any], title: str = "") -> Figure:
         ax.grid(alpha=0.3)
         ax.tick_params(labelsize=8)
     return finish_figure(fig, title)
+
+
+@checked
+def plot_first_steps(runs: Mapping[str, Mapping[str, Any]], title: str = "", smooth: int = 10) -> Figure:
+    """The first training steps of several runs (label -> :func:`capsule_lib.learning.first_steps`' result, e.g. read
+    from ``benchmarks/results/learning_<diagnosis>.json``): the training loss (a running mean over ``smooth``
+    steps), the accuracy on the probe's validation images, and the RMS gradient of the layer nearest the image (log
+    scale), against the step."""
+    if not runs:
+        raise ValueError("no runs to draw")
+    fig, axes = plt.subplots(1, 3, figsize=(9.0, 3.0))
+    for i, (label, r) in enumerate(runs.items()):
+        loss = np.asarray(r["loss"], dtype=float)
+        k = max(1, min(smooth, len(loss)))
+        run_mean = np.convolve(loss, np.ones(k) / k, mode="valid")
+        style = dict(color=f"C{i % 10}", lw=1.2, label=label)
+        axes[0].plot(np.arange(k, len(loss) + 1), run_mean, **style)
+        steps = [p["step"] for p in r["probes"]]
+        axes[1].plot(steps, [100 * p["val_acc"] for p in r["probes"]], marker="o", ms=2, **style)
+        grads = [(p["step"], next(iter(p["grad_rms"].values()))) for p in r["probes"] if p.get("grad_rms")]
+        if grads:
+            axes[2].semilogy(*zip(*[(t, max(g, 1e-30)) for t, g in grads]), marker="o", ms=2, **style)
+    for ax, ylabel in zip(
+        axes, (f"training loss (mean of {smooth} steps)", "probe validation accuracy (%)", "RMS gradient, first layer")
+    ):
+        ax.set_xlabel("training step", fontsize=8)
+        ax.set_ylabel(ylabel, fontsize=8)
+        ax.grid(alpha=0.3)
+        ax.tick_params(labelsize=8)
+    handles, labels = axes[0].get_legend_handles_labels()
+    ncol = min(len(labels), 2)
+    fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=8, frameon=False)
+    legend_rows = -(-len(labels) // ncol)
+    fig.set_size_inches(9.0, 3.0 + 0.22 * legend_rows)
+    return finish_figure(fig, title, rect=(0, 0.075 * legend_rows / (1 + 0.07 * legend_rows) + 0.02, 1, 1))
 
 
 def plot_rerouted_image(

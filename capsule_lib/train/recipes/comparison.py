@@ -28,14 +28,27 @@ class RoutingCompareRecipe(ShiftDecayRecipe):
     shifts, Adam (lr 1e-3, x0.96 every 2000 steps, as CapsNet's recipe), batch 128 and validation-split selection
     for every routing; each routing's paper loss (:class:`~capsule_lib.losses.ScoreObjective`). The runs are
     made equal in **wall-clock training time** on one machine (``train(..., budget_minutes=)``); ``epochs`` is
-    only the cap (and the spread loss's margin schedule)."""
+    only the cap (and the spread loss's margin schedule). ``warmup_epochs`` (default 0, none: the shipped runs')
+    ramps the learning rate linearly up from ``lr / n`` over the first ``n`` batches of that many epochs (a remedy
+    ``benchmarks/learning_diagnostics.py`` tries)."""
 
     name: ClassVar[str] = "routing_compare_mnist"
 
     epochs: int = 30
+    warmup_epochs: float = 0.0
     model: RoutingClassifierConfig = field(default_factory=RoutingClassifierConfig)
 
     model_kind: ClassVar[str] = "routing_classifier"
+
+    def lr_factor(self, step: int) -> float:
+        ramp = max(1.0, self.warmup_epochs * max(1, getattr(self, "_steps_per_epoch", 1)))
+        return min(1.0, (step + 1) / ramp) * super().lr_factor(step) if self.warmup_epochs else super().lr_factor(step)
+
+    def validate(self) -> None:
+        super().validate()
+        w = self.warmup_epochs
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 <= w <= self.epochs:
+            raise ValueError(f"{self.name}: warmup_epochs must be a number from 0 to epochs ({self.epochs}), got {w!r}")
 
     def build_objective(self) -> Any:
         return ScoreObjective()

@@ -48,7 +48,14 @@ class ViewpointRecipe(Recipe):
 
     Subclasses set the model and the objective. ``train_subset`` / ``eval_subset`` cut the training set and
     the validation/test sets (smoke runs); ``data_seed`` seeds the rendered set (and the subsets);
-    ``render_workers`` renders it in that many processes."""
+    ``render_workers`` renders it in that many processes.
+
+    ``warmup_epochs`` (default 0: none, the paper recipes') ramps the learning rate linearly from ``lr / n`` to
+    ``lr`` over the first ``n`` batches of that many epochs, then the per-epoch decay goes on as before (the
+    schedule is then stepped per batch, ``lr_decay ** epoch`` times the ramp). Without it Adam's first steps move
+    every weight by about ``lr`` at once: the comparison's networks on this protocol turn their input activations
+    off for good (Heinsen 2019) or stall on a plateau (dynamic routing) before they learn anything
+    (``benchmarks/learning_diagnostics.py``)."""
 
     images_refusal: ClassVar[str] = (
         "its data is the smallNORB viewpoint protocol (familiar and novel views of the same objects), which a folder "
@@ -70,6 +77,12 @@ class ViewpointRecipe(Recipe):
     epochs: int = 15
     lr: float = 3e-3
     lr_decay: float = 0.85  # x per epoch
+    warmup_epochs: float = 0.0
+
+    @property
+    def scheduler_step(self) -> str:  # type: ignore[override]
+        """``"epoch"``, or ``"batch"`` with a warm-up (the ramp moves inside the first epochs)."""
+        return "batch" if self.warmup_epochs else "epoch"
 
     def viewpoint_data(self, data_root: DataSource | str | None = None) -> ViewpointSets:
         """The protocol's four sets (:class:`~capsule_lib.data.viewpoints.ViewpointSets`)."""
@@ -88,7 +101,17 @@ class ViewpointRecipe(Recipe):
         )
 
     def lr_factor(self, step: int) -> float:
-        return self.lr_decay**step
+        if not self.warmup_epochs:
+            return self.lr_decay**step  # per epoch
+        per_epoch = max(1, getattr(self, "_steps_per_epoch", 1))
+        ramp = max(1.0, self.warmup_epochs * per_epoch)  # batches
+        return min(1.0, (step + 1) / ramp) * self.lr_decay ** (step // per_epoch)
+
+    def validate(self) -> None:
+        super().validate()
+        w = self.warmup_epochs
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 <= w <= self.epochs:
+            raise ValueError(f"{self.name}: warmup_epochs must be a number from 0 to epochs ({self.epochs}), got {w!r}")
 
     def augment_batch(self, batch: tuple, g: torch.Generator) -> tuple:
         return hinton_transform(True, None, self.crop, self.brightness, self.contrast)(batch, g)
