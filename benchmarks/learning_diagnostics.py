@@ -5,6 +5,7 @@ activations, the capsule lengths and the RMS gradient by layer as it goes, in
 ``benchmarks/results/learning_<diagnosis>.json`` (the chapters read them).
 
     python benchmarks/learning_diagnostics.py heinsen_norb --data-root $CAPSULE_DATA   # Heinsen 2019, viewpoints
+    python benchmarks/learning_diagnostics.py heinsen_norb_fixed --data-root $CAPSULE_DATA   # the same, fixed couplings
     python benchmarks/learning_diagnostics.py dynamic_norb --data-root $CAPSULE_DATA   # dynamic routing, seeds 0, 1
     python benchmarks/learning_diagnostics.py depth --data-root $CAPSULE_DATA          # 3 dynamic-routing layers
     python benchmarks/learning_diagnostics.py shared --data-root $CAPSULE_DATA         # shared transforms, no routing
@@ -64,6 +65,20 @@ DIAGNOSES: dict[str, tuple[int, int, dict[str, tuple[str, str, dict[str, Any], A
             "before: Adam at 3e-3 from the first step": ("heinsen_2019", "norb", {**NORB, "warmup_epochs": 0}, None),
             "lr 1e-3, no warm-up": ("heinsen_2019", "norb", {**NORB, "warmup_epochs": 0, "lr": 1e-3}, None),
             "after: warm-up over the first epoch": ("heinsen_2019", "norb", NORB, None),
+        },
+    ),
+    "heinsen_norb_fixed": (
+        300,
+        20,
+        {
+            f"{couplings} couplings, seed {s}": (
+                "heinsen_2019",
+                "norb",
+                {**NORB, "seed": s, "model__couplings": couplings},
+                None,
+            )
+            for couplings in ("uniform", "random")
+            for s in (0,)
         },
     ),
     "dynamic_norb": (

@@ -33,10 +33,10 @@ import torch
 from torch import nn
 
 from ._checks import float_images
+from ._contracts import checked
 from .data import DataSource
 from .train.recipes import Recipe
 
-from ._contracts import checked
 __all__ = [
     "LEARNED_SHARE",
     "CHANCE",

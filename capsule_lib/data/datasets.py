@@ -24,8 +24,8 @@ import torch
 
 from .._checks import check_choice
 from .files import download_into, download_reason, find_real_data, permission_denied
-
 from .._contracts import checked
+
 __all__ = [
     "ImageDataset", "DatasetUnavailableError", "get_dataset", "register_dataset", "available_datasets",
     "data_root", "DataSource", "read_idx", "train_val_indices", "STANDINS", "data_fingerprint", "check_labels",

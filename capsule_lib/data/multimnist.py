@@ -41,8 +41,8 @@ from .datasets import (
 )
 from .loaders import TensorLoader
 from .transforms import shift_images
-
 from .._contracts import checked
+
 __all__ = [
     "make_multimnist",
     "bounding_boxes",

@@ -27,8 +27,8 @@ import torch.nn.functional as F
 from .._checks import check_choice
 from .datasets import DataSource, ImageDataset, get_dataset
 from .render import HINTON_AZIMUTHS_FAMILIAR, HINTON_ELEVATIONS_FAMILIAR
-
 from .._contracts import checked
+
 __all__ = [
     "ViewpointSets",
     "viewpoint_sets",
