@@ -2,24 +2,24 @@
 in the same :class:`~capsule_lib.models.RoutingClassifier` and a plain CNN of matched size, on the same data,
 pipeline and training budget (wall-clock time on MNIST, epochs on the viewpoint protocol).
 
-==========================  ==================================================================================
-name                        what
-==========================  ==================================================================================
-:data:`CONTESTANTS`         the six routing kinds and ``"cnn"``, in the chapter's order
-:data:`BUDGET_MINUTES`      the training budget per dataset (``"mnist"``, ``"norb"``): wall-clock minutes of
-                            training, validation included, on one machine (MNIST), or ``None``: the recipe's
-                            epochs (the viewpoint protocol, equal epochs)
-:data:`PROTOCOL`            what every contestant's recipe shares on a dataset beyond its recipe's defaults
-                            (the viewpoint protocol's learning-rate warm-up)
-:func:`contestant_recipe`   the recipe of a contestant on a dataset (routing: ``routing_compare_<dataset>``
-                            with ``model.routing``; CNN: the dataset's ``baseline_cnn`` recipe at matched size)
-:func:`shipped_name`        the name of its shipped checkpoint (``compare_<dataset>_<contestant>``)
-:func:`measure_costs`       parameters, training throughput, latency and peak memory of each model, measured
-                            the same way (:func:`capsule_lib.cost.model_costs`)
-:func:`untrained_contestants`  the shipped contestants that break the book's rule (:mod:`capsule_lib.learning`):
-                            validation accuracy below halfway from chance to the best contestant's
-:func:`result_rows`         the chapter's accuracy table, "did not train" next to such a contestant's numbers
-==========================  ==================================================================================
+==============================  ==================================================================================
+name                            what
+==============================  ==================================================================================
+:data:`CONTESTANTS`             the six routing kinds and ``"cnn"``, in the chapter's order
+:data:`BUDGET_MINUTES`          the training budget per dataset (``"mnist"``, ``"norb"``): wall-clock minutes of
+                                training, validation included, on one machine (MNIST), or ``None``: the recipe's
+                                epochs (the viewpoint protocol, equal epochs)
+:data:`PROTOCOL`                what every contestant's recipe shares on a dataset beyond its recipe's defaults
+                                (the viewpoint protocol's learning-rate warm-up)
+:func:`contestant_recipe`       the recipe of a contestant on a dataset (routing: ``routing_compare_<dataset>``
+                                with ``model.routing``; CNN: the dataset's ``baseline_cnn`` recipe at matched size)
+:func:`shipped_name`            the name of its shipped checkpoint (``compare_<dataset>_<contestant>``)
+:func:`measure_costs`           parameters, training throughput, latency and peak memory of each model, measured
+                                the same way (:func:`capsule_lib.cost.model_costs`)
+:func:`untrained_contestants`   the shipped contestants that break the book's rule (:mod:`capsule_lib.learning`):
+                                validation accuracy below halfway from chance to the best contestant's
+:func:`result_rows`             the chapter's accuracy table, "did not train" next to such a contestant's numbers
+==============================  ==================================================================================
 
 Train one contestant as the shipped runs were trained::
 

@@ -467,8 +467,8 @@ def gradient_by_layer(
 @checked
 def first_pass_rows() -> list[list[str]]:
     """Section 1's check, in float64 on random capsules (4 images, 32 -> 10 capsules of 16): each routing's one pass
-    with uniform couplings against its first iteration, max |difference| (self-attention: no iterations); EM's
-    fixed-coupling pass at its first iteration's inverse temperature, its default being its last's."""
+    with uniform couplings against its first iteration, the largest absolute difference (self-attention: no
+    iterations); EM's fixed-coupling pass at its first iteration's inverse temperature, its default being its last's."""
     torch.manual_seed(0)
     u, a = torch.randn(4, 32, 16, dtype=torch.float64), torch.randn(4, 32, dtype=torch.float64)
     rows = []

@@ -29,7 +29,6 @@ __all__ = [
 
 
 @checked(allow_nonfinite=("x",))
-@checked
 def pct(x: float | None, digits: int = 2) -> str:
     """``0.99612 -> "99.61 %"``; ``None -> "—"``."""
     if digits < 0:

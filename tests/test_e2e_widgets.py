@@ -168,11 +168,14 @@ class Lab:
 
 @pytest.fixture(scope="module")
 def jupyterlab(tmp_path_factory):
-    """JupyterLab on 127.0.0.1:<free port> with a token, serving a temporary copy of book/; always shut down."""
+    """JupyterLab on 127.0.0.1:<free port> with a token, serving a temporary copy of book/ (and of the benchmark
+    results beside it); always shut down."""
     pytest.importorskip("jupyterlab", reason="jupyterlab is not installed (pip install -r requirements.txt)")
     tmp = tmp_path_factory.mktemp("lab")
     root = tmp / "book"
     shutil.copytree(BOOK, root, ignore=shutil.ignore_patterns(".ipynb_checkpoints", "_build"))
+    # the committed benchmark results the chapters read beside book/ (../benchmarks/results), as in the repository
+    shutil.copytree(REPO / "benchmarks" / "results", tmp / "benchmarks" / "results")
     port, token = _free_port(), secrets.token_hex(24)
     runtime = tmp / "runtime"
     env = dict(

@@ -514,10 +514,9 @@ class EMRouting(RoutingProtocol, EMRoutingBase):
     init_std : float or None, optional
         Std of the ``N(0, init_std^2)`` weights; ``None`` (default): ``1/sqrt(P)`` (vote variance = pose variance).
     coupled_temperature : str, optional
-        The inverse temperature of the one pass with fixed couplings (Paik et al.'s baselines): ``"last"`` (default),
-        the last iteration's, the one the routed output is computed at; ``"first"``, the first iteration's (2.9 times
-        smaller for 3 iterations: slower learning, ``benchmarks/learning_diagnostics.py em_fixed``), with which
-        ``"uniform"`` equals ``route(iterations=1)``.
+        The inverse temperature of the one pass with fixed couplings (Paik et al.'s baselines): ``"last"`` (default:
+        the last iteration's, the routed output's) or ``"first"`` (2.9 times smaller for 3 iterations, learns slower,
+        ``benchmarks/learning_diagnostics.py em_fixed``; with it ``"uniform"`` equals ``route(iterations=1)``).
     \\*\\*routing
         The routing options of :class:`EMRoutingBase` (``inverse_temperature``, ``normalize_over_outputs``,
         ``normalize_costs``, ``eps``)."""
@@ -587,11 +586,8 @@ class EMRouting(RoutingProtocol, EMRoutingBase):
         V = self.votes(poses).to(cdt).transpose(1, 2).contiguous()  # [B, j, i, d]
         I, J = V.shape[2], V.shape[1]
         scale = J / I if self.normalize_costs else 1.0
-        lam = (
-            self.inverse_temperatures(self.iterations)[-1]
-            if self.coupled_temperature == "last"
-            else (self.inverse_temperatures(1)[0])
-        )
+        lams = self.inverse_temperatures(self.iterations if self.coupled_temperature == "last" else 1)
+        lam = lams[-1] if self.coupled_temperature == "last" else lams[0]
         bu, ba = self.beta_u.to(cdt).unsqueeze(-1), self.beta_a.to(cdt)  # [J, 1], [J]
         R = R.to(cdt).transpose(1, 2).contiguous()  # [B, j, i]
         *_, mu, _, _, _, _, logit = _m_step(
