@@ -78,6 +78,26 @@ DID_NOT_TRAIN: dict[str, str] = {
         for k in (3, 4)
         for s in (0, 1)
     },
+    **{
+        f"critique_norb_heinsen_2019_{couplings}_seed{s}": (
+            "Heinsen 2019 with fixed couplings on the viewpoint protocol: its input activations are switched off "
+            "within 300 steps although the learning rate is warmed up (mean sigma(a_i) 6e-09 with uniform couplings, "
+            "92% of them off with random ones) and the loss stays at log 5 (benchmarks/learning_diagnostics.py "
+            "heinsen_norb_fixed); the routed network, warmed up the same way, keeps them on and learns "
+            "(heinsen_norb)"
+        )
+        for couplings in ("uniform", "random")
+        for s in (0, 1)
+    },
+    **{
+        f"critique_mnist_aff_capsnet_seed{s}": (
+            "Aff-CapsNets' layer in one epoch over 30,000 images: its class capsules see only the sum of the primary "
+            "capsules and stay on the margin loss's plateau (every length near 0.245, where the loss is lowest while "
+            "the lengths cannot depend on the image) far longer than routed networks (benchmarks/"
+            "learning_diagnostics.py shared); at three epochs it learns (critique_mnist_aff_capsnet_e3_*)"
+        )
+        for s in (0, 1)
+    },
 }
 
 
