@@ -88,10 +88,10 @@ SHORT_LABELS: dict[str, str] = {
 #: on how busy the machine was; the 4-minute budget of the first runs let most of them finish their 15 epochs anyway)
 BUDGET_MINUTES: dict[str, float | None] = {"mnist": 8.0, "norb": None}
 
-#: what every contestant's recipe shares on each dataset beyond the recipes' defaults: on the viewpoint protocol a
+#: what every contestant's recipe shares on each dataset beyond the recipes' defaults (on the viewpoint protocol a
 #: linear learning-rate warm-up over the first epoch (Adam at the recipe's full 3e-3 from the first step drove
-#: Heinsen 2019's input activations to zero for good and stalled dynamic routing on a plateau:
-#: ``benchmarks/learning_diagnostics.py``; Heinsen's own recipe warms up too)
+#: Heinsen 2019's input activations to zero for good and stalled dynamic routing on a plateau,
+#: see ``benchmarks/learning_diagnostics.py``; Heinsen's own recipe warms up too))
 PROTOCOL: dict[str, dict[str, Any]] = {"mnist": {}, "norb": {"warmup_epochs": 1.0}}
 
 #: the CNN's size, matched to the routing networks (about 1.2M parameters on either dataset, between the smallest and
@@ -211,9 +211,9 @@ def contestant_accuracies(registry: dict[str, Any], dataset: str) -> dict[str, f
 
 @checked
 def untrained_contestants(registry: dict[str, Any], dataset: str) -> list[str]:
-    """The shipped contestants on ``dataset`` that did not learn by the book's rule (:func:`~capsule_lib.learning.
-    untrained`): validation accuracy below halfway from chance to the best contestant's, all on the same data and
-    budget."""
+    """The shipped contestants on ``dataset`` that did not learn by the book's rule
+    (:func:`~capsule_lib.learning.untrained`): validation accuracy below halfway from chance to the best
+    contestant's, all on the same data and budget."""
     return [n for n in CONTESTANTS if n in untrained(contestant_accuracies(registry, dataset), CHANCE[dataset])]
 
 

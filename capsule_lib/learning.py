@@ -64,7 +64,7 @@ DID_NOT_TRAIN_LABEL = "did not train"
 #: how a verdict that rests on such a network is shown
 NOT_TESTED = "not tested (did not train)"
 
-#: runs kept in the shipped records although they break the rule: run or checkpoint name -> the measured cause
+#: runs kept in the shipped records although they break the rule, run or checkpoint name -> the measured cause
 #: (every cause names the diagnostic that measured it)
 DID_NOT_TRAIN: dict[str, str] = {
     **{

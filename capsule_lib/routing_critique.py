@@ -399,10 +399,10 @@ def versus(a: Measured, b: Measured) -> str:
 
 
 def judged(a: Measured, b: Measured) -> str | None:
-    """:func:`versus`, where both measurements have at least two seeds and both learned; :data:`~capsule_lib.learning.
-    NOT_TESTED` where one did not learn; ``None`` where one has a single seed (its standard error would hold the test
-    set's binomial error only, not how much training from another seed moves the accuracy, and at a short budget that
-    is the larger part)."""
+    """:func:`versus`, where both measurements have at least two seeds and both learned;
+    :data:`~capsule_lib.learning.NOT_TESTED` where one did not learn; ``None`` where one has a single seed (its
+    standard error would hold the test set's binomial error only, not how much training from another seed moves the
+    accuracy, and at a short budget that is the larger part)."""
     if not (a.learned and b.learned):
         return NOT_TESTED
     return versus(a, b) if min(len(a.values), len(b.values)) >= 2 else None
@@ -450,7 +450,7 @@ def coupling_rows(summary: dict[str, dict[str, Measured]], metric: str) -> list[
     return rows
 
 
-#: the panels of the chapter's coupling figure: title -> (dataset, metric)
+#: the panels of the chapter's coupling figure, title -> (dataset, metric)
 PANELS: dict[str, tuple[str, str]] = {
     "MNIST test": ("mnist", "test_acc"),
     "affine MNIST": ("mnist", "affine_acc"),
@@ -490,7 +490,7 @@ def iteration_rows(summaries: dict[str, dict[str, dict[str, Measured]]]) -> tupl
     return headers, rows
 
 
-#: section 3's networks: configuration key -> label
+#: section 3's networks, configuration key -> label
 ROUTING_FREE_ROWS = {
     "dynamic_routed": "dynamic routing (3 iterations)",
     "dynamic_uniform": "dynamic, uniform couplings",
