@@ -71,14 +71,13 @@ DIAGNOSES: dict[str, tuple[int, int, dict[str, tuple[str, str, dict[str, Any], A
         300,
         20,
         {
-            f"{couplings} couplings, seed {s}": (
+            f"{couplings} couplings, seed 0": (
                 "heinsen_2019",
                 "norb",
-                {**NORB, "seed": s, "model__couplings": couplings},
+                {**NORB, "seed": 0, "model__couplings": couplings},
                 None,
             )
             for couplings in ("uniform", "random")
-            for s in (0,)
         },
     ),
     "dynamic_norb": (

@@ -586,8 +586,7 @@ class EMRouting(RoutingProtocol, EMRoutingBase):
         V = self.votes(poses).to(cdt).transpose(1, 2).contiguous()  # [B, j, i, d]
         I, J = V.shape[2], V.shape[1]
         scale = J / I if self.normalize_costs else 1.0
-        lams = self.inverse_temperatures(self.iterations if self.coupled_temperature == "last" else 1)
-        lam = lams[-1] if self.coupled_temperature == "last" else lams[0]
+        lam = self.inverse_temperatures(self.iterations if self.coupled_temperature == "last" else 1)[-1]
         bu, ba = self.beta_u.to(cdt).unsqueeze(-1), self.beta_a.to(cdt)  # [J, 1], [J]
         R = R.to(cdt).transpose(1, 2).contiguous()  # [B, j, i]
         *_, mu, _, _, _, _, logit = _m_step(
