@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +77,8 @@ def load_trained(
     tuple
         ``(model, info)``: ``info["classes"]`` the class names in score order (the run's record; ``"0" ... "K-1"``
         for a run that recorded none), ``info["meta"]`` the run's ``history.meta``, ``info["kind"]`` the model kind,
-        ``info["source"]`` what was read.
+        ``info["source"]`` what was read. A run that did not learn (its ``meta["learned"]`` is false:
+        :mod:`capsule_lib.train.learning_check`) is loaded with one warning line on stderr.
     """
     path = Path(run_or_checkpoint).expanduser()
     if path.is_dir():
@@ -107,6 +109,9 @@ def load_trained(
             f"{run_or_checkpoint}: not a run folder, a checkpoint file (.pt) or a shipped checkpoint "
             f"(shipped: {', '.join(sorted(registry())[:4])}, ...)"
         )
+    if meta.get("learned") is False:  # the run's own verdict (capsule_lib.train.learning_check), said once here
+        why = (meta.get("learning_check") or {}).get("reason", "")
+        print(f"warning: {source} did not learn; its predictions are no better than chance ({why})", file=sys.stderr)
     n = model.config.n_classes if hasattr(getattr(model, "config", None), "n_classes") else None
     classes = meta.get("classes") or (meta.get("images") or {}).get("classes") or [str(k) for k in range(n or 0)]
     return model, {"classes": list(classes), "meta": meta, "kind": kind, "source": source}

@@ -45,6 +45,7 @@ LAYERS = [
     "train.ema",
     "train.checkpoint",
     "train.trainer",
+    "train.learning_check",  # did this run learn? (after its first epoch and at its end; a dead run stops)
     "train.recipes",
     "train.shipped",  # the shipped checkpoints: registry.json, sha256-checked files, export_run (a run -> a file)
     "train.run",  # train(): the one training entry point (starts from / retrains shipped checkpoints)

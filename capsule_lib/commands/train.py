@@ -32,6 +32,7 @@ import torch
 from ..data.datasets import DataSource
 from ..data.images import ImageSource, image_facts
 from ..train.checkpoint import CheckpointReadError
+from ..train.learning_check import DID_NOT_LEARN_EXIT
 from ..train.recipes import RECIPES, make_recipe
 from ..train.recipes.base import check_device_available
 from ..train.run import COMPILE_MODES, start_checkpoint, train
@@ -137,9 +138,12 @@ def _images(p: argparse.ArgumentParser, a: argparse.Namespace) -> str | None:
 def main(argv: list[str] | None = None, *, data_root: str | Path | None = None, offline: bool | None = None) -> None:
     """The command line (see the module docstring).
 
-    Exit status: 0 when the run finished (or was already finished); 2 for arguments no run can use (one line, before
-    any data is loaded or anything written); 1 for a run that failed (a non-finite loss, a full disk, data that
-    cannot be read: one line); 130 after Ctrl-C (the run can be resumed with ``--resume``).
+    Exit status: 0 when the run finished (or was already finished) and learned; 2 for arguments no run can use (one
+    line, before any data is loaded or anything written); 1 for a run that failed (a non-finite loss, a full disk,
+    data that cannot be read: one line); 3 (:data:`~capsule_lib.train.learning_check.DID_NOT_LEARN_EXIT`) for a run
+    that did not learn (validation not clearly above chance, or its class capsules saturated or collapsed: one line
+    says which, why and what to try; a dead network stops after its first epoch; its checkpoints are kept and it is
+    not exported); 130 after Ctrl-C (the run can be resumed with ``--resume``).
 
     Parameters
     ----------
@@ -206,7 +210,17 @@ def main(argv: list[str] | None = None, *, data_root: str | Path | None = None, 
         torch_dist.destroy_process_group()
     if not trainer.dist.is_main:  # one process reports and exports
         return
-    print(json.dumps({"best": trainer.history.best("val_acc"), "test": trainer.history.meta.get("test")}, default=str))
+    meta = trainer.history.meta
+    print(
+        json.dumps(
+            {"best": trainer.history.best("val_acc"), "test": meta.get("test"), "learned": meta.get("learned")},
+            default=str,
+        )
+    )
+    if meta.get("learned") is False:  # said in one line by the run; nothing is exported from a network at chance
+        if a.export:
+            print(f"{p.prog}: not exported as {a.export}: the run did not learn", file=sys.stderr)
+        raise SystemExit(DID_NOT_LEARN_EXIT)
     if a.export:
         try:
             entry = export_run(a.out, a.export, data_root=DataSource(a.data_root, a.offline))

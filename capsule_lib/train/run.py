@@ -32,6 +32,7 @@ from .._contracts import checked
 from ..data.datasets import DataSource, check_labels, data_fingerprint
 from ..data.images import ImageFacts, image_facts
 from ..distributed import setup as setup_distributed
+from .learning_check import LearningCheck, applies
 from .recipes import make_recipe
 from .recipes.base import Recipe, check_device_available
 from .runtime import select_device
@@ -119,6 +120,41 @@ def _data_meta(loaders: Any, fingerprint: str | None, images: ImageFacts | None)
     return meta
 
 
+def _run_meta(
+    r: Recipe,
+    model: nn.Module,
+    loaders: Any,
+    dist: Any,
+    data: dict[str, Any],
+    start: dict[str, Any] | None,
+    compile: str | None,
+    precision: str | None,
+) -> dict[str, Any]:
+    """What a run's history records about it before its first epoch (``history.meta``)."""
+    meta = {
+        "recipe": r.name,
+        "config": r.config(),
+        "hardware": hardware_string(dist.device),
+        "torch": str(torch.__version__),
+        "train_images": len(loaders.train_set),
+        "dataset": loaders.dataset,
+        "generated_data": loaders.generated_data,
+        **r.describe(model),
+        **data,
+    }
+    if start is not None:
+        meta["start_from"] = start
+    if compile is not None:
+        meta["compile"] = compile
+    if getattr(r, "ema", None) is not None:
+        meta["ema"] = r.ema  # the selected and shipped weights are the moving average
+    if precision is not None:
+        meta["matmul_precision"] = precision  # "high": TF32 matrix products while training
+    if dist.distributed:  # recorded only for jobs of several processes
+        meta.update(world_size=dist.world_size, batch_size_per_process=r.batch_size // dist.world_size)
+    return meta
+
+
 def _check_out_dir(out_dir: str | Path | None) -> None:
     """One line when the run's folder is a file."""
     if out_dir is not None and Path(out_dir).exists() and not Path(out_dir).is_dir():
@@ -195,7 +231,10 @@ def train(
     tuple
         ``(model, trainer)``: the model with its best validation weights loaded, and the
         :class:`~capsule_lib.train.trainer.Trainer`, whose ``history`` holds the per-epoch records and, with
-        ``test``, the test accuracy of the selected epoch.
+        ``test``, the test accuracy of the selected epoch, and, for a run validated on one class label per image,
+        whether it learned (:mod:`~capsule_lib.train.learning_check`: ``meta["learned"]`` and
+        ``meta["learning_check"]``; a dead network stops after its first epoch, and a run that did not learn says so
+        in one line).
     """
     r = make_recipe(recipe, **overrides)
     _check_out_dir(out_dir)
@@ -216,28 +255,9 @@ def train(
     fingerprint = _check_training_data(model, loaders)
     optimizer = r.build_optimizer(model)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: r.lr_factor(step))
-    meta = {
-        "recipe": r.name,
-        "config": r.config(),
-        "hardware": hardware_string(device),
-        "torch": str(torch.__version__),
-        "train_images": len(loaders.train_set),
-        "dataset": loaders.dataset,
-        "generated_data": loaders.generated_data,
-        **r.describe(model),
-        **_data_meta(loaders, fingerprint, images),
-    }
-    if start is not None:
-        meta["start_from"] = start
-    if compile is not None:
-        meta["compile"] = compile
-    if getattr(r, "ema", None) is not None:
-        meta["ema"] = r.ema  # the selected and shipped weights are the moving average
     precision = getattr(r, "matmul_precision", None) if device.type == "cuda" else None
-    if precision is not None:
-        meta["matmul_precision"] = precision  # "high": TF32 matrix products while training
-    if dist.distributed:  # recorded only for jobs of several processes
-        meta.update(world_size=dist.world_size, batch_size_per_process=r.batch_size // dist.world_size)
+    meta = _run_meta(r, model, loaders, dist, _data_meta(loaders, fingerprint, images), start, compile, precision)
+    check = LearningCheck(loaders.val, r.lr) if applies(loaders.val) else None  # did it learn? (after epoch 1, end)
     trainer = Trainer(
         model,
         r.build_objective(),
@@ -248,7 +268,7 @@ def train(
         amp=r.amp,
         out_dir=out_dir,
         seed=r.seed,
-        callbacks=(*callbacks, *r.training_callbacks(budget_minutes)),
+        callbacks=(*callbacks, *r.training_callbacks(budget_minutes), *([check] if check else [])),
         progress=progress,
         meta=meta,
         keep_epochs=r.keep_epochs,
@@ -260,6 +280,8 @@ def train(
     with _matmul_precision(precision):
         trainer.fit(loaders.train, loaders.val, r.epochs, resume=resume, budget_minutes=budget_minutes)
         trainer.finish(loaders.test)  # best validation weights; the test split is read once, now
+    if check is not None:
+        check.finish(trainer)  # history.meta["learned"] and one line for a run that did not learn
     return model, trainer
 
 
