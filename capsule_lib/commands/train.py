@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None, *, data_root: str | Path | None = None, 
         if a.start_from is not None and images is None:  # (for images, train() checks it once fitted to them)
             start_checkpoint(recipe, a.start_from)
         if images is not None:  # the folder itself (its layout, classes, files), before any training
-            image_facts(recipe.dataset, DataSource.of(a.data_root, offline=a.offline))
+            image_facts(recipe.dataset, DataSource.of(a.data_root, offline=a.offline), say=False)  # train() says
         if a.export is not None and a.export in registry():
             raise ValueError(f"--export {a.export}: a shipped checkpoint of that name exists; choose a new name")
     except (KeyError, ValueError, OSError) as e:

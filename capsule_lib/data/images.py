@@ -128,7 +128,7 @@ def _load_folder(src: ImageSource) -> tuple[str, dict[str, Any]]:
     return memo, {"listing": listing, "size": size, "size_rule": size_rule, "split": split, "key": key}
 
 
-def _folder(src: ImageSource, cache: Path | None) -> dict[str, Any]:
+def _folder(src: ImageSource, cache: Path | None, say: bool = True) -> dict[str, Any]:
     memo, plan = _load_folder(src)
     if memo in _LOADED:
         return _LOADED[memo]
@@ -163,7 +163,8 @@ def _folder(src: ImageSource, cache: Path | None) -> dict[str, Any]:
     data["key"], data["read"] = plan["key"], read  # what a cache file holds (written when the data is used)
     data["cached"] = {str(read["cached"])} if read["cached"] is not None else set()  # cache files known good
     _LOADED[memo] = data
-    print(describe_images(data["record"]), flush=True)  # once per folder and process: what was decided
+    if say:  # once per folder and process: what was decided (train() says it with the network it became)
+        print(describe_images(data["record"]), flush=True)
     while len(_LOADED) > 2:  # the last two folders read
         _LOADED.pop(next(iter(_LOADED)))
     return data
@@ -398,7 +399,7 @@ def _folder_dataset(
 
 
 @checked
-def image_facts(name: str, source: DataSource | None = None) -> ImageFacts | None:
+def image_facts(name: str, source: DataSource | None = None, say: bool = True) -> ImageFacts | None:
     """What :meth:`~capsule_lib.train.recipes.base.Recipe.fit_to_images` needs of the dataset ``name`` when it is
     the reader's images (``"images:PATH"`` or a name given to :func:`register_images`); ``None`` for the library's
     datasets. A folder is read here (its files decoded, or its cache read) but no cache is written yet.
@@ -409,6 +410,9 @@ def image_facts(name: str, source: DataSource | None = None) -> ImageFacts | Non
         A recipe's ``dataset``.
     source : DataSource, optional
         Where its cache is (``source.cache``).
+    say : bool, optional
+        Print the folder's decisions (:func:`describe_images`) when it is read in this process (default); ``False``
+        for a caller that says them itself (:func:`~capsule_lib.train.train`, with the network they gave).
 
     Returns
     -------
@@ -416,7 +420,7 @@ def image_facts(name: str, source: DataSource | None = None) -> ImageFacts | Non
         Classes, channels, side, the training split's mean and std, and the whole record.
     """
     if name.startswith(f"{IMAGES}:"):
-        data = _folder(ImageSource.parse(name), getattr(source, "cache", None))
+        data = _folder(ImageSource.parse(name), getattr(source, "cache", None), say)
     elif name in _MEMORY:
         data = _MEMORY[name]
     else:

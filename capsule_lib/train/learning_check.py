@@ -16,8 +16,9 @@ absolute line instead: its validation accuracy must be **clearly above chance** 
 
 The check after the first epoch stops a **dead** run (at chance *and* its class capsules saturated or collapsed: it
 would train for hours at chance); a run at chance with healthy capsules, or one that still names one class for every
-image (as networks do after their first few steps), trains on and is judged at its end. Each verdict is one line (the symptom, its likely cause, what to try) and a record in
-``history.meta["learning_check"]`` (with ``history.meta["learned"]``), which
+image (as networks do after their first few steps), trains on and is judged at its end. Each verdict is one line
+(the symptom, its likely cause, what to try) and a record in ``history.meta["learning_check"]`` (with
+``history.meta["learned"]``), which
 :func:`~capsule_lib.pretrained.load_trained` reads to warn about a run that did not learn.
 ``python -m capsule_lib.train`` exits with :data:`DID_NOT_LEARN_EXIT` for such a run (it keeps its checkpoints).
 """

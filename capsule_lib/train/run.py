@@ -29,8 +29,9 @@ from torch import nn
 
 from .._checks import check_choice
 from .._contracts import checked
+from ..cost import count_parameters, time_training_step
 from ..data.datasets import DataSource, check_labels, data_fingerprint
-from ..data.images import ImageFacts, image_facts
+from ..data.images import ImageFacts, describe_images, image_facts
 from ..distributed import setup as setup_distributed
 from .learning_check import LearningCheck, applies
 from .recipes import make_recipe
@@ -100,7 +101,7 @@ def _data_source(r: Recipe, out_dir: str | Path | None, source: DataSource) -> t
     (classes, channels and side from the data)."""
     if out_dir is not None and source.cache is None:
         source = DataSource.of(source, cache=Path(out_dir).parent / "image_cache")
-    images = image_facts(r.dataset, source)
+    images = image_facts(r.dataset, source, say=False)  # train() says the decisions, with the network they gave
     if images is not None:
         r.fit_to_images(images)
     return source, images
@@ -118,6 +119,28 @@ def _data_meta(loaders: Any, fingerprint: str | None, images: ImageFacts | None)
     if isinstance(getattr(loaders.train_set, "classes", None), list):
         meta["classes"] = list(loaders.train_set.classes)
     return meta
+
+
+def _batch_like_training(loader: Any, batch_size: int) -> tuple[torch.Tensor, ...]:
+    """A batch of ``batch_size`` items shaped as the training loader gives them, from the (unaugmented) validation
+    loader, repeated if it holds fewer: what :func:`_images_line` times a step on."""
+    parts = [torch.cat(t) for t in zip(*loader)]
+    repeat = -(-batch_size // len(parts[0]))
+    return tuple(t.repeat(repeat, *[1] * (t.dim() - 1))[:batch_size] for t in parts)
+
+
+def _images_line(images: ImageFacts, r: Recipe, model: nn.Module, loaders: Any) -> str:
+    """The one line a run on the reader's images prints: the folder's decisions (:func:`describe_images`) and what
+    the network became: its parameters and the time per epoch on this machine, measured on training steps (one
+    warm-up, two timed) of a batch of the run's size, on a copy of the model's state."""
+    size = min(r.batch_size, len(loaders.train_set))
+    step = time_training_step(model, r.build_objective(), _batch_like_training(loaders.val, size), repeats=2)
+    n_val = sum(len(b[0]) for b in loaders.val)
+    epoch = step * (len(loaders.train) + n_val / (3 * size))  # evaluation: a forward costs about a third of a step
+    return (
+        f"{describe_images(images.record)}; network: {r.name} ({r.model_kind}), {count_parameters(model):,} "
+        f"parameters, about {epoch:,.0f} s per epoch here ({step:.2f} s per step of {size} images, measured)"
+    )
 
 
 def _run_meta(
@@ -257,6 +280,8 @@ def train(
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: r.lr_factor(step))
     precision = getattr(r, "matmul_precision", None) if device.type == "cuda" else None
     meta = _run_meta(r, model, loaders, dist, _data_meta(loaders, fingerprint, images), start, compile, precision)
+    if images is not None and dist.is_main:
+        print(_images_line(images, r, model, loaders), flush=True)
     check = LearningCheck(loaders.val, r.lr) if applies(loaders.val) else None  # did it learn? (after epoch 1, end)
     trainer = Trainer(
         model,
