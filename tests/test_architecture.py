@@ -625,29 +625,32 @@ def test_shipped_checkpoints_recipes_train_through_the_one_entry_point(name, tmp
 
 def test_the_command_line_trains_a_recipe_with_overrides(tmp_path, capsys):
     out = tmp_path / "run"
-    main(
-        [
-            "capsnet",
-            "--out",
-            str(out),
-            "--offline",
-            "--data-root",
-            str(tmp_path),
-            "--set",
-            "epochs=1",
-            "train_subset=32",
-            "eval_subset=16",
-            "device=cpu",
-            "model.conv_channels=8",
-            "model.primary_types=4",
-            "model.class_dim=8",
-            "model.decoder_hidden=[32, 64]",
-        ]
-    )
+    with pytest.raises(SystemExit) as e:  # 32 images for one epoch: a run at chance, said and exited with 3
+        main(
+            [
+                "capsnet",
+                "--out",
+                str(out),
+                "--offline",
+                "--data-root",
+                str(tmp_path),
+                "--set",
+                "epochs=1",
+                "train_subset=32",
+                "eval_subset=16",
+                "device=cpu",
+                "model.conv_channels=8",
+                "model.primary_types=4",
+                "model.class_dim=8",
+                "model.decoder_hidden=[32, 64]",
+            ]
+        )
+    assert e.value.code == 3
     config = json.loads((out / "history.json").read_text())["meta"]["config"]
     assert config["epochs"] == 1 and config["model"]["conv_channels"] == 8
     assert config["model"]["decoder_hidden"] == [32, 64]
-    assert '"test"' in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert '"test"' in said and f"{out}: did not learn: validation" in said
     with pytest.raises(SystemExit):
         main(["capsnet", "--out", str(out), "--set", "epoch=1"])
     assert "has no field 'epoch'" in capsys.readouterr().err
@@ -745,7 +748,7 @@ def test_the_command_line_takes_its_data_defaults_from_the_environment(tmp_path)
     cmd = [sys.executable, "-m", "capsule_lib.train", "capsnet", "--out", str(tmp_path / "run"), "--set", "epochs=1"]
     cmd += ["train_subset=32", "eval_subset=16", "device=cpu", *small]
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.returncode == 3, res.stderr[-2000:]  # 32 images for one epoch: it trained, and did not learn
     assert "mnist is not available here (offline mode): using 'glyph_digits'" in res.stdout
     assert json.loads((tmp_path / "run" / "history.json").read_text())["meta"]["dataset"] == "glyph_digits"
 
