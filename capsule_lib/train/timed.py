@@ -11,19 +11,21 @@ or is skipped leaves its time to the next ones, and one that overran its cap tak
 the data and exporting is taken off the cap (the recipe's ``reserve_minutes``, at most :data:`RESERVE_SHARE` of the
 cap: a short cap, e.g. ``--quick``'s, keeps the rest for training), the rest is the run's training budget
 (``train(..., budget_minutes=)``: the speedrun recipes fit their number of epochs to it, and training stops when it
-is spent). A run is skipped only when less than :data:`GONE_S` seconds of the command are left. Runs start afresh (a
-timed run is not resumed). Each finished
-run is exported with :func:`~capsule_lib.train.shipped.export_run` (fp16 weights, sha256, history, the metrics of the
-fp16 weights) into ``OUT/checkpoints`` as ``<recipe>_<tag>`` (a registry of its own: ``OUT/checkpoints/registry.json``).
+is spent). A run is skipped only when less than :data:`GONE_S` seconds of the command are left (with ``--quick``
+not even then: it trains for :data:`GONE_S` and its record says ``over_time``). Runs start afresh (a timed run is not
+resumed). Each finished run is exported with :func:`~capsule_lib.train.shipped.export_run` (fp16 weights, sha256,
+history, the metrics of the fp16 weights) into ``OUT/checkpoints`` as ``<recipe>_<tag>`` (a registry of its own:
+``OUT/checkpoints/registry.json``).
 
 ``OUT/speedrun.json`` (rewritten after every run, so a stopped command keeps what finished): the machine and
-versions, the command, and per run its cap and budget, the epochs planned, fitted and trained, the selected epoch,
-validation and test accuracy (of the exported fp16 weights), the training wall time, the time from start to export,
-and the wall time at which validation accuracy first reached each of the recipe's ``thresholds``. A run that fails
-(e.g. its dataset is not on this machine) is recorded with its error and the next one starts.
+versions, the command, and per run the time left when it started, its cap and budget, the epochs planned, fitted and
+trained, the selected epoch, validation and test accuracy (of the exported fp16 weights), the training wall time, the
+time from start to export, and the wall time at which validation accuracy first reached each of the recipe's
+``thresholds``. A run that fails (e.g. its dataset is not on this machine) is recorded with its error and the next
+one starts.
 
-``--quick``: tiny subsets, two epochs, no compilation, generated stand-ins where the data is missing: a check that
-the command works (the unit tests run it on the CPU), not a measurement.
+``--quick``: tiny subsets, two epochs, no compilation, generated stand-ins where the data is missing, every recipe
+run: a check that the command works (the unit tests run it on the CPU), not a measurement.
 
 This module is the library function, :func:`run_speedrun`; the command ``python -m capsule_lib.train.speedrun``
 (its arguments) is :mod:`capsule_lib.commands.speedrun`. Like the rest of ``train/`` it trains through
@@ -93,7 +95,7 @@ def budget_share(left_minutes: float, weights: Sequence[float], reserve_minutes:
         raise ValueError(f"budget_share: reserve_minutes must be >= 0, got {reserve_minutes}")
     if 60.0 * left_minutes < GONE_S:
         return 0.0, 0.0
-    cap = left_minutes * weights[0] / sum(weights)  # the last run: all that is left
+    cap = left_minutes * (weights[0] / sum(weights))  # (the last run: all that is left, exactly)
     return cap, cap - min(reserve_minutes, RESERVE_SHARE * cap)
 
 
