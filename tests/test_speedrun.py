@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 import pytest
 import torch
@@ -20,6 +21,7 @@ from capsule_lib.pretrained import load_pretrained, sha256_file
 from capsule_lib.train import History, Trainer, make_recipe
 from capsule_lib.train.ema import WeightAverage
 from capsule_lib.train.recipes.speedrun import SPEEDRUNS, SpeedrunRecipe
+from capsule_lib.train.timed import GONE_S, RESERVE_SHARE, budget_share
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -280,6 +282,104 @@ def test_the_speedrun_command_runs_exports_and_reports_in_quick_mode(tmp_path, c
     with pytest.raises(SystemExit):
         speedrun_main(["--minutes", "1", "--out", str(out), "capsnet"])  # a paper recipe is not a speedrun
     assert "not a speedrun recipe: capsnet" in capsys.readouterr().err
+
+
+def test_the_budget_share_is_the_time_left_in_proportion_to_the_runs_to_go_less_a_reserve_of_at_most_half():
+    assert budget_share(10.0, [3.0, 1.0], 0.0) == (7.5, 7.5)
+    assert budget_share(2.0, [5.0], 0.25) == (2.0, 1.75)  # the last run: all that is left
+    cap, budget = budget_share(0.2, [1.0, 1.0], 1.0)  # a reserve longer than the cap: half the cap is kept for it
+    assert cap == pytest.approx(0.1) and budget == pytest.approx(0.1 * (1 - RESERVE_SHARE))
+    # a run that ends early leaves its time to the next: the next share is recomputed from what is left
+    weights = [1.0, 1.0, 2.0]
+    assert budget_share(4.0, weights, 0.0) == (1.0, 1.0)  # the first of 4 minutes' runs: 1 of 4 shares
+    second = budget_share(4.0 - 0.2, weights[1:], 0.0)[0]  # the first ended after 0.2 minutes
+    assert second == pytest.approx(3.8 / 3) and second > 1.0
+    assert second + budget_share(3.8 - second, weights[2:], 0.0)[0] == pytest.approx(3.8)
+    # the time is gone only below GONE_S seconds (an overrun leaves a negative time: gone too)
+    assert budget_share(GONE_S / 60.0, [1.0, 9.0], 1.0)[0] > 0
+    assert budget_share(0.99 * GONE_S / 60.0, [1.0], 0.0) == (0.0, 0.0) == budget_share(-0.5, [1.0], 0.0)
+    for left in (GONE_S / 60.0, 0.05, 0.3, 1.0, 9.0, 100.0):
+        for reserve in (0.0, 0.25, 1.0, 50.0):
+            for weights in ([0.8], [3.3, 2.8, 2.0, 0.8, 9.0, 8.0], [9.0, 0.8]):
+                cap, budget = budget_share(left, weights, reserve)
+                assert 0.0 < (1 - RESERVE_SHARE) * cap <= budget <= cap <= left
+    for args, message in (
+        ((1.0, [], 0.0), "budget_share: weights must be the minutes"),
+        ((1.0, [1.0, 0.0], 0.0), "budget_share: weights must be the minutes"),
+        ((1.0, [1.0], -0.1), "budget_share: reserve_minutes must be >= 0, got -0.1"),
+        ((float("nan"), [1.0], 0.0), "budget_share: left_minutes must be"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            budget_share(*args)
+
+
+class _Clock:
+    """A fake ``time`` module for :func:`run_speedrun`: ``time()`` reads ``now``, which the fake runs move on."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def time(self) -> float:
+        return self.now
+
+
+@pytest.mark.parametrize("quick", [False, True])
+def test_the_speedrun_gives_each_run_its_share_of_what_is_left_and_skips_only_when_the_time_is_gone(
+    tmp_path, monkeypatch, capsys, quick
+):
+    """Recipes of 3.3, 2.8 and 0.8 ``minutes`` in 6.9 minutes: the first run (cap 3.3) ends after 1 minute, so the
+    second gets 2.8/3.6 of the 5.9 left, not 2.8; it overruns to 7 minutes: the third has no time left, is skipped
+    (exit status 1 from the command), or with ``--quick`` runs for GONE_S."""
+    from capsule_lib.train import timed
+
+    clock, took, budgets = _Clock(), iter([1.0, 6.0, 0.1]), []
+
+    def run(name, out, source, device, budget, *a):
+        budgets.append(budget)
+        clock.now += 60.0 * next(took)
+        return {"recipe": name, "metrics": {"val_acc": 0.5}, "epochs_trained": 1, "train_wall_s": 1.0}
+
+    monkeypatch.setattr(timed, "time", clock)
+    monkeypatch.setattr(timed, "_one_run", run)
+    names = ["capsnet_speedrun", "efficient_speedrun", "baseline_cnn_speedrun"]
+    result = timed.run_speedrun(names, 6.9, tmp_path / "sr", device="cpu", offline=True, quick=quick)
+    first, second, third = result["runs"]
+    assert first["cap_minutes"] == pytest.approx(3.3) and budgets[0] == pytest.approx(3.3 - 0.25)
+    assert second["left_minutes"] == pytest.approx(5.9)
+    assert budgets[1] == pytest.approx(5.9 * 2.8 / 3.6 - 0.25) and second["cap_minutes"] > 2.8
+    said = capsys.readouterr().out
+    assert "capsnet_speedrun: 6.90 min left for 3 run(s): cap 3.30 min, training budget 3.05 min" in said
+    if quick:
+        assert len(budgets) == 3 and budgets[2] == GONE_S / 60.0 and "over_time" in third
+        assert "no time left (the command's 6.9 min are spent, 6 s over); --quick runs it anyway" in said
+    else:
+        assert len(budgets) == 2 and third == {
+            "recipe": "baseline_cnn_speedrun",
+            "skipped": "no time left (the command's 6.9 min are spent, 6 s over)",
+        }
+    for line in said.splitlines():
+        assert all(float(m) >= 0 for m in re.findall(r"(-?[\d.]+) min", line)), line  # never a negative time
+
+
+@pytest.mark.slow
+def test_a_quick_speedrun_of_one_minute_runs_every_recipe(tmp_path, capsys):
+    """The issue's command, ``--quick --minutes 1`` on the CPU with the stand-ins: every recipe runs and is exported
+    (before #67 five of the six were skipped with most of the minute left), the budget lines are never negative."""
+    out = tmp_path / "sr"
+    argv = ["--minutes", "1", "--out", str(out), "--device", "cpu", "--quick", "--offline"]
+    speedrun_main([*argv, "--data-root", str(tmp_path / "no_data")])
+    said = capsys.readouterr().out
+    assert f"speedrun: {len(SPEEDRUNS)} of {len(SPEEDRUNS)} runs done" in said
+    report = json.loads((out / "speedrun.json").read_text())
+    assert [r["recipe"] for r in report["runs"]] == [c.name for c in SPEEDRUNS]
+    for run in report["runs"]:
+        assert "metrics" in run and run["budget_minutes"] > 0 and run["epochs_trained"] > 0
+        assert (out / "checkpoints" / run["file"]).is_file()
+    first = report["runs"][0]  # its share of the minute: 3.3 of the recipes' 25.9 minutes, half of it training
+    assert first["cap_minutes"] == pytest.approx(first["left_minutes"] * 3.3 / 25.9, rel=1e-3)
+    assert first["budget_minutes"] == pytest.approx(first["cap_minutes"] * (1 - RESERVE_SHARE), abs=1e-4)
+    for line in said.splitlines():
+        assert all(float(m) >= 0 for m in re.findall(r"(-?[\d.]+) min", line)), line
 
 
 def test_the_cpu_speedrun_benchmark_runs_in_quick_mode(tmp_path):

@@ -76,8 +76,9 @@ def main(argv: list[str] | None = None, *, data_root: str | Path | None = None, 
     :func:`capsule_lib.commands.train.main`.
 
     Exit status: 0 when every run finished; 1 when a run failed or had no time left (each named, and recorded in
-    ``speedrun.json``); 2 for arguments no run can use (one line, before anything is loaded or written: the device,
-    every run's recipe with the ``--set`` values, ``--out``)."""
+    ``speedrun.json``; with ``--quick`` a run with no time left still runs, briefly: a check runs every recipe); 2 for
+    arguments no run can use (one line, before anything is loaded or written: the device, every run's recipe with the
+    ``--set`` values, ``--out``)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     p = _parser()
     a = p.parse_args(argv)
@@ -120,8 +121,11 @@ def main(argv: list[str] | None = None, *, data_root: str | Path | None = None, 
         for r in result["runs"]
         if "metrics" not in r
     ]
+    over = result["wall_s"] - 60.0 * a.minutes
+    late = f" ({over:.0f} s over its {a.minutes:g} min)" if over >= 1.0 else ""
     print(
-        f"speedrun: {len(done)} of {len(names)} runs done in {result['wall_s']:.0f} s; {Path(a.out) / 'speedrun.json'}"
+        f"speedrun: {len(done)} of {len(names)} runs done in {result['wall_s']:.0f} s{late}; "
+        f"{Path(a.out) / 'speedrun.json'}"
     )
     if missed:
         fail(p, f"{len(missed)} of {len(names)} runs not done: {'; '.join(m.splitlines()[0] for m in missed)}", code=1)

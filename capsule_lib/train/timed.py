@@ -5,21 +5,27 @@ when::
     python -m capsule_lib.train.speedrun --minutes 9 --out runs/speedrun capsnet_speedrun efficient_speedrun
     python -m capsule_lib.train.speedrun --minutes 1 --out runs/speedrun_quick --device cpu --quick   # the tests
 
-Every run gets a cap: the time left, shared among the runs still to go in proportion to their recipes' ``minutes``
-(a run that ends early leaves its time to the next ones); a reserve for loading the data and exporting is taken off
-the cap (the recipe's ``reserve_minutes``), the rest is the run's training budget (``train(..., budget_minutes=)``:
-the speedrun recipes fit their number of epochs to it). Runs start afresh (a timed run is not resumed). Each finished
-run is exported with :func:`~capsule_lib.train.shipped.export_run` (fp16 weights, sha256, history, the metrics of the
-fp16 weights) into ``OUT/checkpoints`` as ``<recipe>_<tag>`` (a registry of its own: ``OUT/checkpoints/registry.json``).
+Every run gets a cap (:func:`budget_share`): the time left when it starts, shared among the runs still to go in
+proportion to their recipes' ``minutes``; the shares are recomputed as each run starts, so a run that ends early, fails
+or is skipped leaves its time to the next ones, and one that overran its cap takes it from them. A reserve for loading
+the data and exporting is taken off the cap (the recipe's ``reserve_minutes``, at most :data:`RESERVE_SHARE` of the
+cap: a short cap, e.g. ``--quick``'s, keeps the rest for training), the rest is the run's training budget
+(``train(..., budget_minutes=)``: the speedrun recipes fit their number of epochs to it, and training stops when it
+is spent). A run is skipped only when less than :data:`GONE_S` seconds of the command are left (with ``--quick``
+not even then: it trains for :data:`GONE_S` and its record says ``over_time``). Runs start afresh (a timed run is not
+resumed). Each finished run is exported with :func:`~capsule_lib.train.shipped.export_run` (fp16 weights, sha256,
+history, the metrics of the fp16 weights) into ``OUT/checkpoints`` as ``<recipe>_<tag>`` (a registry of its own:
+``OUT/checkpoints/registry.json``).
 
 ``OUT/speedrun.json`` (rewritten after every run, so a stopped command keeps what finished): the machine and
-versions, the command, and per run its cap and budget, the epochs planned, fitted and trained, the selected epoch,
-validation and test accuracy (of the exported fp16 weights), the training wall time, the time from start to export,
-and the wall time at which validation accuracy first reached each of the recipe's ``thresholds``. A run that fails
-(e.g. its dataset is not on this machine) is recorded with its error and the next one starts.
+versions, the command, and per run the time left when it started, its cap and budget, the epochs planned, fitted and
+trained, the selected epoch, validation and test accuracy (of the exported fp16 weights), the training wall time, the
+time from start to export, and the wall time at which validation accuracy first reached each of the recipe's
+``thresholds``. A run that fails (e.g. its dataset is not on this machine) is recorded with its error and the next
+one starts.
 
-``--quick``: tiny subsets, two epochs, no compilation, generated stand-ins where the data is missing: a check that
-the command works (the unit tests run it on the CPU), not a measurement.
+``--quick``: tiny subsets, two epochs, no compilation, generated stand-ins where the data is missing, every recipe
+run: a check that the command works (the unit tests run it on the CPU), not a measurement.
 
 This module is the library function, :func:`run_speedrun`; the command ``python -m capsule_lib.train.speedrun``
 (its arguments) is :mod:`capsule_lib.commands.speedrun`. Like the rest of ``train/`` it trains through
@@ -30,10 +36,12 @@ This module is the library function, :func:`run_speedrun`; the command ``python 
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
 import traceback
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +55,7 @@ from .recipes.registry import RECIPES, make_recipe
 from .run import train
 from .shipped import export_run
 
-__all__ = ["run_speedrun", "speedrun_recipe", "run_summary", "QUICK"]
+__all__ = ["run_speedrun", "speedrun_recipe", "run_summary", "budget_share", "QUICK", "RESERVE_SHARE", "GONE_S"]
 
 #: what ``--quick`` sets in every recipe (and ``epochs`` 2; ``render_workers`` 1)
 QUICK = {
@@ -62,6 +70,33 @@ QUICK = {
     "val_pairs": 32,
     "test_pairs": 32,
 }
+
+
+#: the largest part of a run's cap that its reserve (the recipe's ``reserve_minutes``) may take
+RESERVE_SHARE = 0.5
+#: the seconds of the command's time below which the time is gone: a run is not started (it is recorded as skipped)
+GONE_S = 1.0
+
+
+@checked
+def budget_share(left_minutes: float, weights: Sequence[float], reserve_minutes: float) -> tuple[float, float]:
+    """The next run's cap and training budget, in minutes: ``left_minutes`` (the command's time left) shared among the
+    runs still to go in proportion to their ``weights`` (their recipes' ``minutes``, the next run's first), then the
+    reserve taken off the cap: ``reserve_minutes``, at most :data:`RESERVE_SHARE` of the cap.
+
+    Returns ``(cap, budget)``, both > 0 and ``budget <= cap``; ``(0.0, 0.0)`` when less than :data:`GONE_S` seconds
+    are left (``left_minutes`` may be negative: the earlier runs overran): the run is skipped."""
+    if not weights or any(not (w > 0 and math.isfinite(w)) for w in weights):
+        raise ValueError(
+            f"budget_share: weights must be the minutes (> 0) of the runs still to go, the next one first; got "
+            f"{list(weights)}"
+        )
+    if reserve_minutes < 0:
+        raise ValueError(f"budget_share: reserve_minutes must be >= 0, got {reserve_minutes}")
+    if 60.0 * left_minutes < GONE_S:
+        return 0.0, 0.0
+    cap = left_minutes * (weights[0] / sum(weights))  # (the last run: all that is left, exactly)
+    return cap, cap - min(reserve_minutes, RESERVE_SHARE * cap)
 
 
 def _machine(device: torch.device) -> dict[str, Any]:
@@ -94,6 +129,9 @@ def _one_run(
     run_dir = out / "runs" / name
     t0 = time.time()
     recipe = speedrun_recipe(name, device, quick, overrides)  # (train()'s `compile` would shadow the recipe field's)
+    if getattr(recipe, "compile", None) is not None:  # (importing dynamo takes seconds: only for a run that compiles)
+        # a step that torch.compile cannot compile runs eagerly (with dynamo's warning) instead of losing the run's time
+        torch._dynamo.config.suppress_errors = True
     train(recipe, out_dir=run_dir, data_root=source, progress=False, resume=False, budget_minutes=budget)
     hist = load_history(run_dir / "history.json")
     hardware = hist.meta.get("hardware")
@@ -114,7 +152,7 @@ def _one_run(
         eval_subset=QUICK["eval_subset"] if quick else None,
     )
     summary = run_summary(name, run_dir, entry)
-    summary["budget_minutes"] = round(budget, 3)
+    summary["budget_minutes"] = round(budget, 4)
     summary["total_s"] = round(time.time() - t0, 2)
     return summary
 
@@ -178,8 +216,6 @@ def run_speedrun(
     t_start = time.time()
     deadline = t_start + 60.0 * minutes
     dev = select_device(device)
-    # a step that torch.compile cannot compile runs eagerly (with dynamo's warning) instead of losing the run's time
-    torch._dynamo.config.suppress_errors = True
     tag = tag or ("quick" if quick else "gpu" if dev.type == "cuda" else "cpu")
     # a speedrun measures real data: a missing dataset fails its run, except in --quick (stand-ins allowed)
     source = DataSource.of(data_root, offline=offline, standin=True if quick else False)
@@ -195,16 +231,29 @@ def run_speedrun(
         "runs": [],
     }
     for i, name in enumerate(names):
-        rest = [RECIPES[n].minutes for n in names[i:]]
-        cap = (deadline - time.time()) / 60.0 * rest[0] / sum(rest)
-        budget = cap - RECIPES[name].reserve_minutes
-        print(f"speedrun: {name}: cap {cap:.2f} min, training budget {budget:.2f} min", flush=True)
-        if budget < 0.05:
-            result["runs"].append({"recipe": name, "skipped": f"no time left (cap {cap:.2f} min)"})
+        left = (deadline - time.time()) / 60.0
+        cap, budget = budget_share(left, [RECIPES[n].minutes for n in names[i:]], RECIPES[name].reserve_minutes)
+        spent = (
+            f"{60 * left:.1f} s of the command's {minutes:g} min left"
+            if left >= 0
+            else f"the command's {minutes:g} min are spent, {-60 * left:.0f} s over"
+        )
+        if cap == 0.0 and not quick:
+            print(f"speedrun: {name}: skipped, no time left ({spent})", flush=True)
+            result["runs"].append({"recipe": name, "skipped": f"no time left ({spent})"})
         else:
+            if cap == 0.0:  # --quick checks every recipe: one with no time left still trains, for GONE_S
+                budget = GONE_S / 60.0
+                said = f"no time left ({spent}); --quick runs it anyway, training budget {budget:.2f} min"
+            else:
+                said = f"{left:.2f} min left for {len(names) - i} run(s): cap {cap:.2f} min, "
+                said += f"training budget {budget:.2f} min"
+            print(f"speedrun: {name}: {said}", flush=True)
             try:
                 run = _one_run(name, out, source, str(dev), budget, tag, quick, dict(overrides or {}))
-                run["cap_minutes"] = round(cap, 3)
+                run["left_minutes"], run["cap_minutes"] = round(max(left, 0.0), 4), round(cap, 4)
+                if cap == 0.0:
+                    run["over_time"] = f"started with no time left ({spent}): --quick runs every recipe"
                 result["runs"].append(run)
                 print(
                     f"speedrun: {name}: {json.dumps({k: run[k] for k in ('epochs_trained', 'train_wall_s')})} "

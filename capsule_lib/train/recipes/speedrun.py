@@ -58,7 +58,8 @@ class SpeedrunRecipe:
     #: the paper recipe this one speeds up (what the results page compares it with)
     paper_recipe: ClassVar[str] = ""
     #: the minutes of the command's cap kept for what is not training (loading or rendering the data, building the
-    #: model, and exporting, which evaluates the validation and test sets again)
+    #: model, and exporting, which evaluates the validation and test sets again); at most half a short cap
+    #: (:data:`capsule_lib.train.timed.RESERVE_SHARE`)
     reserve_minutes: ClassVar[float] = 0.25
 
     device_data: bool = True  # the datasets on the training device, batched and augmented there
