@@ -18,6 +18,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 VENDOR = REPO / "book" / "_vendor"
+MODELS = ("capsnet_mnist", "efficient_capsnet_mnist")  # the chapters' live widgets (capsule_lib.export.LIVE_MODELS)
 PAGE = """<!doctype html>
 <html lang="en" data-content_root="./"><head><meta charset="utf-8"><link rel="icon" href="data:,">
 <title>{title}</title></head>
@@ -46,7 +47,7 @@ def test_images(n: int = 4):
     return ds.images[idx], [int(ds.labels[i]) for i in idx]
 
 
-def write_site(out: Path, models: tuple[str, ...] = ("capsnet_mnist", "efficient_capsnet_mnist")) -> Path:
+def write_site(out: Path, models: tuple[str, ...] = MODELS) -> Path:
     """Write the site into ``out``: the vendored files, the exported models and one page per model."""
     from capsule_lib.viz.live import live_widget
 

@@ -157,6 +157,7 @@
 
   /* MNIST's framing of a drawing: the ink's bounding box scaled to 20 px, its centre of mass at the centre. */
   Widget.prototype.fromPen = function (finished) {
+    if (finished) this.strokeEnd = performance.now();
     var data = this.pen.getContext("2d").getImageData(0, 0, PEN, PEN).data;
     var x0 = PEN, y0 = PEN, x1 = -1, y1 = -1, m = 0, mx = 0, my = 0;
     for (var y = 0; y < PEN; y++) for (var x = 0; x < PEN; x++) {
@@ -178,6 +179,7 @@
       var px = c.getImageData(0, 0, SIDE, SIDE).data;
       for (var j = 0; j < SIDE * SIDE; j++) input[j] = px[4 * j] / 255;
     }
+    if (finished) this.finishedInput = input;
     this.run(input, finished);
   };
 
@@ -212,6 +214,10 @@
       for (var k = 1; k < 10; k++) if (st.lengths[k] > st.lengths[best]) best = k;
       st.cls = best;
       self.showCapsules(); self.showRouting(); self.decode();
+      if (input === self.finishedInput) {  // a finished stroke's capsules are on the page: how long it took
+        st.timings.stroke = (st.timings.stroke || []).concat([performance.now() - self.strokeEnd]);
+        self.finishedInput = null;
+      }
     }).catch(function (e) { self.fail(e); }).finally(function () {
       self.busy.encoder = false;
       if (self.pending.encoder) { self.pending.encoder = false; self.run(self.state.input, self.state.finished); }
@@ -310,9 +316,9 @@
     var t0 = performance.now();
     this.busy.decoder = true;
     this.decoder.run(feed).then(function (out) {
-      st.timings.decoder.push(performance.now() - t0); st.runs.decoder++;
       st.recon = out.image.data; st.decodedPose = pose; st.decodedClass = k;
       self.paint(self.recon, st.recon);
+      st.timings.decoder.push(performance.now() - t0); st.runs.decoder++;
     }).catch(function (e) { self.fail(e); }).finally(function () {
       self.busy.decoder = false;
       if (self.pending.decoder) { self.pending.decoder = false; self.decode(); }
