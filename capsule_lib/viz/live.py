@@ -65,6 +65,9 @@ class LiveWidget:
     def _repr_html_(self) -> str:
         return self.html
 
+    def __repr__(self) -> str:  # the text a page without HTML shows
+        return "LiveWidget: a live capsule network, shown in a browser (its HTML: .html)"
+
 
 @checked
 def live_widget(
