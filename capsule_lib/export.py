@@ -19,6 +19,7 @@ for the checks); ``import capsule_lib`` never imports this module.
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from .pretrained import load_pretrained
 
 __all__ = [
     "LIVE_MODELS",
+    "FP16_MIN_ELEMENTS",
     "EncoderGraph",
     "DecoderGraph",
     "ExportedModel",
@@ -145,7 +147,8 @@ def _save(module: nn.Module, args: tuple, path: Path, inputs: list[str], outputs
     onnx = _onnx()
     batch = torch.export.Dim("batch", min=1, max=1024)
     module.eval()
-    with torch.no_grad():
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.onnx")  # its notes on axis names
         program = torch.onnx.export(
             module,
             args,
@@ -224,12 +227,20 @@ class ExportedModel:
     ----------
     name : str
         The shipped checkpoint's name.
-    encoder, decoder : Path
-        The ONNX files (``<name>.encoder.onnx``, ``<name>.decoder.onnx``).
+    encoder : Path
+        The encoder's ONNX file, ``<name>.encoder.onnx``.
+    decoder : Path
+        The decoder's ONNX file, ``<name>.decoder.onnx``.
     fp16 : bool
         Whether large weights are stored as float16.
-    n_classes, class_dim, image_size, iterations : int
-        The class capsules, their dimension, the image side and the routing iterations the encoder outputs.
+    n_classes : int
+        The class capsules.
+    class_dim : int
+        Their dimension.
+    image_size : int
+        The side of the square input images.
+    iterations : int
+        The routing iterations whose couplings the encoder outputs.
     """
 
     name: str

@@ -27,7 +27,7 @@ __all__ = ["LIVE_GRIDS", "SERVE_HINT", "LiveWidget", "live_widget"]
 #: chapter's routing view (a mosaic per iteration); a model not listed has its couplings drawn as a matrix
 LIVE_GRIDS: dict[str, tuple[int, int, int] | None] = {"capsnet_mnist": (32, 6, 6), "efficient_capsnet_mnist": None}
 
-#: the one line a page opened from file:// shows instead of the live widget
+#: the one line a page shows instead of the live widget when it is opened from a file, not served
 SERVE_HINT = "The live model needs the book served over HTTP: run python -m http.server -d _build/html and open"
 
 _BOOT = """<script>(function () {
