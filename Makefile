@@ -16,7 +16,7 @@ endif
 export CAPSULE_DATA
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: venv book test check screenshots clean
+.PHONY: venv book serve test check screenshots clean
 
 JOBS    ?= $(shell nproc)
 CHAPTER ?= book/primer.ipynb
@@ -39,6 +39,12 @@ book: $(STAMP)
 	@$(VENV)/bin/python book/_tools/build_report.py
 	@echo
 	@echo "Book built. Open: file://$(CURDIR)/_build/html/index.html"
+	@echo "(the live widgets need it served: make serve, then http://127.0.0.1:8000/)"
+
+## serve: serve the built book on http://127.0.0.1:8000/ (what the live widgets need; file:// shows their twins)
+serve:
+	@test -f _build/html/index.html || $(MAKE) book
+	$(VENV)/bin/python -m http.server --bind 127.0.0.1 --directory _build/html 8000
 
 ## test: pytest tests, nbval, papermill, book build with -W (see .ci/make_test.sh)
 test: $(STAMP)

@@ -52,6 +52,7 @@ LAYERS = [
     "train.timed",  # run_speedrun: the speedrun recipes through train() in a number of minutes
     "train",  # train/__init__: re-exports; everything of train/ above sits below pretrained
     "pretrained",  # the readers' door to the shipped checkpoints (re-exports train.shipped), the author's weights
+    "export",  # ONNX export of trained models for the book's live widgets (optional extra: onnx, onnxscript)
     "learning",  # the rule a network must pass to enter a comparison or a verdict; a probe of a run's first steps
     "comparison",
     "critique",  # the critics' questions: what routing does to a trained network, measured
