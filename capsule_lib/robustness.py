@@ -301,7 +301,9 @@ def detection(
             x_adv = bim(model, x, y, eps, steps=steps, early_stop=objective is None, objective=objective)
             with torch.no_grad():
                 out_a = model(x_adv)
-            attacked[name].append(reconstruction_distance(reconstruction_target(out_a, x_adv), out_a.reconstruction).cpu())
+            attacked[name].append(
+                reconstruction_distance(reconstruction_target(out_a, x_adv), out_a.reconstruction).cpu()
+            )
             fooled[name].append((ok & (out_a.scores.argmax(1) != y)).cpu())
     d_clean = torch.cat(clean)
     return {a: Detection(threshold, d_clean, torch.cat(attacked[a]), torch.cat(fooled[a])) for a in attacks}

@@ -117,8 +117,8 @@ class ImageStem(nn.Module):
         if not self.halvings:
             how = "area resize" if self.in_size > self.out_side else "bilinear upsampling"
             return f"{self.in_size} px -> {how} -> {self.out_side} px"
-        s = "s" if self.halvings > 1 else ""
-        return f"{self.in_size} px -> {self.halvings} stride-2 conv{s} ({self.out_channels} channels) -> {self.out_side} px"
+        convs = f"{self.halvings} stride-2 conv{'s' if self.halvings > 1 else ''} ({self.out_channels} channels)"
+        return f"{self.in_size} px -> {convs} -> {self.out_side} px"
 
     def resize(self, x: torch.Tensor) -> torch.Tensor:
         """The images resized to the stem's output side without parameters (:func:`resize_images`): what a network

@@ -295,7 +295,9 @@ class CapsModel(nn.Module):
                 grid = layer.output_size(grid)
                 if grid < 1:
                     what = "image_size" if cfg.stem_side is None else "stem_side"
-                    raise ValueError(f"{what} {cfg.stem_side or cfg.image_size} is too small for the CONV capsule layers")
+                    raise ValueError(
+                        f"{what} {cfg.stem_side or cfg.image_size} is too small for the CONV capsule layers"
+                    )
                 n_prev = spec.n_caps
             elif spec.kind == "fc":
                 n_inp = n_prev * grid * grid if grid is not None else n_prev

@@ -42,8 +42,8 @@ from torch import nn
 from .._checks import check_choice, check_iterations, check_model_input
 from .._contracts import check_fields
 from ..functional import squash
-from ..layers.stem import ImageStem
 from ..layers.routing_free import HomogeneousVectorCapsules, SharedTransformCapsules
+from ..layers.stem import ImageStem
 from ..routing.kinds import DEFAULT_ITERATIONS, ROUTING_KINDS
 from ..types import COUPLINGS, CapsuleOutput, ImageContract
 

@@ -29,6 +29,7 @@ from torch import nn
 
 from .._checks import check_choice
 from .._contracts import checked
+from ..cost import check_training_memory
 from ..data.datasets import DataSource, check_labels, data_fingerprint
 from ..data.images import ImageFacts, image_facts
 from ..distributed import setup as setup_distributed
@@ -213,6 +214,7 @@ def train(
         model.load_state_dict(start[0])
         start = start[1]
     r.check_data(model, loaders)
+    check_training_memory(model, r.batch_size // dist.world_size, device)  # #63: refused before it fails
     fingerprint = _check_training_data(model, loaders)
     optimizer = r.build_optimizer(model)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: r.lr_factor(step))
