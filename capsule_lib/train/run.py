@@ -52,6 +52,10 @@ def hardware_string(device: torch.device) -> str:
     return f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads"
 
 
+#: model config fields added after checkpoints were shipped, with the default every earlier checkpoint had implicitly
+_LATER_FIELDS = {"stem_side": None}
+
+
 def start_checkpoint(recipe: Recipe, name: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """The weights a run starts from: the shipped checkpoint ``name``, whose model configuration must be the recipe's
     (one line otherwise: an unknown name lists the shipped ones). Checked before any data is loaded (the command line
@@ -63,7 +67,8 @@ def start_checkpoint(recipe: Recipe, name: str) -> tuple[dict[str, Any], dict[st
     except KeyError as e:
         raise ValueError(f"start_from={name!r}: {e.args[0] if e.args else e}") from None
     want = json.loads(json.dumps(recipe.config().get("model"), default=str))
-    if entry.get("config") != want or entry.get("model") != recipe.model_kind:
+    have = {**{k: v for k, v in _LATER_FIELDS.items() if k in want}, **(entry.get("config") or {})}  # added since
+    if have != want or entry.get("model") != recipe.model_kind:
         raise ValueError(
             f"start_from={name!r}: that checkpoint's model configuration differs from the recipe's "
             f"({recipe.name}); start from a checkpoint of the same model, or train from scratch"
@@ -207,6 +212,7 @@ def train(
     device = dist.device
     source, images = _data_source(r, out_dir, DataSource.of(data_root, offline=offline, standin=standin))
     start = start_checkpoint(r, start_from) if start_from is not None else None  # before the data is loaded
+    check_training_memory(r.build_model(), r.batch_size // dist.world_size, device)  # #63: before data and training
     torch.manual_seed(r.seed)
     loaders = r.loaders(source, device, test=test, dist=dist)
     model = r.build_model()
@@ -214,7 +220,6 @@ def train(
         model.load_state_dict(start[0])
         start = start[1]
     r.check_data(model, loaders)
-    check_training_memory(model, r.batch_size // dist.world_size, device)  # #63: refused before it fails
     fingerprint = _check_training_data(model, loaders)
     optimizer = r.build_optimizer(model)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: r.lr_factor(step))
