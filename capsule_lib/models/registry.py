@@ -83,7 +83,8 @@ def smallest_image_size(kind: str, config: Any, largest: int = 1024) -> int | No
     """The smallest image side a model of ``kind`` with ``config`` (all but its ``image_size``) can read: the
     smallest ``image_size`` its constructor accepts (each model refuses, in one line, a side its convolutions and
     capsule grids cannot read). Models are built on the ``meta`` device (no memory, no weights), the side found by
-    doubling and bisection.
+    doubling and bisection. A config with a ``stem_side`` reads any side (1: its
+    :class:`~capsule_lib.layers.ImageStem` resizes the images to ``stem_side``).
 
     Parameters
     ----------
