@@ -125,6 +125,15 @@ def _data_meta(loaders: Any, fingerprint: str | None, images: ImageFacts | None)
     return meta
 
 
+def _before_the_data(r: Recipe, start_from: str | None, dist: Any) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """What is checked before any data is loaded: the shipped checkpoint a run starts from (:func:`start_checkpoint`;
+    ``None`` without ``start_from``), and that one training step of the recipe's model, fitted to its images, fits in
+    the device's memory at this process's batch (:func:`~capsule_lib.cost.check_training_memory`, #63)."""
+    start = start_checkpoint(r, start_from) if start_from is not None else None
+    check_training_memory(r.build_model(), r.batch_size // dist.world_size, dist.device)
+    return start
+
+
 def _check_out_dir(out_dir: str | Path | None) -> None:
     """One line when the run's folder is a file."""
     if out_dir is not None and Path(out_dir).exists() and not Path(out_dir).is_dir():
@@ -211,8 +220,7 @@ def train(
     dist = setup_distributed(select_device(r.device))  # a torchrun job, or this process alone
     device = dist.device
     source, images = _data_source(r, out_dir, DataSource.of(data_root, offline=offline, standin=standin))
-    start = start_checkpoint(r, start_from) if start_from is not None else None  # before the data is loaded
-    check_training_memory(r.build_model(), r.batch_size // dist.world_size, device)  # #63: before data and training
+    start = _before_the_data(r, start_from, dist)  # the start checkpoint; a run that cannot fit in memory refused
     torch.manual_seed(r.seed)
     loaders = r.loaders(source, device, test=test, dist=dist)
     model = r.build_model()
