@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .losses import reconstruction_target
+
 __all__ = [
     "attack_loss",
     "reconstruction_distance",
@@ -61,7 +63,7 @@ def reconstruction_aware_objective(weight: float, loss_fn: LossFn = attack_loss)
         recon = getattr(out, "reconstruction", None)
         if recon is None:
             raise ValueError("reconstruction_aware_objective needs a model with a decoder (output.reconstruction)")
-        return loss_fn(out.scores, y) - weight * reconstruction_distance(x, recon)
+        return loss_fn(out.scores, y) - weight * reconstruction_distance(reconstruction_target(out, x), recon)
 
     return objective
 

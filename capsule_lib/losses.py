@@ -18,6 +18,7 @@ __all__ = [
     "one_hot",
     "margin_loss",
     "reconstruction_loss",
+    "reconstruction_target",
     "spread_loss",
     "spread_margin",
     "soft_target_cross_entropy",
@@ -209,6 +210,26 @@ def _require_lengths(out: Any, objective: str) -> None:
         )
 
 
+def reconstruction_target(out: Any, x: torch.Tensor) -> torch.Tensor:
+    """What a model's reconstruction is compared with: the images ``x`` themselves, or, for a network behind an
+    :class:`~capsule_lib.layers.ImageStem` that resizes them, the images as the stem resizes them (the model's
+    ``out.extra["reconstruction_target"]``, ``[B, C, stem_side, stem_side]``: its decoder stays the paper's size).
+
+    Parameters
+    ----------
+    out : CapsuleOutput
+        The model's output on ``x``.
+    x : torch.Tensor
+        ``[B, C, H, W]`` the images the model read.
+
+    Returns
+    -------
+    torch.Tensor
+        ``[B, C, H', W']``, the shape of ``out.reconstruction``.
+    """
+    return out.extra.get("reconstruction_target", x)
+
+
 class CapsuleObjective:
     """Margin loss + ``recon_weight`` x reconstruction loss for models returning a ``CapsuleOutput``.
 
@@ -233,7 +254,7 @@ class CapsuleObjective:
         parts = {"margin": margin.detach()}
         loss = margin
         if use_decoder and out.reconstruction is not None:
-            recon = reconstruction_loss(out.reconstruction, x, self.recon_reduction)
+            recon = reconstruction_loss(out.reconstruction, reconstruction_target(out, x), self.recon_reduction)
             loss = loss + self.recon_weight * recon
             parts["recon"] = recon.detach()
         correct = (out.scores.argmax(1) == y).sum()

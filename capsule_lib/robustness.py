@@ -35,6 +35,7 @@ from .attacks import (
     reconstruction_distance,
 )
 from .evaluation import accuracy_standard_error
+from .losses import reconstruction_target
 
 __all__ = [
     "AttackCurve",
@@ -207,10 +208,11 @@ def reconstruction_distances(model: nn.Module, images: torch.Tensor, batch_size:
     with torch.no_grad():
         for s in range(0, len(x_all), batch_size):
             x = x_all[s : s + batch_size].to(device)
-            recon = model(x).reconstruction
+            out_x = model(x)
+            recon = out_x.reconstruction
             if recon is None:
                 raise ValueError("reconstruction distances need a model with a decoder (output.reconstruction)")
-            out.append(reconstruction_distance(x, recon).cpu())
+            out.append(reconstruction_distance(reconstruction_target(out_x, x), recon).cpu())
     return torch.cat(out)
 
 
@@ -292,14 +294,16 @@ def detection(
         x, y = x_all[s : s + batch_size].to(device), y_all[s : s + batch_size].to(device)
         with torch.no_grad():
             out = model(x)
-        clean.append(reconstruction_distance(x, out.reconstruction).cpu())
+        clean.append(reconstruction_distance(reconstruction_target(out, x), out.reconstruction).cpu())
         ok = out.scores.argmax(1) == y
         for name, w in attacks.items():
             objective: Objective | None = reconstruction_aware_objective(w, attack_loss) if w > 0 else None
             x_adv = bim(model, x, y, eps, steps=steps, early_stop=objective is None, objective=objective)
             with torch.no_grad():
                 out_a = model(x_adv)
-            attacked[name].append(reconstruction_distance(x_adv, out_a.reconstruction).cpu())
+            attacked[name].append(
+                reconstruction_distance(reconstruction_target(out_a, x_adv), out_a.reconstruction).cpu()
+            )
             fooled[name].append((ok & (out_a.scores.argmax(1) != y)).cpu())
     d_clean = torch.cat(clean)
     return {a: Detection(threshold, d_clean, torch.cat(attacked[a]), torch.cat(fooled[a])) for a in attacks}

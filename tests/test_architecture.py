@@ -612,6 +612,7 @@ def test_shipped_checkpoints_recipes_train_through_the_one_entry_point(name, tmp
     # a model field added after the export is recorded now with the default the exported run had implicitly
     later = set(config["model"]) - set(recorded["model"])
     defaults = {"couplings": "routed", "head": "routing", "hidden": (), "hidden_init": "paper", "scaled_votes": False}
+    defaults["stem_side"] = None  # #63: the image stem (None: none, the network as exported)
     assert later <= set(defaults), later
     as_read = {k: tuple(v) if isinstance(v := config["model"][k], list) else v for k in later}  # JSON: lists
     assert as_read == {k: defaults[k] for k in later}, as_read

@@ -296,11 +296,25 @@ def test_a_file_that_is_not_an_image_or_is_truncated_is_named_or_skipped_and_cou
     assert facts.record["files"] == 20 and "2 unreadable skipped" in images_module.describe_images(facts.record)
 
 
-def test_images_too_small_for_the_network_say_the_smallest_side(tmp_path):
+def test_images_smaller_than_the_network_meet_it_behind_its_stem_and_a_stem_too_small_says_the_smallest(tmp_path):
+    """Since #63 a recipe puts its paper network behind an image stem (``stem_side``): 12 x 12 images are upsampled to
+    CapsNet's 28; a ``stem_side`` smaller than the network reads is refused in one line naming the smallest side."""
     root = _folder(tmp_path / "pics", {"a": 5, "b": 5}, size=12)
-    _refused(tmp_path, _spec(root), ValueError, "images of 12 x 12 are too small for capsnet", recipe="capsnet")
-    images_module._LOADED.clear()
-    _refused(tmp_path, _spec(root), ValueError, "at least 17 x 17; resize them up (--image-size 17", recipe="capsnet")
+    r = make_recipe("capsnet", **TINY["capsnet"])
+    r.fit_to_images(image_facts(_spec(root)))
+    assert (r.model.image_size, r.model.stem_side) == (12, 28)
+    runs = tmp_path / "runs"
+    with pytest.raises(ValueError) as e:
+        train(
+            "capsnet",
+            dataset=_spec(root),
+            device="cpu",
+            progress=False,
+            out_dir=runs / "r",
+            **{**TINY["capsnet"], "model.stem_side": 16},
+        )
+    assert "stem_side 16 is too small for capsnet, whose convolutions need at least 17 x 17" in str(e.value)
+    assert "\n" not in str(e.value) and not runs.exists()
     assert {k: smallest_image_size(make_recipe(k).model_kind, make_recipe(k).model) for k in TINY} == {
         "capsnet": 17,
         "baseline_cnn": 4,
@@ -410,7 +424,7 @@ def test_each_family_fits_classes_channels_and_size_to_the_images(tmp_path, reci
     extra = {"model.routing": "em"} if recipe == "routing_compare_mnist" else {}
     model, trainer = train(recipe, dataset=_spec(root), epochs=1, device="cpu", progress=False, **TINY[recipe], **extra)
     cfg = model.config
-    assert (cfg.n_classes, cfg.in_channels, cfg.image_size) == (3, 1, 20)
+    assert (cfg.n_classes, cfg.in_channels, cfg.image_size, cfg.stem_side) == (3, 1, 20, 28)  # the paper's network
     assert trainer.history.meta["test"]["test_acc"] is not None
 
 

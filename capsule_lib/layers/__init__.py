@@ -12,6 +12,8 @@ module            layers
 ``conv``          :class:`GemmConv2d` (a convolution with a faster bf16 path)
 ``routing_free``  the critics' capsules without routing: :class:`HomogeneousVectorCapsules` (Byerly et al.),
                   :class:`SharedTransformCapsules` (Gu & Tresp's AffCapsNets)
+``stem``          :class:`ImageStem`: images of any side brought to the side a paper's network reads
+                  (:func:`resize_images`)
 ================  ==========================================================================================
 
 Routing algorithms (and the fully-connected layers that are nothing but an algorithm with its transformation
@@ -24,6 +26,7 @@ from .masking import Mask, mask_capsules
 from .matrix import ClassCapsules, ConvCapsules, grid_centers
 from .primary import DepthwisePrimaryCapsules, InvertedPrimaryCapsules, MatrixPrimaryCapsules, PrimaryCapsules
 from .routing_free import HomogeneousVectorCapsules, SharedTransformCapsules
+from .stem import ImageStem, resize_images
 
 __all__ = [
     "GemmConv2d",
@@ -41,4 +44,6 @@ __all__ = [
     "PrimaryCapsules",
     "HomogeneousVectorCapsules",
     "SharedTransformCapsules",
+    "ImageStem",
+    "resize_images",
 ]

@@ -162,7 +162,7 @@ class SimpleBackbone(nn.Module):
         return self.pre_caps(x)
 
 
-def build_backbone(cfg) -> nn.Module:
+def build_backbone(cfg, in_channels: int | None = None) -> nn.Module:
     """The backbone a :class:`~capsule_lib.models.inverted.CapsModelConfig` names, shared by
     :class:`~capsule_lib.models.inverted.CapsModel` and :class:`~capsule_lib.models.inverted.BackboneClassifier`.
 
@@ -170,6 +170,9 @@ def build_backbone(cfg) -> nn.Module:
     ----------
     cfg : CapsModelConfig
         Its ``backbone`` (``"resnet"`` or ``"simple"``; others raise ``ValueError``) and backbone fields.
+    in_channels : int, optional
+        The channels the backbone reads; ``None`` (default): the config's ``in_channels`` (an
+        :class:`~capsule_lib.layers.ImageStem` with convolutions in front gives its own).
 
     Returns
     -------
@@ -177,13 +180,10 @@ def build_backbone(cfg) -> nn.Module:
         A :class:`ResNetBackbone` or :class:`SimpleBackbone`.
     """
     check_choice(cfg.backbone, _BACKBONES, "backbone")
+    c = cfg.in_channels if in_channels is None else in_channels
     if cfg.backbone == "resnet":
-        return ResNetBackbone(
-            cfg.in_channels, cfg.backbone_channels, cfg.backbone_stride, cfg.resnet_stem, cfg.resnet_blocks
-        )
-    return SimpleBackbone(
-        cfg.in_channels, cfg.backbone_channels, cfg.backbone_kernel, cfg.backbone_stride, cfg.backbone_padding
-    )
+        return ResNetBackbone(c, cfg.backbone_channels, cfg.backbone_stride, cfg.resnet_stem, cfg.resnet_blocks)
+    return SimpleBackbone(c, cfg.backbone_channels, cfg.backbone_kernel, cfg.backbone_stride, cfg.backbone_padding)
 
 
 def _register_input_norm(module: nn.Module, cfg) -> None:

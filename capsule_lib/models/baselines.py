@@ -10,6 +10,7 @@ from torch import nn
 
 from .._checks import check_model_input, resolve_config
 from .._contracts import check_fields
+from ..layers import ImageStem
 from ..types import ImageContract
 
 __all__ = ["BaselineCNNConfig", "BaselineCNN"]
@@ -38,6 +39,9 @@ class BaselineCNNConfig:
         Classes (default 10).
     dropout : float
         Dropout probability after each hidden layer (default 0.5).
+    stem_side : int or None
+        The side an :class:`~capsule_lib.layers.ImageStem` brings the images to before conv1 (the network after it
+        built for that side); ``None`` (default): no stem.
     """
 
     in_channels: int = 1
@@ -46,6 +50,7 @@ class BaselineCNNConfig:
     hidden: tuple[int, int] = (328, 192)
     n_classes: int = 10
     dropout: float = 0.5
+    stem_side: int | None = None
 
     def __post_init__(self) -> None:
         check_fields(self)  # every field of the annotated type (one line naming it)
@@ -66,13 +71,15 @@ class BaselineCNN(nn.Module):
         super().__init__()
         cfg = resolve_config(config, BaselineCNNConfig, overrides)
         self.config = cfg
-        if cfg.image_size < 4:  # two 2x2 poolings
-            raise ValueError(f"image_size {cfg.image_size} is too small for two 2x2 poolings: at least 4")
+        what, side = ("image_size", cfg.image_size) if cfg.stem_side is None else ("stem_side", cfg.stem_side)
+        if side < 4:  # two 2x2 poolings
+            raise ValueError(f"{what} {side} is too small for two 2x2 poolings: at least 4")
         c1, c2, c3 = cfg.channels
-        self.conv1 = nn.Conv2d(cfg.in_channels, c1, 5, padding=2)
+        self.image_stem = ImageStem(cfg.in_channels, cfg.image_size, cfg.stem_side)  # the identity without stem_side
+        self.conv1 = nn.Conv2d(self.image_stem.out_channels, c1, 5, padding=2)
         self.conv2 = nn.Conv2d(c1, c2, 5, padding=2)
         self.conv3 = nn.Conv2d(c2, c3, 3, padding=1)
-        side = cfg.image_size // 4
+        side //= 4
         self.fc1 = nn.Linear(c3 * side * side, cfg.hidden[0])
         self.fc2 = nn.Linear(cfg.hidden[0], cfg.hidden[1])
         self.out = nn.Linear(cfg.hidden[1], cfg.n_classes)
@@ -99,7 +106,7 @@ class BaselineCNN(nn.Module):
             ``[B, n_classes]`` logits.
         """
         check_model_input(x, self)
-        h = F.max_pool2d(F.relu(self.conv1(x)), 2)  # [B, c1, H/2, W/2]
+        h = F.max_pool2d(F.relu(self.conv1(self.image_stem(x))), 2)  # [B, c1, H/2, W/2]
         h = F.max_pool2d(F.relu(self.conv2(h)), 2)  # [B, c2, H/4, W/4]
         h = F.relu(self.conv3(h)).flatten(1)  # [B, c3*H/4*W/4]
         h = self.drop(F.relu(self.fc1(h)))

@@ -8,6 +8,8 @@ Shapes for the MNIST configuration (the default)::
     digit caps   [B, 10, 16]           dynamic routing, 3 iterations
     lengths      [B, 10]               class scores
     decoder      [B, 1, 28, 28]        masked by the label (training) or the longest capsule (test)
+
+Images of another side meet the same network behind an :class:`~capsule_lib.layers.ImageStem` (``stem_side=28``).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from torch import nn
 from .._checks import check_images, check_model_input, resolve_config
 from .._contracts import check_fields, checked
 from ..functional import capsule_lengths
-from ..layers import FCDecoder, PrimaryCapsules, mask_capsules
+from ..layers import FCDecoder, ImageStem, PrimaryCapsules, mask_capsules
 from ..routing.dynamic import DynamicRouting
 from ..types import CapsuleOutput, ImageContract
 
@@ -79,6 +81,11 @@ class CapsNetConfig:
     primary_conv : str
         ``"standard"`` (default) or ``"bf16_gemm"``: faster CPU training of the primary-capsule conv (bf16
         numerics).
+    stem_side : int or None
+        The side an :class:`~capsule_lib.layers.ImageStem` brings the images to before conv1; everything after it
+        (primary grid, routing, decoder) is built for that side, so that images of any ``image_size`` meet the
+        network of the paper (``stem_side=28``: 1152 primary capsules); the decoder reconstructs the image as the
+        stem resizes it. ``None`` (default): no stem, conv1 reads the images.
     """
 
     in_channels: int = 1
@@ -100,10 +107,11 @@ class CapsNetConfig:
     decoder_hidden: tuple[int, ...] = (512, 1024)
     mask_k: int = 1
     primary_conv: str = "standard"
+    stem_side: int | None = None
 
     @property
     def primary_grid(self) -> int:
-        h = self.image_size - self.conv_kernel + 1
+        h = (self.stem_side or self.image_size) - self.conv_kernel + 1
         return (h - self.primary_kernel) // self.primary_stride + 1
 
     @property
@@ -134,9 +142,11 @@ class CapsNet(nn.Module):
         super().__init__()
         cfg = resolve_config(config, CapsNetConfig, overrides)
         if cfg.primary_grid < 1:
-            raise ValueError(f"image_size {cfg.image_size} is too small for the conv stack")
+            what = "image_size" if cfg.stem_side is None else "stem_side"
+            raise ValueError(f"{what} {cfg.stem_side or cfg.image_size} is too small for the conv stack")
         self.config = cfg
-        self.conv1 = nn.Conv2d(cfg.in_channels, cfg.conv_channels, cfg.conv_kernel)
+        self.image_stem = ImageStem(cfg.in_channels, cfg.image_size, cfg.stem_side)  # the identity without stem_side
+        self.conv1 = nn.Conv2d(self.image_stem.out_channels, cfg.conv_channels, cfg.conv_kernel)
         self.primary = PrimaryCapsules(
             cfg.conv_channels,
             cfg.primary_types,
@@ -156,10 +166,9 @@ class CapsNet(nn.Module):
             coupling=cfg.coupling,
             init_std=cfg.init_std,
         )
+        side = self.image_stem.out_side  # the decoder reconstructs the image as the stem resizes it
         self.decoder = (
-            FCDecoder(
-                cfg.n_classes, cfg.class_dim, (cfg.in_channels, cfg.image_size, cfg.image_size), cfg.decoder_hidden
-            )
+            FCDecoder(cfg.n_classes, cfg.class_dim, (cfg.in_channels, side, side), cfg.decoder_hidden)
             if cfg.decoder
             else None
         )
@@ -184,7 +193,7 @@ class CapsNet(nn.Module):
             :class:`~capsule_lib.layers.primary.PrimaryCapsules`).
         """
         check_images(x, self.input_contract)
-        return self.primary(F.relu(self.conv1(x)))
+        return self.primary(F.relu(self.conv1(self.image_stem(x))))
 
     def reconstruct(self, poses: torch.Tensor, y: torch.Tensor | None = None, k: int | None = None) -> torch.Tensor:
         """Decode class capsules masked by ``y`` (or the ``k`` longest); ``ValueError`` without a decoder.
@@ -258,7 +267,9 @@ class CapsNet(nn.Module):
         CapsuleOutput
             ``scores`` = capsule lengths ``[B, n_classes]`` (``kind="lengths"``), ``poses``
             ``[B, n_classes, class_dim]``, ``reconstruction [B, C, H, W]`` (``None`` without a decoder), ``trace``
-            with ``return_routing``; with ``mask_k > 1``, ``extra["reconstructions"] [B, k, C, H, W]``.
+            with ``return_routing``; with ``mask_k > 1``, ``extra["reconstructions"] [B, k, C, H, W]``; with a stem
+            that resizes, ``extra["reconstruction_target"]`` (the images as the stem resizes them, what the
+            reconstruction is compared with: :func:`~capsule_lib.losses.reconstruction_target`).
         """
         check_model_input(x, self)
         u = self.primary_capsules(x)  # [B, 1152, 8]
@@ -273,4 +284,6 @@ class CapsNet(nn.Module):
             recon = self.reconstruct(v, y)
             if self.config.mask_k > 1:  # MultiMNIST: each kept capsule decoded alone (MultiDigitObjective)
                 extra["reconstructions"] = self.reconstruct_each(v, y)  # [B, k, C, H, W]
+            if self.image_stem.resizes:  # what the decoder reconstructs: the image as the stem resizes it
+                extra["reconstruction_target"] = self.image_stem.resize(x)  # [B, C, stem_side, stem_side]
         return CapsuleOutput(lengths, "lengths", v, recon, trace, extra)

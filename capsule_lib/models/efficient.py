@@ -56,7 +56,7 @@ from torch import nn
 from .._checks import check_images, check_model_input, check_tensor, resolve_config
 from .._contracts import check_fields, checked
 from ..functional import capsule_lengths
-from ..layers import DepthwisePrimaryCapsules, FCDecoder, UpsampleConvDecoder, mask_capsules
+from ..layers import DepthwisePrimaryCapsules, FCDecoder, ImageStem, UpsampleConvDecoder, mask_capsules
 from ..routing.self_attention import SQUASH_EPS, SelfAttentionRouting, keras_fans, keras_he_normal_
 from ..types import TRUNC_NORMAL_STD, CapsuleOutput, ImageContract
 
@@ -119,6 +119,11 @@ class EfficientCapsNetConfig:
         Also decode each kept capsule on its own (MultiMNIST) (default ``False``).
     init : str
         ``"keras"`` (default; the official initialisers) or ``"torch"`` (PyTorch defaults).
+    stem_side : int or None
+        The side an :class:`~capsule_lib.layers.ImageStem` brings the images to before the backbone; everything
+        after it (backbone, primary capsules, decoder) is built for that side, so that images of any
+        ``image_size`` meet the paper's network (``stem_side=28``: 16 primary capsules); the decoder
+        reconstructs the image as the stem resizes it. ``None`` (default): no stem.
     """
 
     in_channels: int = 1
@@ -145,6 +150,7 @@ class EfficientCapsNetConfig:
     mask_k: int = 1
     decode_separately: bool = False
     init: str = "keras"
+    stem_side: int | None = None
 
     @classmethod
     @checked
@@ -200,7 +206,7 @@ class EfficientCapsNetConfig:
         list of int
             One side per convolution (``[24, 22, 20, 9]`` for MNIST).
         """
-        sizes, h = [], self.image_size
+        sizes, h = [], self.stem_side or self.image_size
         for k, s in zip(self.conv_kernels, self.conv_strides):
             h = (h - k) // s + 1
             sizes.append(h)
@@ -305,11 +311,15 @@ class EfficientCapsNet(nn.Module):
         if cfg.init not in ("keras", "torch"):
             raise ValueError(f"init must be 'keras' or 'torch', got {cfg.init!r}")
         if min(cfg.feature_sizes()) < 1 or cfg.primary_grid < 1:
-            raise ValueError(f"image_size {cfg.image_size} is too small for the conv stack {cfg.feature_sizes()}")
+            what = "image_size" if cfg.stem_side is None else "stem_side"
+            side = cfg.stem_side or cfg.image_size
+            raise ValueError(f"{what} {side} is too small for the conv stack {cfg.feature_sizes()}")
         self.config = cfg
+        self.image_stem = ImageStem(cfg.in_channels, cfg.image_size, cfg.stem_side)  # the identity without stem_side
+        side = self.image_stem.out_side  # what the backbone reads and the decoder reconstructs
 
         layers: list[nn.Module] = []
-        c_in = cfg.in_channels
+        c_in = self.image_stem.out_channels
         for c, k, s in zip(cfg.conv_channels, cfg.conv_kernels, cfg.conv_strides):
             layers.append(nn.Conv2d(c_in, c, k, s))
             layers.append(nn.ReLU() if cfg.activation == "relu" else nn.LeakyReLU(cfg.leaky_slope))
@@ -333,15 +343,13 @@ class EfficientCapsNet(nn.Module):
         )
         self.decoder: nn.Module | None
         if cfg.decoder == "fc":
-            self.decoder = FCDecoder(
-                cfg.n_classes, cfg.class_dim, (cfg.in_channels, cfg.image_size, cfg.image_size), cfg.decoder_hidden
-            )
+            self.decoder = FCDecoder(cfg.n_classes, cfg.class_dim, (cfg.in_channels, side, side), cfg.decoder_hidden)
         elif cfg.decoder == "conv":
             self.decoder = UpsampleConvDecoder(cfg.n_classes, cfg.class_dim, cfg.in_channels, slope=cfg.decoder_slope)
-            if self.decoder.out_size != cfg.image_size:
+            if self.decoder.out_size != side:
                 raise ValueError(
                     f"the conv decoder produces {self.decoder.out_size}x{self.decoder.out_size} images, "
-                    f"not {cfg.image_size}x{cfg.image_size}"
+                    f"not {side}x{side}"
                 )
         else:
             self.decoder = None
@@ -406,7 +414,7 @@ class EfficientCapsNet(nn.Module):
             ``[B, conv_channels[-1], h, w]`` (``[B, 128, 9, 9]`` for MNIST).
         """
         check_images(x, self.input_contract)
-        return self.backbone(x)
+        return self.backbone(self.image_stem(x))
 
     def primary_capsules(self, x: torch.Tensor) -> torch.Tensor:
         """The primary capsules of images.
@@ -499,7 +507,8 @@ class EfficientCapsNet(nn.Module):
         CapsuleOutput
             ``scores`` = capsule lengths ``[B, n_classes]`` (``kind="lengths"``), ``poses``
             ``[B, n_classes, class_dim]``, ``reconstruction [B, C, H, W]`` (``None`` without a decoder), ``trace``
-            with ``return_routing``; with ``decode_separately``, ``extra["reconstructions"] [B, k, C, H, W]``.
+            with ``return_routing``; with ``decode_separately``, ``extra["reconstructions"] [B, k, C, H, W]``; with a
+            stem that resizes, ``extra["reconstruction_target"]`` (the images as the stem resizes them).
         """
         check_model_input(x, self)
         u = self.primary_capsules(x)  # [B, 16, 8]
@@ -513,4 +522,6 @@ class EfficientCapsNet(nn.Module):
             recon = self.reconstruct(v, y)
             if self.config.decode_separately:
                 extra["reconstructions"] = self.reconstruct_each(v, y)
+            if self.image_stem.resizes:  # what the decoder reconstructs: the image as the stem resizes it
+                extra["reconstruction_target"] = self.image_stem.resize(x)  # [B, C, stem_side, stem_side]
         return CapsuleOutput(lengths, "lengths", v, recon, trace, extra)

@@ -40,7 +40,7 @@ from torch import nn
 
 from .._checks import check_choice, check_images, check_iterations, check_model_input
 from .._contracts import check_fields, checked
-from ..layers import InvertedPrimaryCapsules
+from ..layers import ImageStem, InvertedPrimaryCapsules
 from ..routing.inverted import EXPANSIONS, InvertedConvCapsules, InvertedFCCapsules
 from ..types import CapsuleOutput, ImageContract, RoutingTrace
 from .backbones import (
@@ -137,6 +137,10 @@ class CapsModelConfig:
         backbone); ``None`` (default) = none. The CIFAR recipes set the official statistics (``CIFAR10_MEAN``).
     input_std : tuple of float or None
         The ``std`` of that normalisation (``CIFAR10_STD``); set both or neither (default ``None``).
+    stem_side : int or None
+        The side an :class:`~capsule_lib.layers.ImageStem` brings the (normalised) images to before the backbone,
+        everything after it built for that side (``stem_side=32``: the CIFAR-10 network's capsule grids whatever
+        the images' ``image_size``); ``None`` (default): no stem.
     """
 
     n_classes: int = 10
@@ -159,6 +163,7 @@ class CapsModelConfig:
     norm_eps: float = 1e-5
     input_mean: tuple[float, ...] | None = None
     input_std: tuple[float, ...] | None = None
+    stem_side: int | None = None
 
     def __post_init__(self) -> None:  # configs read back from JSON (histories, the registry) hold lists/dicts
         check_fields(self, skip=("capsules",))  # every field of the annotated type (one line naming it)
@@ -233,9 +238,10 @@ class CapsModelConfig:
     @property
     def backbone_grid(self) -> int:
         """Side of the backbone's output grid (16 for 32x32 inputs)."""
+        side = self.stem_side or self.image_size  # what the backbone reads
         if self.backbone == "resnet":
-            return (self.image_size + 2 - 3) // self.backbone_stride + 1
-        return (self.image_size + 2 * self.backbone_padding - self.backbone_kernel) // self.backbone_stride + 1
+            return (side + 2 - 3) // self.backbone_stride + 1
+        return (side + 2 * self.backbone_padding - self.backbone_kernel) // self.backbone_stride + 1
 
 
 # ----------------------------------------------------------------------------------------------- model
@@ -265,7 +271,8 @@ class CapsModel(nn.Module):
         if s * s != cfg.pose_dim:
             raise ValueError(f"pose_dim must be a square (matrix poses), got {cfg.pose_dim}")
         self.config = cfg
-        self.backbone = build_backbone(cfg)
+        self.image_stem = ImageStem(cfg.in_channels, cfg.image_size, cfg.stem_side)  # the identity without stem_side
+        self.backbone = build_backbone(cfg, self.image_stem.out_channels)
         self.primary = InvertedPrimaryCapsules(cfg.backbone_channels, cfg.primary_types, cfg.pose_dim, cfg.norm_eps)
 
         d = cfg.pose_dim
@@ -287,7 +294,10 @@ class CapsModel(nn.Module):
                 )
                 grid = layer.output_size(grid)
                 if grid < 1:
-                    raise ValueError(f"image_size {cfg.image_size} is too small for the CONV capsule layers")
+                    what = "image_size" if cfg.stem_side is None else "stem_side"
+                    raise ValueError(
+                        f"{what} {cfg.stem_side or cfg.image_size} is too small for the CONV capsule layers"
+                    )
                 n_prev = spec.n_caps
             elif spec.kind == "fc":
                 n_inp = n_prev * grid * grid if grid is not None else n_prev
@@ -331,7 +341,7 @@ class CapsModel(nn.Module):
             ``[B, primary_types, h, w, d]`` (``[B, 32, 16, 16, 16]`` by default).
         """
         check_images(x, self.input_contract)
-        return self.primary(self.backbone(_normalise(self, x)))
+        return self.primary(self.backbone(self.image_stem(_normalise(self, x))))
 
     def route(
         self,
@@ -517,7 +527,8 @@ class BackboneClassifier(nn.Module):
         super().__init__()
         cfg = replace(config or CapsModelConfig(), **overrides)  # re-validated (configs set field by field too)
         self.config = cfg
-        self.backbone = build_backbone(cfg)
+        self.image_stem = ImageStem(cfg.in_channels, cfg.image_size, cfg.stem_side)  # the identity without stem_side
+        self.backbone = build_backbone(cfg, self.image_stem.out_channels)
         self.head = nn.Linear(cfg.backbone_channels, cfg.n_classes)
         _register_input_norm(self, cfg)
 
@@ -540,5 +551,5 @@ class BackboneClassifier(nn.Module):
             ``scores`` = logits ``[B, n_classes]`` (``kind="logits"``); no poses, reconstruction or trace.
         """
         check_model_input(x, self)
-        feats = self.backbone(_normalise(self, x)).mean(dim=(2, 3))  # [B, C]
+        feats = self.backbone(self.image_stem(_normalise(self, x))).mean(dim=(2, 3))  # [B, C]
         return CapsuleOutput(scores=self.head(feats), kind="logits", poses=None, reconstruction=None, trace=None)

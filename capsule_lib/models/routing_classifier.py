@@ -43,6 +43,7 @@ from .._checks import check_choice, check_iterations, check_model_input
 from .._contracts import check_fields
 from ..functional import squash
 from ..layers.routing_free import HomogeneousVectorCapsules, SharedTransformCapsules
+from ..layers.stem import ImageStem
 from ..routing.kinds import DEFAULT_ITERATIONS, ROUTING_KINDS
 from ..types import COUPLINGS, CapsuleOutput, ImageContract
 
@@ -102,6 +103,10 @@ class RoutingClassifierConfig:
         ``scale_votes_`` (:meth:`~capsule_lib.routing.dynamic.DynamicRouting.scale_votes_`: effective weights
         ``N(0, 1)``, bias 0, each layer's weights trained ``n_out / n_inp`` times slower), the remedy that lets a
         stack of dynamic routing layers learn; a routing head whose layer has it only.
+    stem_side : int or None
+        The side an :class:`~capsule_lib.layers.ImageStem` brings the images to before the network's own stem
+        (the convolutions, primary capsules and routing built for that side: ``stem_side=28``, 576 primary
+        capsules, whatever the images' ``image_size``); ``None`` (default): no image stem.
     """
 
     routing: str = "dynamic"
@@ -117,6 +122,7 @@ class RoutingClassifierConfig:
     hidden: tuple[int, ...] = ()
     hidden_init: str = "paper"
     scaled_votes: bool = False
+    stem_side: int | None = None
 
     def __post_init__(self) -> None:
         check_fields(self)  # every field of the annotated type (one line naming it)
@@ -161,7 +167,7 @@ class RoutingClassifierConfig:
     @property
     def grid(self) -> int:
         """The side of the primary capsules' grid (after a valid 5x5 convolution and two 3x3 stride-2 ones)."""
-        s = self.image_size - 4
+        s = (self.stem_side or self.image_size) - 4
         for _ in range(2):
             s = (s - 1) // 2 + 1
         return s
@@ -215,12 +221,14 @@ class RoutingClassifier(nn.Module):
         super().__init__()
         cfg = replace(config or RoutingClassifierConfig(), **overrides)
         self.config = cfg
-        if cfg.image_size < 5:  # the stem's valid 5x5 convolution
-            raise ValueError(f"image_size {cfg.image_size} is too small for the stem (a 5x5 convolution): at least 5")
+        what, side = ("image_size", cfg.image_size) if cfg.stem_side is None else ("stem_side", cfg.stem_side)
+        if side < 5:  # the stem's valid 5x5 convolution
+            raise ValueError(f"{what} {side} is too small for the stem (a 5x5 convolution): at least 5")
         c1, c2 = cfg.stem_channels
         T, d, N, K = cfg.primary_types, cfg.caps_dim, cfg.n_primary, cfg.n_classes
+        self.image_stem = ImageStem(cfg.in_channels, cfg.image_size, cfg.stem_side)  # the identity without stem_side
         self.stem = nn.Sequential(
-            nn.Conv2d(cfg.in_channels, c1, 5),
+            nn.Conv2d(self.image_stem.out_channels, c1, 5),
             nn.ReLU(inplace=True),
             nn.Conv2d(c1, c2, 3, stride=2, padding=1),
             nn.ReLU(inplace=True),
@@ -271,7 +279,7 @@ class RoutingClassifier(nn.Module):
         cfg = self.config
         B = x.shape[0]
         T, d, g = cfg.primary_types, cfg.caps_dim, cfg.grid
-        h = self.primary(self.stem(x)).view(B, T, d + 1, g, g)  # [B, T, d+1, g, g]
+        h = self.primary(self.stem(self.image_stem(x))).view(B, T, d + 1, g, g)  # [B, T, d+1, g, g]
         h = h.permute(0, 1, 3, 4, 2).reshape(B, T * g * g, d + 1)  # [B, N, d+1]
         return h[..., :d], h[..., d]  # [B, N, d], [B, N]
 

@@ -29,10 +29,11 @@ from torch import nn
 
 from .._checks import check_choice
 from .._contracts import checked
-from ..cost import count_parameters, time_training_step
+from ..cost import check_training_memory, estimate_training_memory, time_training_step
 from ..data.datasets import DataSource, check_labels, data_fingerprint
 from ..data.images import ImageFacts, describe_images, image_facts
 from ..distributed import setup as setup_distributed
+from ..models.registry import network_facts
 from .learning_check import LearningCheck, applies
 from .recipes import make_recipe
 from .recipes.base import Recipe, check_device_available
@@ -53,6 +54,10 @@ def hardware_string(device: torch.device) -> str:
     return f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads"
 
 
+#: model config fields added after checkpoints were shipped, with the default every earlier checkpoint had implicitly
+_LATER_FIELDS = {"stem_side": None}
+
+
 def start_checkpoint(recipe: Recipe, name: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """The weights a run starts from: the shipped checkpoint ``name``, whose model configuration must be the recipe's
     (one line otherwise: an unknown name lists the shipped ones). Checked before any data is loaded (the command line
@@ -64,7 +69,8 @@ def start_checkpoint(recipe: Recipe, name: str) -> tuple[dict[str, Any], dict[st
     except KeyError as e:
         raise ValueError(f"start_from={name!r}: {e.args[0] if e.args else e}") from None
     want = json.loads(json.dumps(recipe.config().get("model"), default=str))
-    if entry.get("config") != want or entry.get("model") != recipe.model_kind:
+    have = {**{k: v for k, v in _LATER_FIELDS.items() if k in want}, **(entry.get("config") or {})}  # added since
+    if have != want or entry.get("model") != recipe.model_kind:
         raise ValueError(
             f"start_from={name!r}: that checkpoint's model configuration differs from the recipe's "
             f"({recipe.name}); start from a checkpoint of the same model, or train from scratch"
@@ -137,9 +143,12 @@ def _images_line(images: ImageFacts, r: Recipe, model: nn.Module, loaders: Any) 
     step = time_training_step(model, r.build_objective(), _batch_like_training(loaders.val, size), repeats=2)
     n_val = sum(len(b[0]) for b in loaders.val)
     epoch = step * (len(loaders.train) + n_val / (3 * size))  # evaluation: a forward costs about a third of a step
+    facts, memory = network_facts(model), estimate_training_memory(model, size)["bytes"]
+    stem = f"; stem {facts['stem']}" if facts["stem"] else ""
     return (
-        f"{describe_images(images.record)}; network: {r.name} ({r.model_kind}), {count_parameters(model):,} "
-        f"parameters, about {epoch:,.0f} s per epoch here ({step:.2f} s per step of {size} images, measured)"
+        f"{describe_images(images.record)}; network: {r.name} ({r.model_kind}), {facts['parameters']:,} parameters, "
+        f"{facts['primary_capsules']:,} primary capsules{stem}; about {memory / 2**30:.1f} GiB per training step and "
+        f"{epoch:,.0f} s per epoch here ({step:.2f} s per step of {size} images, measured)"
     )
 
 
@@ -163,6 +172,7 @@ def _run_meta(
         "dataset": loaders.dataset,
         "generated_data": loaders.generated_data,
         **r.describe(model),
+        **{k: v for k, v in network_facts(model).items() if k != "parameters"},  # primary capsules, stem
         **data,
     }
     if start is not None:
@@ -176,6 +186,15 @@ def _run_meta(
     if dist.distributed:  # recorded only for jobs of several processes
         meta.update(world_size=dist.world_size, batch_size_per_process=r.batch_size // dist.world_size)
     return meta
+
+
+def _before_the_data(r: Recipe, start_from: str | None, dist: Any) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """What is checked before any data is loaded: the shipped checkpoint a run starts from (:func:`start_checkpoint`;
+    ``None`` without ``start_from``), and that one training step of the recipe's model, fitted to its images, fits in
+    the device's memory at this process's batch (:func:`~capsule_lib.cost.check_training_memory`, #63)."""
+    start = start_checkpoint(r, start_from) if start_from is not None else None
+    check_training_memory(r.build_model(), r.batch_size // dist.world_size, dist.device)
+    return start
 
 
 def _check_out_dir(out_dir: str | Path | None) -> None:
@@ -267,7 +286,7 @@ def train(
     dist = setup_distributed(select_device(r.device))  # a torchrun job, or this process alone
     device = dist.device
     source, images = _data_source(r, out_dir, DataSource.of(data_root, offline=offline, standin=standin))
-    start = start_checkpoint(r, start_from) if start_from is not None else None  # before the data is loaded
+    start = _before_the_data(r, start_from, dist)  # the start checkpoint; a run that cannot fit in memory refused
     torch.manual_seed(r.seed)
     loaders = r.loaders(source, device, test=test, dist=dist)
     model = r.build_model()

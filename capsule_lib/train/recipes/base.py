@@ -181,14 +181,32 @@ class Recipe:
         """Fit the model config to the reader's images (:func:`~capsule_lib.data.images.image_facts`): their
         number of classes, channels and side, and, for a network that normalises its input itself (``input_mean``,
         ``input_std``: Tsai et al.'s and its backbone baseline), the training split's mean and standard deviation.
-        One-line ``ValueError`` before anything is trained: a recipe whose data is not a set of labelled images
-        (:attr:`images_refusal`), or images smaller than the network can read (the smallest side is said)."""
+        Images of another side than the network's own (the model config's ``image_size`` before fitting, or its
+        ``stem_side`` when set) meet the same network behind an :class:`~capsule_lib.layers.ImageStem`:
+        ``stem_side`` is set to the network's side, so that its primary capsules, routing and decoder stay the
+        paper's at any image size (a smaller image is upsampled: any side is read). One-line ``ValueError`` before
+        anything is trained: a recipe whose data is not a set of labelled images (:attr:`images_refusal`), or a side
+        smaller than the network can read (a ``stem_side`` set too small, or a model without the field; the smallest
+        side is said)."""
         if self.images_refusal:
             raise ValueError(f"{self.name}: {self.images_refusal}")
         fit = {"n_classes": len(facts.classes), "in_channels": facts.channels, "image_size": facts.image_size}
         if hasattr(self.model, "input_mean"):
             fit.update(input_mean=tuple(facts.mean), input_std=tuple(max(v, 1e-3) for v in facts.std))
+        if hasattr(self.model, "stem_side"):  # the network's own side: what the stem brings the images to
+            own = self.model.stem_side or self.model.image_size
+            fit["stem_side"] = None if own == facts.image_size else own
         self.model = dataclasses.replace(self.model, **{k: v for k, v in fit.items() if hasattr(self.model, k)})
+        own = getattr(self.model, "stem_side", None)
+        if own is not None:  # the network behind the stem must read the side the stem gives it
+            smallest = smallest_image_size(self.model_kind, dataclasses.replace(self.model, stem_side=None))
+            if smallest is None or own < smallest:
+                raise ValueError(
+                    f"{self.name}: stem_side {own} is too small for {self.model_kind}, whose convolutions need at "
+                    f"least {smallest} x {smallest}; set model.stem_side={smallest} or more (or leave it unset: the "
+                    f"network's own side)"
+                )
+            return
         smallest = smallest_image_size(self.model_kind, self.model)
         if smallest is None or facts.image_size < smallest:
             raise ValueError(
