@@ -54,8 +54,6 @@ MIN_MARGIN = 0.02
 SHARE = 0.95
 #: ``python -m capsule_lib.train``'s exit status for a run that finished, or was stopped, without learning
 DID_NOT_LEARN_EXIT = 3
-#: validation images probed for the capsules' health
-_PROBE = 512
 
 
 @dataclass
@@ -77,7 +75,7 @@ class LearningVerdict:
     symptoms : list of str
         ``"at chance"``, ``"saturated"``, ``"collapsed"``, ``"one class"``: what was measured.
     measured : dict
-        The capsules' health on the probed validation images: ``saturated`` and ``collapsed`` shares (``None`` for
+        The capsules' health on the validation images: ``saturated`` and ``collapsed`` shares (``None`` for
         logits), ``top_class_share`` (the share of images given the most often predicted class).
     reason : str
         One sentence: the symptom, its likely cause and what to try (empty when it learned).
@@ -125,11 +123,6 @@ def above_chance_line(chance: float, n: int) -> float:
     return chance + max(MIN_MARGIN, Z_ABOVE_CHANCE * math.sqrt(chance * (1 - chance) / n))
 
 
-def _inputs(x: torch.Tensor) -> torch.Tensor:
-    """A batch as the model reads it: ``uint8`` images in [0, 1], anything else (floats, token ids) as it is."""
-    return x.float() / 255 if x.dtype == torch.uint8 else x
-
-
 def applies(loader: Any) -> bool:
     """Whether the check can read ``loader``: a loader of in-memory tensors whose labels are one class per item
     (not a dict of several test sets, not MultiMNIST's pairs of labels)."""
@@ -138,12 +131,13 @@ def applies(loader: Any) -> bool:
 
 
 @torch.no_grad()
-def _health(model: nn.Module, x: torch.Tensor, device: torch.device) -> dict[str, Any]:
-    """The class scores' saturation and collapse and the most often predicted class's share on images ``x``."""
+def _health(model: nn.Module, loader: Any, device: torch.device) -> dict[str, Any]:
+    """The class scores' saturation and collapse and the most often predicted class's share over the validation
+    split (its batches, as the trainer evaluates them: images in memory or read from their files)."""
     was = model.training
     model.eval()
     try:
-        outs = [model(_inputs(x[i : i + 128]).to(device)) for i in range(0, len(x), 128)]
+        outs = [model(batch[0].to(device)) for batch in loader]
     finally:
         model.train(was)
     scores = torch.cat([getattr(o, "scores", o).detach().float().cpu() for o in outs])  # a CNN's logits: a tensor
@@ -173,8 +167,9 @@ def _reason(symptoms: list[str], v: dict[str, Any], lr: float | None) -> str:
         )
     if "one class" in symptoms:
         return (
-            f"{acc}; it names one class for {v['measured']['top_class_share']:.0%} of the images (the scores do not "
-            f"follow the image): lower the learning rate{lower}, or check that the classes differ in the pictures"
+            f"{acc}; it names one class for {v['measured']['top_class_share']:.0%} of the images after {v['epoch']:g} "
+            f"epochs (its scores do not follow the pictures yet): train longer (--set epochs=..., --budget-minutes); "
+            f"if it stays there, lower the learning rate{lower}"
         )
     return (
         f"{acc} after {v['epoch']:g} epochs: too few epochs or images for these classes, or labels that do not follow "
@@ -195,7 +190,7 @@ def check_learning(
     Parameters
     ----------
     model : nn.Module
-        The weights to check (their scores' health is probed on up to 512 validation images).
+        The weights to check (their scores' health is measured on the validation split).
     val_loader : object
         The validation loader (its images and labels: chance and the probe).
     val_acc : float
@@ -212,12 +207,11 @@ def check_learning(
     """
     if not applies(val_loader):
         raise ValueError("check_learning needs a validation loader of in-memory images and one class label each")
-    x, y = val_loader.tensors[0], val_loader.tensors[1].cpu()
+    y = val_loader.tensors[1].cpu()
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     chance, n = chance_accuracy(y), len(y)
     line = above_chance_line(chance, n)
-    pick = torch.randperm(n, generator=torch.Generator().manual_seed(0))[:_PROBE]
-    measured = _health(model, x[pick], device)
+    measured = _health(model, val_loader, device)
     above = val_acc >= line
     symptoms = [] if above else ["at chance"]
     for name in ("saturated", "collapsed"):
