@@ -17,6 +17,7 @@ from capsule_lib.models import CapsNet, CapsNetConfig
 from capsule_lib.models.registry import build_model, network_facts, smallest_image_size
 from capsule_lib.routing.kinds import ROUTING_KINDS
 from capsule_lib.train import make_recipe, train
+from capsule_lib.train.recipes.base import NEAR_SIDE
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -198,6 +199,25 @@ def test_fit_to_images_puts_the_papers_network_behind_a_stem(recipe, own):
     r = make_recipe(recipe)
     r.fit_to_images(_facts(own))
     assert r.model.stem_side is None and r.model.image_size == own  # the paper's side: the paper's network
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_fitted_to_images_of_every_size_each_family_stays_within_twice_its_paper_network(family):
+    """The networks ``fit_to_images`` builds (what ``--images`` trains) at every side from 28 to 256 px, grey and RGB,
+    2 and 40 classes: primary capsules and parameters within 2x of the paper's network with the same channels and
+    classes; beyond NEAR_SIDE of its own side a network reads the images behind its stem."""
+    recipe, overrides = FAMILIES[family]
+    for channels in (1, 3):
+        for classes in (2, 40):
+            kind, paper = _config(family, channels, classes)
+            n_paper, p_paper = _primary(kind, paper), _parameters(kind, paper)
+            for side in SIDES:
+                r = make_recipe(recipe, **{f"model.{k}": v for k, v in overrides.items()})
+                r.fit_to_images(_facts(side, channels, classes))
+                n, p = _primary(kind, r.model), _parameters(kind, r.model)
+                assert n_paper / 2 <= n <= 2 * n_paper and p_paper / 2 <= p <= 2 * p_paper, (family, side, n, p)
+                if not paper.image_size / NEAR_SIDE <= side <= paper.image_size * NEAR_SIDE:
+                    assert r.model.stem_side == paper.image_size, (family, side)  # far from its side: the stem
 
 
 def test_a_stem_side_too_small_for_the_network_is_refused_in_one_line():

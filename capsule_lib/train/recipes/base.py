@@ -20,7 +20,7 @@ from ...data.images import ImageFacts
 from ...data.loaders import TensorLoader
 from ...data.transforms import random_shift
 from ...distributed import DistInfo
-from ...models.registry import build_model, smallest_image_size
+from ...models.registry import build_model, network_facts, smallest_image_size
 
 __all__ = ["Recipe", "Loaders", "ShiftDecayRecipe", "check_device_available"]
 
@@ -181,22 +181,29 @@ class Recipe:
         """Fit the model config to the reader's images (:func:`~capsule_lib.data.images.image_facts`): their
         number of classes, channels and side, and, for a network that normalises its input itself (``input_mean``,
         ``input_std``: Tsai et al.'s and its backbone baseline), the training split's mean and standard deviation.
-        Images of another side than the network's own (the model config's ``image_size`` before fitting, or its
-        ``stem_side`` when set) meet the same network behind an :class:`~capsule_lib.layers.ImageStem`:
-        ``stem_side`` is set to the network's side, so that its primary capsules, routing and decoder stay the
-        paper's at any image size (a smaller image is upsampled: any side is read). One-line ``ValueError`` before
-        anything is trained: a recipe whose data is not a set of labelled images (:attr:`images_refusal`), or a side
-        smaller than the network can read (a ``stem_side`` set too small, or a model without the field; the smallest
-        side is said)."""
+        Images whose side is more than :data:`NEAR_SIDE` times larger or smaller than the network's own (the model
+        config's ``image_size`` before fitting, or its ``stem_side`` when set) meet the same network behind an
+        :class:`~capsule_lib.layers.ImageStem`: ``stem_side`` is set to the network's side, so that its primary
+        capsules, routing and decoder stay the paper's at any image size (a smaller image is upsampled: any side is
+        read). Nearer the network's own side the images are read as they are (the primary capsules, which grow with
+        the square of the side, at most double), unless the network's convolutions cannot read them. One-line
+        ``ValueError`` before anything is trained: a recipe whose data is not a set of labelled images
+        (:attr:`images_refusal`), or a side smaller than the network can read (a ``stem_side`` set too small, or a
+        model without the field; the smallest side is said)."""
         if self.images_refusal:
             raise ValueError(f"{self.name}: {self.images_refusal}")
         fit = {"n_classes": len(facts.classes), "in_channels": facts.channels, "image_size": facts.image_size}
         if hasattr(self.model, "input_mean"):
             fit.update(input_mean=tuple(facts.mean), input_std=tuple(max(v, 1e-3) for v in facts.std))
+        paper = self.model
         if hasattr(self.model, "stem_side"):  # the network's own side: what the stem brings the images to
-            own = self.model.stem_side or self.model.image_size
-            fit["stem_side"] = None if own == facts.image_size else own
+            own, side = self.model.stem_side or self.model.image_size, facts.image_size
+            near = self.model.stem_side is None and own / NEAR_SIDE <= side <= own * NEAR_SIDE
+            fit["stem_side"] = None if near else own
         self.model = dataclasses.replace(self.model, **{k: v for k, v in fit.items() if hasattr(self.model, k)})
+        if getattr(self.model, "stem_side", False) is None and facts.image_size != own:  # near its side: read as is,
+            if not self._reads_as_is(paper):  # unless its convolutions cannot, or its primary capsules would more
+                self.model = dataclasses.replace(self.model, stem_side=own)  # than double (Efficient-CapsNet's)
         own = getattr(self.model, "stem_side", None)
         if own is not None:  # the network behind the stem must read the side the stem gives it
             smallest = smallest_image_size(self.model_kind, dataclasses.replace(self.model, stem_side=None))
@@ -214,6 +221,24 @@ class Recipe:
                 f"({self.model_kind}), whose convolutions need at least {smallest} x {smallest}; resize them up "
                 f"(--image-size {smallest}, image_size={smallest}) or train a network that reads smaller images"
             )
+
+    def _reads_as_is(self, paper: Any) -> bool:
+        """Whether the fitted model config, without a stem, reads its images (its convolutions can) with at most
+        twice the primary capsules of the network on its own side (``paper``, the config before fitting, with the
+        fitted channels and classes)."""
+        smallest = smallest_image_size(self.model_kind, self.model)
+        if smallest is None or self.model.image_size < smallest:
+            return False
+        same = {
+            k: getattr(self.model, k)
+            for k in ("in_channels", "n_classes", "input_mean", "input_std")
+            if hasattr(paper, k)
+        }
+        counts = [
+            network_facts(build_model(self.model_kind, c))["primary_capsules"] or 0
+            for c in (self.model, dataclasses.replace(paper, **same))
+        ]
+        return counts[0] <= 2 * counts[1]
 
     def validate(self) -> None:
         """One-line ``ValueError`` for settings no run can use (checked by :func:`make_recipe`, before any data is
@@ -283,6 +308,12 @@ _RANGES: dict[str, tuple[Any, str]] = {
     "test_pairs": (lambda v: v >= 1, ">= 1"),
     "render_workers": (lambda v: v >= 1, ">= 1"),
 }
+
+
+#: images whose side is within this factor of a network's own side are read without a stem where their primary
+#: capsules (which grow with the square of the side) stay within twice the paper's; beyond it, the stem brings them to
+#: the network's side
+NEAR_SIDE = 2**0.5
 
 
 def _check_device(name: str, device: Any) -> None:
