@@ -366,6 +366,8 @@ COMMAND_ROWS: list[tuple[str, list[str], int, str]] = [
     ("train", ["capsnet", "--out", "OUT", "--images", "EMPTY", "--test-fraction", "-0.1"], 2, "test_fraction"),
     ("train", ["capsnet", "--out", "OUT", "--images", "EMPTY", "--split-seed", "x"], 2, "--split-seed"),
     ("train", ["capsnet", "--out", "OUT", "--skip-bad-files"], 2, "--skip-bad-files"),
+    ("train", ["capsnet", "--out", "OUT", "--keep-small-classes"], 2, "--keep-small-classes"),
+    ("train", ["capsnet", "--out", "OUT", "--images", "SMALL"], 2, "the class 'tiny' has 1 image"),
     # python -m capsule_lib.train.speedrun
     ("speedrun", ["--out", "OUT"], 2, "--minutes"),
     ("speedrun", ["--minutes", "1"], 2, "--out"),
@@ -411,12 +413,17 @@ def _folders(tmp_path: Path) -> dict[str, str]:
     (tmp_path / "full" / "history.json").write_text("{}")
     (tmp_path / "empty").mkdir()
     Image.new("L", (28, 28), 128).save(tmp_path / "digit.png")
+    for name, n in (("big", 12), ("tiny", 1)):  # a class too small for a validation and a test image
+        for k in range(n):
+            (tmp_path / "small" / name).mkdir(parents=True, exist_ok=True)
+            Image.new("L", (28, 28), 10 * k).save(tmp_path / "small" / name / f"{k}.png")
     return {
         "OUT": str(tmp_path / "out" / "run"),
         "FILE": str(tmp_path / "a_file"),
         "FULL": str(tmp_path / "full"),
         "READONLY": str(tmp_path / "readonly" / "run"),
         "EMPTY": str(tmp_path / "empty"),
+        "SMALL": str(tmp_path / "small"),
         "MISSING": str(tmp_path / "missing.png"),
         "IMG": str(tmp_path / "digit.png"),
         "NOWHERE": str(tmp_path / "no" / "such" / "folder" / "p.csv"),

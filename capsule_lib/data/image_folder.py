@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,9 +19,9 @@ from urllib.parse import parse_qsl, urlencode
 import numpy as np
 import torch
 
-from .image_files import GREY_MODES, MAX_CACHED_SIDE, Decoded, FileImages, decode_files, load_cache
+from .image_files import GREY_MODES, MAX_CACHED_SIDE, MAX_UPSAMPLE, Decoded, FileImages, decode_files, load_cache
 
-__all__ = ["IMAGES", "SPLIT_NAMES", "ImageSource"]
+__all__ = ["IMAGES", "SPLIT_NAMES", "ImageSource", "file_digest"]
 
 #: the kind of a folder's dataset name, ``"images:PATH"`` (options after ``?``, see :attr:`ImageSource.spec`)
 IMAGES = "images"
@@ -51,6 +52,9 @@ class ImageSource:
         The seed of those held-out files.
     skip_bad : bool
         Leave out files PIL cannot read (counted) instead of refusing the folder.
+    keep_small : bool
+        Keep a class too small to give a validation and a test image (said in the summary line) instead of refusing
+        the folder.
     """
 
     path: str
@@ -60,6 +64,7 @@ class ImageSource:
     test_fraction: float = 0.1
     split_seed: int = 0
     skip_bad: bool = False
+    keep_small: bool = False
 
     def __post_init__(self) -> None:
         _check_options(self.image_size, self.channels, self.val_fraction, self.test_fraction, self.split_seed)
@@ -85,11 +90,11 @@ class ImageSource:
         return cls(path)
 
 
-_OPTIONS = ("image_size", "channels", "val_fraction", "test_fraction", "split_seed", "skip_bad")
+_OPTIONS = ("image_size", "channels", "val_fraction", "test_fraction", "split_seed", "skip_bad", "keep_small")
 
 
 def _option_value(key: str, text: str) -> Any:
-    if key == "skip_bad":
+    if key in ("skip_bad", "keep_small"):
         return text.lower() in ("1", "true", "yes")
     try:
         return float(text) if key.endswith("fraction") else int(text)
@@ -225,14 +230,44 @@ def _check_classes(root: Path, classes: list[str], labels: list[int], given: lis
         )
 
 
+#: content digests of the files read in this process: path -> (its stat signature, its digest), trusted only while
+#: the signature is unchanged and was at least _SETTLED_NS old when the digest was taken (as git treats "racy" files)
+_DIGESTS: dict[str, tuple[tuple[int, ...], str]] = {}
+_SETTLED_NS = 2_000_000_000  # a file changed less than 2 s before it was hashed is hashed again next time
+
+
+def file_digest(path: str, st: os.stat_result | None = None) -> str:
+    """The BLAKE2b digest (128 bits, hex) of a file's whole content: what keys the image cache. Within a process a
+    file is read again only when its size, modification or status-change time, inode or device changed (an
+    in-place write changes the status-change time even when the modification time is set back), or when it had
+    changed within 2 s of being hashed (timestamps are coarse: such a file is always read again)."""
+    st = st or os.stat(path)
+    sig = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
+    known = _DIGESTS.get(path)
+    if known is not None and known[0] == sig:
+        return known[1]
+    now = time.time_ns()
+    h = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    digest = h.hexdigest()
+    if now - max(st.st_mtime_ns, st.st_ctime_ns) >= _SETTLED_NS:
+        _DIGESTS[path] = (sig, digest)
+    else:
+        _DIGESTS.pop(path, None)
+    return digest
+
+
 def _key(src: ImageSource, listing: dict[str, Any], size: int) -> str:
-    """The folder's fingerprint for its cache: every file's path (relative), size and modification time, the
-    options that change the pixels, the split and the cache format."""
+    """The folder's fingerprint for its cache: every file's path (relative), label, given split, size and content
+    (:func:`file_digest`: pixels edited in place, even with the same size and modification time, give another
+    key), the options that change the pixels and the cache format."""
     h = hashlib.sha256(repr((size, src.channels, src.skip_bad, listing["classes"])).encode())
     cut = len(os.path.join(str(listing["root"]), ""))  # the listing's paths are the folder's path joined with theirs
     for path, y, s in zip(listing["files"], listing["labels"], listing["given"]):
         st = os.stat(path)
-        h.update(f"{path[cut:]}\t{y}\t{s}\t{st.st_size}\t{st.st_mtime_ns}\n".encode())
+        h.update(f"{path[cut:]}\t{y}\t{s}\t{st.st_size}\t{file_digest(path, st)}\n".encode())
     return h.hexdigest()
 
 
@@ -281,11 +316,12 @@ def _read_folder(src: ImageSource, listing: dict[str, Any], size: int, key: str,
     if size > MAX_CACHED_SIDE:  # read while training: channels from the headers, nothing decoded now
         from PIL import Image
 
-        grey = resized = 0
+        grey = resized = upsampled = 0
         for path in files:
             with Image.open(path) as im:
                 grey += im.mode in GREY_MODES
                 resized += im.size != (size, size)
+                upsampled += min(im.size) * MAX_UPSAMPLE < size
         channels = src.channels or (1 if grey == len(files) else 3)
         keep = torch.ones(len(files), dtype=torch.bool)
         images = FileImages(files, size, channels, key)
@@ -297,6 +333,7 @@ def _read_folder(src: ImageSource, listing: dict[str, Any], size: int, key: str,
             "grey": n_grey,
             "colour": n_colour,
             "resized": resized,
+            "upsampled": upsampled,
             "bad": [],
             "stored": "read from the files while training (worker processes)",
             "cached": None,
@@ -304,7 +341,8 @@ def _read_folder(src: ImageSource, listing: dict[str, Any], size: int, key: str,
     path = cache / f"{key[:20]}.pt" if cache is not None else None
     hit = load_cache(path, key, _version()) if path is not None else None
     if hit is not None:
-        done = Decoded(hit["images"], hit["keep"], hit["grey"], hit["colour"], hit["resized"], list(hit["bad"]))
+        fields = ("images", "keep", "grey", "colour", "resized")
+        done = Decoded(*(hit[k] for k in fields), list(hit["bad"]), int(hit.get("upsampled", 0)))
         stored = f"decoded images read from the cache {path.name}"
     else:
         done = decode_files(files, size, src.channels, skip_bad=src.skip_bad)
