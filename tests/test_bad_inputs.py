@@ -1160,6 +1160,122 @@ def test_a_run_folder_holding_a_malicious_pickle_is_refused_without_running_it(t
     assert not marker.exists()
 
 
+# ------------------------------------------------------------------- a run folder is one thing (issue #64)
+@functools.cache
+def _two_runs(root: str) -> dict[str, Path]:
+    """Two finished tiny runs on a folder of images (same shapes: ``one`` and ``two``), and one of other shapes
+    (``wide``), written once under ``root``; each test copies what it spoils."""
+    from PIL import Image
+
+    from capsule_lib.train import train
+
+    base = Path(root)
+    pics = base / "pics"
+    for k, name in enumerate(["cat", "dog"]):
+        (pics / name).mkdir(parents=True, exist_ok=True)
+        for i in range(6):
+            Image.new("RGB", (12, 12), (40 * k + 5 * i, 0, 0)).save(pics / name / f"{i}.png")
+    kw = dict(dataset=f"images:{pics}", epochs=1, device="cpu", progress=False, **{"model.hidden": [8, 8]})
+    runs = {}
+    for name, channels, seed in (("one", [4, 4, 4], 0), ("two", [4, 4, 4], 1), ("wide", [8, 8, 8], 0)):
+        train("baseline_cnn", out_dir=base / "runs" / name, seed=seed, **{"model.channels": channels}, **kw)
+        runs[name] = base / "runs" / name
+    return runs
+
+
+@pytest.fixture
+def two_runs(tmp_path_factory, tmp_path) -> dict[str, Path]:
+    import shutil
+
+    runs = _two_runs(str(tmp_path_factory.getbasetemp() / "two_runs"))
+    for name, folder in runs.items():
+        shutil.copytree(folder, tmp_path / name)
+    return {name: tmp_path / name for name in runs}
+
+
+def _history_edit(folder: Path, edit) -> None:
+    data = json.loads((folder / "history.json").read_text())
+    edit(data["meta"])
+    (folder / "history.json").write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize(
+    "spoil, part",
+    [
+        (lambda r: _history_edit(r["one"], lambda m: m.update(classes=m["classes"][::-1])), "history.json"),
+        (lambda r: _history_edit(r["one"], lambda m: m.update(classes=["a", "b", "c", "d"])), "history.json"),
+        (lambda r: _history_edit(r["one"], lambda m: m["config"]["model"].update(hidden=[8, 9])), "history.json"),
+        (lambda r: (r["one"] / "best.pt").write_bytes((r["two"] / "best.pt").read_bytes()), "best.pt"),
+        (lambda r: (r["one"] / "best.pt").write_bytes((r["wide"] / "best.pt").read_bytes()), "best.pt"),
+        (lambda r: (r["one"] / "run.json").unlink(), "run.json"),
+    ],
+    ids=[
+        "classes-reversed",
+        "classes-of-another-length",
+        "config-edited",
+        "another-runs-best",
+        "other-shapes",
+        "no-run",
+    ],
+)
+def test_a_run_folder_whose_parts_differ_is_refused_naming_the_part(two_runs, spoil, part, capsys):
+    """predict trusted history.json: reversed class names printed reversed, another run's best.pt loaded under this
+    run's names, a best.pt of other shapes a 19-line traceback. Now: one line naming the part, everywhere."""
+    from capsule_lib.commands.predict import main as predict_main
+    from capsule_lib.pretrained import load_trained
+    from capsule_lib.train.checkpoint import RunMismatchError
+
+    model, info = load_trained(two_runs["one"])  # unspoilt: loads
+    assert info["classes"] == ["cat", "dog"]
+    spoil(two_runs)
+    with pytest.raises(RunMismatchError) as e:
+        load_trained(two_runs["one"])
+    assert part in str(e.value) and "\n" not in str(e.value)
+    image = _png_for(two_runs["one"])
+    with pytest.raises(SystemExit) as info:
+        predict_main([str(two_runs["one"]), str(image)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code == 2 and len(err) == 1 and part in err[0], err
+
+
+def _png_for(folder: Path) -> Path:
+    from PIL import Image
+
+    path = folder.parent / "probe.png"
+    Image.new("RGB", (12, 12), (9, 9, 9)).save(path)
+    return path
+
+
+def test_a_resume_onto_a_spoilt_run_folder_is_refused(two_runs):
+    from capsule_lib.train import train
+    from capsule_lib.train.checkpoint import RunMismatchError
+
+    meta = json.loads((two_runs["one"] / "history.json").read_text())["meta"]
+    (two_runs["one"] / "last.pt").write_bytes((two_runs["two"] / "last.pt").read_bytes())
+    kw = {"model.channels": [4, 4, 4], "model.hidden": [8, 8]}
+    with pytest.raises(RunMismatchError, match="last.pt is not the one this run wrote"):
+        train(
+            "baseline_cnn",
+            dataset=meta["dataset"],
+            epochs=2,
+            device="cpu",
+            progress=False,
+            resume=True,
+            out_dir=two_runs["one"],
+            **kw,
+        )
+
+
+def test_a_run_folders_parts_are_bound_as_they_are_written(two_runs):
+    from capsule_lib.train.checkpoint import check_run, run_identity
+
+    bound = json.loads((two_runs["one"] / "run.json").read_text())["parts"]
+    assert sorted(bound) == ["best.pt", "history.json", "last.pt"]
+    meta = json.loads((two_runs["one"] / "history.json").read_text())["meta"]
+    assert bound["history.json"] == run_identity(meta) != run_identity({**meta, "classes": ["dog", "cat"]})
+    check_run(two_runs["one"], ("best.pt", "last.pt", "history.json"))
+
+
 def test_a_full_disk_leaves_no_tmp_and_says_which_file(tmp_path, monkeypatch):
     """The tracebacks: export_checkpoint on a full disk ('unexpected pos', x.pt.tmp left behind), and a run whose
     folder turns read-only (a traceback that named no path)."""

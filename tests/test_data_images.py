@@ -675,7 +675,9 @@ def test_the_decoding_benchmark_runs_in_quick_mode(tmp_path):
     res = json.loads(out.read_text())
     assert res["files"] == 300 and res["generated"] and res["machine"]["cpu_count"] >= 1
     phases = [(r["phase"], r["workers"]) for r in res["runs"]]
-    assert phases == [("cold", "default"), ("cached", "default"), ("decode", 0), ("decode", 2)]
+    assert phases == [("cold", "default"), ("cached", "default"), ("key", "default"), ("decode", 0), ("decode", 2)]
+    key = res["runs"][2]
+    assert key["content_s"] > 0 and key["stat_s"] >= 0 and key["content_again_s"] >= 0
     assert all(r["seconds"] > 0 and r["peak_with_workers_mb"] > 0 for r in res["runs"])
     assert "read from the cache" in res["runs"][1]["how"] and res["cache_mb"] > 0
 
