@@ -1083,10 +1083,16 @@ def _edit(entry: dict, field: str) -> None:
         entry["notes"] = "trained for a week"
     elif field == "history":
         entry["history"] = "baseline_cnn_mnist.history.json"
+    elif field == "config":  # #64: edited, and its config_sha256 recomputed to match
+        from capsule_lib.pretrained import config_sha256
+
+        entry["config"]["iterations"] = 1
+        entry["config_sha256"] = config_sha256(entry["model"], entry["config"])
 
 
 @pytest.mark.parametrize(
-    "field", ["metrics.test_acc", "metrics.test_errors", "metrics.val_acc", "training", "dtype", "notes", "history"]
+    "field",
+    ["metrics.test_acc", "metrics.test_errors", "metrics.val_acc", "training", "dtype", "notes", "history", "config"],
 )
 def test_an_edited_registry_entry_is_refused_naming_the_field(field, tmp_path):
     """Finding 4: an entry whose metrics (test_acc 0.9934 -> 0.9999, test_errors 66 -> 1), training, dtype, notes or
@@ -1102,6 +1108,18 @@ def test_an_edited_registry_entry_is_refused_naming_the_field(field, tmp_path):
     for call in (lambda: registry(d), lambda: load_pretrained("capsnet_mnist", directory=d)):
         message = _assert_refused(call, name)
         assert "capsnet_mnist" in message
+
+
+def test_an_entry_whose_config_is_not_bound_to_its_weights_is_refused(tmp_path):
+    """#64: the config's hash is computed from the config by the loader; an entry exported before it was bound (or
+    whose binding was deleted) is refused, not trusted."""
+    from capsule_lib.pretrained import registry
+
+    d = _registry_copy(tmp_path)
+    reg = json.loads((d / "registry.json").read_text())
+    del reg["capsnet_mnist"]["bound_sha256"]["config"]
+    (d / "registry.json").write_text(json.dumps(reg))
+    assert "configuration is not bound to its weights" in _assert_refused(lambda: registry(d), "capsnet_mnist")
 
 
 def test_an_entry_pointing_at_another_models_weights_is_refused(tmp_path):
