@@ -383,6 +383,9 @@ COMMAND_ROWS: list[tuple[str, list[str], int, str]] = [
     ("speedrun", ["--minutes", "1", "--out", "OUT", "--set", "epochs=-1"], 2, "epochs"),
     ("speedrun", ["--minutes", "1", "--out", "OUT", "--set", "ema=2"], 2, "ema"),
     ("speedrun", ["--minutes", "1", "--out", "FILE"], 2, "--out"),
+    ("speedrun", ["--minutes", "1", "--out", "/proc/capsule_x"], 2, "--out /proc/capsule_x"),
+    ("speedrun", ["--minutes", "0.01", "--out", "OUT"], 2, "--minutes 0.01 leaves capsnet_speedrun no training time"),
+    ("train", ["capsnet", "--out", "/proc/capsule_x"], 2, "--out /proc/capsule_x"),
     ("speedrun", ["--minutes", "1", "--out", "FULL", "--quick"], 2, "--out"),
     ("speedrun", ["--minutes", "1", "--out", "OUT", "--data-root", "FILE", "--offline"], 2, "--data-root"),
     ("speedrun", ["--minutes", "1", "--out", "OUT", "--overwrite", "--quick", "--bogus"], 2, "--bogus"),
@@ -1292,6 +1295,71 @@ def test_a_run_folders_parts_are_bound_as_they_are_written(two_runs):
     meta = json.loads((two_runs["one"] / "history.json").read_text())["meta"]
     assert bound["history.json"] == run_identity(meta) != run_identity({**meta, "classes": ["dog", "cat"]})
     check_run(two_runs["one"], ("best.pt", "last.pt", "history.json"))
+
+
+# --------------------------------------------------------------------- Ctrl-C and warnings (issue #64, item 4)
+@pytest.mark.parametrize(
+    "where", ["capsule_lib.data.images._list_folder", "capsule_lib.data.image_folder.decode_files"]
+)
+def test_ctrl_c_while_a_folder_is_listed_or_decoded_is_one_line_and_130(where, tmp_path, capsys, monkeypatch):
+    """Ctrl-C while the folder was listed or decoded: exit 1 and a 59-104-line traceback."""
+    from PIL import Image
+
+    from capsule_lib.commands.train import main
+    from capsule_lib.data import images as images_module
+
+    for name in ("a", "b"):
+        (tmp_path / "pics" / name).mkdir(parents=True)
+        for k in range(5):
+            Image.new("L", (12, 12), 10 * k).save(tmp_path / "pics" / name / f"{k}.png")
+
+    def interrupt(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(where, interrupt)
+    images_module._LOADED.clear()
+    before = _tree(tmp_path)
+    with pytest.raises(SystemExit) as info:
+        main(["capsnet", "--images", str(tmp_path / "pics"), "--out", str(tmp_path / "runs" / "r")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code == 130 and len(err) == 1 and "interrupted (Ctrl-C)" in err[0], err
+    assert _tree(tmp_path) == before
+
+
+def test_ctrl_c_while_predict_reads_images_is_one_line_and_130(tmp_path, capsys, monkeypatch):
+    from capsule_lib.commands import predict as command
+
+    def interrupt(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(command, "predict", interrupt)
+    with pytest.raises(SystemExit) as info:
+        command.main(["capsnet_mnist", str(_folders(tmp_path)["IMG"])])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code == 130 and len(err) == 1 and "interrupted (Ctrl-C)" in err[0], err
+
+
+def test_an_unsafe_checkpoint_is_refused_without_torchs_warning_lines(tmp_path, monkeypatch, recwarn):
+    """torch's three warning lines preceded the one-line refusal."""
+    import pickle
+    import warnings
+
+    from capsule_lib.train.checkpoint import UnsafeCheckpointError, _load_checkpoint
+
+    def load(*a, **k):
+        for _ in range(3):
+            warnings.warn("torch says something about weights_only", UserWarning, stacklevel=2)
+        raise pickle.UnpicklingError("Weights only load failed")
+
+    def unsafe(*a, **k):
+        warnings.warn("torch says something else", UserWarning, stacklevel=2)
+        return ["posix.system"]
+
+    monkeypatch.setattr(torch, "load", load)
+    monkeypatch.setattr(torch.serialization, "get_unsafe_globals_in_checkpoint", unsafe)
+    with pytest.raises(UnsafeCheckpointError, match="posix.system"):
+        _load_checkpoint(tmp_path / "last.pt", "cpu")
+    assert not [str(w.message) for w in recwarn.list], [str(w.message) for w in recwarn.list]
 
 
 def test_a_full_disk_leaves_no_tmp_and_says_which_file(tmp_path, monkeypatch):

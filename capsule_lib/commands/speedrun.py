@@ -20,8 +20,9 @@ import sys
 from pathlib import Path
 
 from .._checks import check_device
+from ..train.recipes import RECIPES
 from ..train.recipes.speedrun import SPEEDRUNS
-from ..train.timed import run_speedrun, speedrun_recipe
+from ..train.timed import MIN_BUDGET_MINUTES, run_speedrun, speedrun_recipe
 from ._arguments import (
     add_data_arguments,
     check_name,
@@ -31,6 +32,7 @@ from ._arguments import (
     data_defaults,
     fail,
     first_line,
+    interrupted,
     overrides,
     parser,
     remove_outputs,
@@ -99,9 +101,19 @@ def main(argv: list[str] | None = None, *, data_root: str | Path | None = None, 
     except (KeyError, ValueError) as e:
         fail(p, first_line(e))
     existed = check_out(p, a.out, keep=None, replace="--overwrite", allowed=a.overwrite)
+    shares = [RECIPES[n].minutes for n in names]
+    first = a.minutes * shares[0] / sum(shares) - RECIPES[names[0]].reserve_minutes
+    if first < MIN_BUDGET_MINUTES:  # no run would get any training time
+        reserve, share = RECIPES[names[0]].reserve_minutes, a.minutes * shares[0] / sum(shares)
+        need = math.ceil((reserve + MIN_BUDGET_MINUTES) * sum(shares) / shares[0] * 100) / 100
+        fail(
+            p,
+            f"--minutes {a.minutes:g} leaves {names[0]} no training time (its share, {share:.2f} min, is less than "
+            f"the {reserve:g} min kept for its evaluation and export); give at least {need:g} minutes for these runs",
+        )
     if a.overwrite:
         remove_outputs(a.out, SPEEDRUN_FILES)
-    with cleaned_out(a.out, existed):
+    with cleaned_out(a.out, existed), interrupted(p, f"the speedrun ran (what finished is in {a.out}/speedrun.json)"):
         result = run_speedrun(
             names,
             a.minutes,

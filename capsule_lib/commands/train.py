@@ -47,6 +47,7 @@ from ._arguments import (
     data_defaults,
     fail,
     first_line,
+    interrupted,
     overrides,
     parser,
     remove_outputs,
@@ -175,14 +176,15 @@ def main(argv: list[str] | None = None, *, data_root: str | Path | None = None, 
             fail(p, "give the data once: --images PATH or --set dataset=..., not both")
         sets["dataset"] = images
     try:  # every value checked before any data is loaded or anything written: one line, no traceback
-        recipe = shipped_recipe(a.shipped, **sets) if a.shipped else make_recipe(a.recipe, **sets)
-        check_device_available(recipe)
-        if a.start_from is not None and images is None:  # (for images, train() checks it once fitted to them)
-            start_checkpoint(recipe, a.start_from)
-        if images is not None:  # the folder itself (its layout, classes, files), before any training
-            image_facts(recipe.dataset, DataSource.of(a.data_root, offline=a.offline, cache=cache_folder(a.out)))
-        if a.export is not None and a.export in registry():
-            raise ValueError(f"--export {a.export}: a shipped checkpoint of that name exists; choose a new name")
+        with interrupted(p, "checking the recipe and reading the images (nothing was written)"):
+            recipe = shipped_recipe(a.shipped, **sets) if a.shipped else make_recipe(a.recipe, **sets)
+            check_device_available(recipe)
+            if a.start_from is not None and images is None:  # (for images, train() checks it once fitted to them)
+                start_checkpoint(recipe, a.start_from)
+            if images is not None:  # the folder itself (its layout, classes, files), before any training
+                image_facts(recipe.dataset, DataSource.of(a.data_root, offline=a.offline, cache=cache_folder(a.out)))
+            if a.export is not None and a.export in registry():
+                raise ValueError(f"--export {a.export}: a shipped checkpoint of that name exists; choose a new name")
     except (KeyError, ValueError, OSError) as e:
         fail(p, first_line(e))
     existed = check_out(p, a.out, keep="--resume", replace="--overwrite", allowed=a.resume or a.overwrite)

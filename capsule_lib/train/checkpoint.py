@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import pickle
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -267,11 +268,18 @@ def _load_checkpoint(path: Path, device: torch.device | str) -> Any:
     """``torch.load(weights_only=True)`` (tensors, plain values and NumPy arrays only) with a one-line, actionable error
     for a truncated, corrupt or unsafe run checkpoint."""
     try:
-        with torch.serialization.safe_globals(_numpy_array_globals()):
-            return torch.load(path, map_location=device, weights_only=True)
+        with warnings.catch_warnings(record=True) as said:  # torch's warnings: shown for a checkpoint that loads
+            warnings.simplefilter("always")
+            with torch.serialization.safe_globals(_numpy_array_globals()):
+                state = torch.load(path, map_location=device, weights_only=True)
+        for w in said:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        return state
     except pickle.UnpicklingError:  # weights_only refused a global: loading would run code (or the file is foreign)
         try:
-            found = ", ".join(torch.serialization.get_unsafe_globals_in_checkpoint(path)[:3])
+            with warnings.catch_warnings():  # the refusal is the one line said, without torch's warning lines
+                warnings.simplefilter("ignore")
+                found = ", ".join(torch.serialization.get_unsafe_globals_in_checkpoint(path)[:3])
         except Exception:  # noqa: BLE001 - naming what it holds is a courtesy; the refusal stands either way
             found = ""
         raise UnsafeCheckpointError(

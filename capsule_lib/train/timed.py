@@ -47,7 +47,10 @@ from .recipes.registry import RECIPES, make_recipe
 from .run import train
 from .shipped import export_run
 
-__all__ = ["run_speedrun", "speedrun_recipe", "run_summary", "QUICK"]
+__all__ = ["run_speedrun", "speedrun_recipe", "run_summary", "QUICK", "MIN_BUDGET_MINUTES"]
+
+#: the least training time a run is started with (minutes); a run whose share leaves less is skipped, and said so
+MIN_BUDGET_MINUTES = 0.05
 
 #: what ``--quick`` sets in every recipe (and ``epochs`` 2; ``render_workers`` 1)
 QUICK = {
@@ -198,10 +201,13 @@ def run_speedrun(
         rest = [RECIPES[n].minutes for n in names[i:]]
         cap = (deadline - time.time()) / 60.0 * rest[0] / sum(rest)
         budget = cap - RECIPES[name].reserve_minutes
-        print(f"speedrun: {name}: cap {cap:.2f} min, training budget {budget:.2f} min", flush=True)
-        if budget < 0.05:
-            result["runs"].append({"recipe": name, "skipped": f"no time left (cap {cap:.2f} min)"})
+        if budget < MIN_BUDGET_MINUTES:  # said as what it is, never as a negative budget
+            keep = RECIPES[name].reserve_minutes
+            why = f"no time left (cap {max(cap, 0):.2f} min, its evaluation and export keep {keep:g})"
+            print(f"speedrun: {name}: skipped: {why}", flush=True)
+            result["runs"].append({"recipe": name, "skipped": why})
         else:
+            print(f"speedrun: {name}: cap {cap:.2f} min, training budget {budget:.2f} min", flush=True)
             try:
                 run = _one_run(name, out, source, str(dev), budget, tag, quick, dict(overrides or {}))
                 run["cap_minutes"] = round(cap, 3)
