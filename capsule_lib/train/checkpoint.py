@@ -266,7 +266,10 @@ def _numpy_array_globals() -> list:
 
 def _load_checkpoint(path: Path, device: torch.device | str) -> Any:
     """``torch.load(weights_only=True)`` (tensors, plain values and NumPy arrays only) with a one-line, actionable error
-    for a truncated, corrupt or unsafe run checkpoint."""
+    for a truncated, corrupt or unsafe run checkpoint; a run's ``best.pt`` or ``last.pt`` is first checked against its
+    folder's :data:`RUN_FILE` (a resume, :meth:`~capsule_lib.train.trainer.Trainer.load_best`, an export)."""
+    if path.name in _WEIGHTS and (path.parent / RUN_FILE).exists():  # (a folder written before #64 has none)
+        check_run(path.parent, (path.name, "history.json"))
     try:
         with warnings.catch_warnings(record=True) as said:  # torch's warnings: shown for a checkpoint that loads
             warnings.simplefilter("always")

@@ -21,7 +21,7 @@ from torch import nn
 
 from ..distributed import DistInfo, all_reduce_sums
 from ..losses import StepOutput
-from .checkpoint import RUN_FILE, History, RunMismatchError, _atomic_save, _load_checkpoint, check_run, read_json
+from .checkpoint import History, RunMismatchError, _atomic_save, _load_checkpoint, read_json
 from .ema import WeightAverage
 from .runtime import (
     EpochSums,
@@ -203,8 +203,6 @@ class Trainer:
         """Load ``out_dir/last.pt`` if present; returns whether it did."""
         if self.out_dir is None or not (self.out_dir / "last.pt").exists():
             return False
-        if (self.out_dir / RUN_FILE).exists():  # a run folder is one thing (a folder written before #64 has none)
-            check_run(self.out_dir, ("last.pt", "history.json"))
         self.load_state_dict(_load_checkpoint(self.out_dir / "last.pt", self.device))
         saved = self.out_dir / "history.json"  # finish() records the test split there, after the last last.pt
         if saved.exists() and "test" not in self.history.meta:
