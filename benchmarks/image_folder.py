@@ -15,14 +15,16 @@ together (PSS, sampled every 20 ms):
 * ``cold``: no cache yet: the folder listed, sizes sampled, every file decoded in worker processes
   (:func:`capsule_lib.data.image_facts`), then the training split taken and the cache written
   (:func:`capsule_lib.data.get_dataset`), as ``train()`` does on a run's first start;
-* ``cached``: the same calls in a new process with the cache written by ``cold``: the files listed, stat-ed and
-  their contents hashed (the cache's key, :func:`capsule_lib.data.image_folder.file_digest`), the cache read and
-  checked (sha256 of its pixels);
+* ``cached``: the same calls in a new process with the cache written by ``cold``: the files listed and stat-ed,
+  their digests taken from the index ``cold`` kept (a file whose stat changed is read and hashed again: the cache's
+  key, :func:`capsule_lib.data.image_folder.file_digest`), the cache read and checked (sha256 of its pixels);
 * ``key`` (#64): the cache's key alone, in a new process: ``stat_s`` the key of before #64 (every file's size and
-  modification time), ``content_s`` today's (every file's whole content hashed, BLAKE2b), ``content_again_s`` the
-  same key computed again in that process (the digests remembered while the files' stat is unchanged: what each
-  further ``get_dataset`` call of a run costs), ``sample_s`` the alternative not taken (size, modification time and
-  the first and last 4 KiB of each file: a PNG of CIFAR-10 is smaller than that, so it reads whole files too);
+  modification time), ``content_s`` today's without remembered digests (every file's whole content hashed,
+  BLAKE2b), ``content_again_s`` the same key computed again in that process (the digests remembered while the
+  files' stat is unchanged: what each further ``get_dataset`` call of a run costs), ``indexed_s`` the key in a new
+  process with the digests the ``cold`` run kept beside the cache (``file_digests.json``: the files stat-ed, none
+  read), ``sample_s`` the alternative not taken (size, modification time and the first and last 4 KiB of each file:
+  a PNG of CIFAR-10 is smaller than that, so it reads whole files too);
 * ``decode`` (one per ``--workers``): :func:`capsule_lib.data.image_files.decode_files` alone, with that many worker
   processes (0: in the process itself).
 
@@ -89,7 +91,7 @@ def _measure(phase: str, folder: str, cache: str, workers: int) -> dict:
     t0 = time.perf_counter()
     if phase == "key":
         sampler.done.set()
-        return _key_costs(folder)
+        return _key_costs(folder, cache)
     if phase == "decode":
         done = decode_files(list_image_files(folder), 32, workers=workers)
         n, stored = done.images.shape[0], f"decode_files(workers={workers})"
@@ -113,12 +115,13 @@ def _measure(phase: str, folder: str, cache: str, workers: int) -> dict:
     }
 
 
-def _key_costs(folder: str) -> dict:
+def _key_costs(folder: str, cache: str) -> dict:
     """The cache key's cost (the ``key`` phase): by stat only (before #64), by whole contents (first and again in the
-    process), by a sample of each file's content."""
+    process), with the digests the cold run kept beside the cache, by a sample of each file's content."""
     import hashlib
 
-    from capsule_lib.data.image_folder import ImageSource, _key, _list_folder
+    import capsule_lib.data.image_folder as image_folder
+    from capsule_lib.data.image_folder import ImageSource, _key, _list_folder, load_digests
 
     src = ImageSource(folder)
     listing = _list_folder(src)
@@ -145,6 +148,11 @@ def _key_costs(folder: str) -> dict:
     t0 = time.perf_counter()
     _key(src, listing, 32)
     again_s = time.perf_counter() - t0
+    image_folder._DIGESTS.clear()  # as a new process: the index read, the files stat-ed
+    t0 = time.perf_counter()
+    load_digests(Path(cache))
+    _key(src, listing, 32)
+    indexed_s = time.perf_counter() - t0
     return {
         "phase": "key",
         "workers": "default",
@@ -155,6 +163,7 @@ def _key_costs(folder: str) -> dict:
         "sample_s": round(sample_s, 3),
         "content_s": round(content_s, 3),
         "content_again_s": round(again_s, 3),
+        "indexed_s": round(indexed_s, 3),
     }
 
 
@@ -247,7 +256,8 @@ def main(argv: list[str] | None = None) -> None:
             runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
             print(json.dumps(runs[-1]), flush=True)
         result["runs"] = runs
-        result["cache_mb"] = round(sum(f.stat().st_size for f in cache.iterdir()) / 2**20, 1)
+        result["cache_mb"] = round(sum(f.stat().st_size for f in cache.glob("*.pt")) / 2**20, 1)
+        result["digest_index_mb"] = round(sum(f.stat().st_size for f in cache.glob("*.json")) / 2**20, 1)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)

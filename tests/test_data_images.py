@@ -173,7 +173,7 @@ def test_the_cache_is_written_when_the_data_is_used_reused_and_rebuilt_when_not_
     first = image_facts(_spec(root), source)
     assert not (tmp_path / "cache").exists()  # read, not yet accepted: nothing written
     get_dataset(_spec(root), source, "train")
-    files = list((tmp_path / "cache").iterdir())
+    files = list((tmp_path / "cache").glob("*.pt"))
     assert len(files) == 1 and "decoded now" in first.record["stored"]
     images_module._LOADED.clear()
     again = image_facts(_spec(root), source)
@@ -213,7 +213,7 @@ def test_a_run_records_the_images_fingerprint_and_refuses_to_resume_onto_other_i
     meta = trainer.history.meta
     assert meta["images"]["classes"] == ["a", "b"] and meta["classes"] == ["a", "b"] and meta["data_fingerprint"]
     assert meta["config"]["model"]["n_classes"] == 2 and meta["config"]["model"]["in_channels"] == 3
-    assert len(list((tmp_path / "runs" / "image_cache").iterdir())) == 1  # next to the run
+    assert len(list((tmp_path / "runs" / "image_cache").glob("*.pt"))) == 1  # next to the run
     _png(root / "b" / "000.png", seed=1234)
     images_module._LOADED.clear()
     with pytest.raises(RunMismatchError):
@@ -418,6 +418,38 @@ def test_pixels_edited_in_place_are_never_served_from_the_cache_or_the_process(t
     images_module._LOADED.clear()
     folder._DIGESTS.clear()
     assert "read from the cache" in image_facts(spec, source).record["stored"]  # unchanged files: the cache serves
+
+
+def test_a_new_process_reads_only_the_files_that_changed(tmp_path, monkeypatch):
+    """The digests of settled files are kept beside the cache: a new process stats the files and reads only those
+    whose stat signature (status-change time included) changed; an edit in place is read again."""
+    import hashlib
+
+    import capsule_lib.data.image_folder as folder
+
+    monkeypatch.setattr(folder, "_DIGESTS", {})
+    monkeypatch.setattr(folder, "_SETTLED_NS", 0)
+    for k in range(4):
+        _bmp(tmp_path / "pics" / "a" / f"{k}.bmp", 10)
+        _bmp(tmp_path / "pics" / "b" / f"{k}.bmp", 200)
+    spec, source = _spec(tmp_path / "pics", val_fraction=0.25, test_fraction=0.25), DataSource(cache=tmp_path / "c")
+    get_dataset(spec, source, "train")
+    assert len(json.loads((tmp_path / "c" / folder.DIGEST_INDEX).read_text())["files"]) == 8
+    hashed = []
+    real = hashlib.blake2b
+
+    def counting(*a, **k):
+        hashed.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(folder.hashlib, "blake2b", counting)
+    images_module._LOADED.clear()
+    folder._DIGESTS.clear()  # a new process
+    assert "read from the cache" in image_facts(spec, source).record["stored"] and not hashed
+    _edit_in_place(tmp_path / "pics" / "a" / "0.bmp", 99)
+    images_module._LOADED.clear()
+    folder._DIGESTS.clear()
+    assert "decoded now" in image_facts(spec, source).record["stored"] and len(hashed) == 1
 
 
 def test_a_files_digest_is_its_content(tmp_path):
@@ -677,7 +709,7 @@ def test_the_decoding_benchmark_runs_in_quick_mode(tmp_path):
     phases = [(r["phase"], r["workers"]) for r in res["runs"]]
     assert phases == [("cold", "default"), ("cached", "default"), ("key", "default"), ("decode", 0), ("decode", 2)]
     key = res["runs"][2]
-    assert key["content_s"] > 0 and key["stat_s"] >= 0 and key["content_again_s"] >= 0
+    assert key["content_s"] > 0 and key["stat_s"] >= 0 and key["content_again_s"] >= 0 and key["indexed_s"] >= 0
     assert all(r["seconds"] > 0 and r["peak_with_workers_mb"] > 0 for r in res["runs"])
     assert "read from the cache" in res["runs"][1]["how"] and res["cache_mb"] > 0
 

@@ -8,6 +8,7 @@ normalisation are made, is :mod:`capsule_lib.data.images`'s.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import time
 from collections import Counter
@@ -21,7 +22,7 @@ import torch
 
 from .image_files import GREY_MODES, MAX_CACHED_SIDE, MAX_UPSAMPLE, Decoded, FileImages, decode_files, load_cache
 
-__all__ = ["IMAGES", "SPLIT_NAMES", "ImageSource", "file_digest"]
+__all__ = ["IMAGES", "SPLIT_NAMES", "ImageSource", "file_digest", "load_digests", "save_digests", "DIGEST_INDEX"]
 
 #: the kind of a folder's dataset name, ``"images:PATH"`` (options after ``?``, see :attr:`ImageSource.spec`)
 IMAGES = "images"
@@ -234,6 +235,41 @@ def _check_classes(root: Path, classes: list[str], labels: list[int], given: lis
 #: the signature is unchanged and was at least _SETTLED_NS old when the digest was taken (as git treats "racy" files)
 _DIGESTS: dict[str, tuple[tuple[int, ...], str]] = {}
 _SETTLED_NS = 2_000_000_000  # a file changed less than 2 s before it was hashed is hashed again next time
+#: the cache folder's index of the digests of settled files (path -> [stat signature, digest]): what lets a new
+#: process stat the files instead of reading them all, for files whose signature is unchanged
+DIGEST_INDEX = "file_digests.json"
+
+
+def load_digests(cache: Path | None) -> None:
+    """The digests remembered in the cache folder's :data:`DIGEST_INDEX`, made known to :func:`file_digest` (each is
+    used only while its file's stat signature, status-change time included, is the one it was taken with); an
+    index that cannot be read is ignored (the files are read again)."""
+    if cache is None:
+        return
+    try:
+        data = json.loads((cache / DIGEST_INDEX).read_text())
+        files = data["files"] if data.get("format") == 1 else {}
+        for path, (sig, digest) in files.items():
+            if path not in _DIGESTS:
+                _DIGESTS[path] = (tuple(int(v) for v in sig), str(digest))
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return
+
+
+def save_digests(cache: Path, files: list[str]) -> None:
+    """Add the digests of ``files`` known in this process to the cache folder's :data:`DIGEST_INDEX` (written
+    through a temporary file and a rename)."""
+    index = cache / DIGEST_INDEX
+    try:
+        data = json.loads(index.read_text())
+        known = data["files"] if isinstance(data, dict) and data.get("format") == 1 else {}
+    except (OSError, ValueError, KeyError):
+        known = {}
+    known.update({f: [list(_DIGESTS[f][0]), _DIGESTS[f][1]] for f in files if f in _DIGESTS})
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = index.with_name(index.name + ".tmp")
+    tmp.write_text(json.dumps({"format": 1, "files": known}))
+    os.replace(tmp, index)
 
 
 def file_digest(path: str, st: os.stat_result | None = None) -> str:

@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._contracts import checked
 from .datasets import _REGISTRY, DataSource, ImageDataset, register_dataset
 from .image_files import MAX_CACHED_SIDE, MAX_UPSAMPLE, FileImages, save_cache
 from .image_folder import (
@@ -56,8 +57,9 @@ from .image_folder import (
     _list_folder,
     _read_folder,
     _version,
+    load_digests,
+    save_digests,
 )
-from .._contracts import checked
 
 __all__ = ["ImageFacts", "image_facts", "register_images", "describe_images", "cache_folder"]
 
@@ -140,13 +142,15 @@ def _class_splits(
     return counts, small
 
 
-def _load_folder(src: ImageSource) -> tuple[str, dict[str, Any]]:
-    """The listing, the decisions and the pixels of a folder (memoised in this process by its key)."""
+def _load_folder(src: ImageSource, cache: Path | None = None) -> tuple[str, dict[str, Any]]:
+    """The listing, the decisions and the pixels of a folder (memoised in this process by its key; the files'
+    digests remembered in ``cache`` are used where their files are unchanged)."""
     listing = _list_folder(src)
     split = _assign(listing["labels"], listing["given"], src.val_fraction, src.test_fraction, src.split_seed)
     held = (not (listing["given"] == 1).any(), not (listing["given"] == 2).any())
     _class_splits(listing["labels"], split, held, listing["classes"], str(listing["root"]), src.keep_small)
     size, size_rule = _decide_size(src, listing["files"])
+    load_digests(cache)
     key = _key(src, listing, size)
     memo = f"{key}:{src.val_fraction}:{src.test_fraction}:{src.split_seed}:{src.keep_small}"
     return memo, {
@@ -160,7 +164,7 @@ def _load_folder(src: ImageSource) -> tuple[str, dict[str, Any]]:
 
 
 def _folder(src: ImageSource, cache: Path | None) -> dict[str, Any]:
-    memo, plan = _load_folder(src)
+    memo, plan = _load_folder(src, cache)
     if memo in _LOADED:
         return _LOADED[memo]
     listing = plan["listing"]
@@ -201,6 +205,8 @@ def _folder(src: ImageSource, cache: Path | None) -> dict[str, Any]:
     )
     data["key"], data["read"] = plan["key"], read  # what a cache file holds (written when the data is used)
     data["cached"] = {str(read["cached"])} if read["cached"] is not None else set()  # cache files known good
+    data["indexed"] = set()  # cache folders whose digest index holds these files
+    read["files"] = listing["files"]
     _LOADED[memo] = data
     print(describe_images(data["record"]), flush=True)  # once per folder and process: what was decided
     while len(_LOADED) > 2:  # the last two folders read
@@ -446,6 +452,9 @@ def _folder_dataset(
             {k: data["read"][k] for k in ("images", "keep", "grey", "colour", "resized", "upsampled", "bad")},
         )
         data["cached"].add(str(path))
+    if cache is not None and str(cache) not in data["indexed"]:  # the files' digests, for the next process
+        save_digests(cache, data["read"]["files"])
+        data["indexed"].add(str(cache))
     return _split_dataset(data, src.spec, split)
 
 
