@@ -186,7 +186,8 @@ def check_run(folder: str | os.PathLike, parts: tuple[str, ...] = ("best.pt", "h
             got, what = _file_sha256(folder / part), part
         if bound.get(part) != got:
             raise RunMismatchError(
-                f"{folder}: {what} is not the one this run wrote (its sha256 differs from {RUN_FILE}'s); {fix}"
+                f"{folder}: {what} is not the one this run wrote (edited, cut short or copied from another run: its "
+                f"sha256 differs from {RUN_FILE}'s); {fix}"
             )
 
 
@@ -268,8 +269,13 @@ def _load_checkpoint(path: Path, device: torch.device | str) -> Any:
     """``torch.load(weights_only=True)`` (tensors, plain values and NumPy arrays only) with a one-line, actionable error
     for a truncated, corrupt or unsafe run checkpoint; a run's ``best.pt`` or ``last.pt`` is first checked against its
     folder's :data:`RUN_FILE` (a resume, :meth:`~capsule_lib.train.trainer.Trainer.load_best`, an export)."""
+    state = _read_checkpoint(path, device)  # a truncated or unsafe file is said as such first
     if path.name in _WEIGHTS and (path.parent / RUN_FILE).exists():  # (a folder written before #64 has none)
         check_run(path.parent, (path.name, "history.json"))
+    return state
+
+
+def _read_checkpoint(path: Path, device: torch.device | str) -> Any:
     try:
         with warnings.catch_warnings(record=True) as said:  # torch's warnings: shown for a checkpoint that loads
             warnings.simplefilter("always")
