@@ -90,8 +90,13 @@ def _measure(phase: str, folder: str, cache: str, workers: int) -> dict:
     sampler.start()
     t0 = time.perf_counter()
     if phase == "key":
+        out = _key_costs(folder, cache)
         sampler.done.set()
-        return _key_costs(folder, cache)
+        sampler.join()
+        own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KB on Linux
+        out.update(memory_before_mb=round(before, 1), peak_rss_mb=round(own, 1))
+        out["peak_with_workers_mb"] = round(sampler.peak / 2**20, 1)
+        return out
     if phase == "decode":
         done = decode_files(list_image_files(folder), 32, workers=workers)
         n, stored = done.images.shape[0], f"decode_files(workers={workers})"
@@ -156,7 +161,7 @@ def _key_costs(folder: str, cache: str) -> dict:
     return {
         "phase": "key",
         "workers": "default",
-        "seconds": round(content_s, 2),
+        "seconds": round(content_s, 3),
         "images": len(files),
         "how": "the cache key: whole contents hashed (file_digest), first and again; stat only; a 4 KiB sample",
         "stat_s": round(stat_s, 3),
