@@ -383,6 +383,15 @@ def _bmp(path: Path, value: int) -> None:
     Image.fromarray(np.full((12, 12, 3), value, np.uint8)).save(path, format="BMP")
 
 
+def _new_process() -> None:
+    """Forget what this process read (as a new process would start)."""
+    import capsule_lib.data.image_folder as folder
+
+    images_module._LOADED.clear()
+    folder._DIGESTS.clear()
+    folder._INDEX_READ.clear()
+
+
 def _edit_in_place(path: Path, value: int) -> None:
     st = path.stat()
     _bmp(path, value)
@@ -406,8 +415,7 @@ def test_pixels_edited_in_place_are_never_served_from_the_cache_or_the_process(t
     assert bool((before.images[:, 0] == 10).any())
     for k in range(4):
         _edit_in_place(tmp_path / "pics" / "a" / f"{k}.bmp", 200)
-    images_module._LOADED.clear()
-    folder._DIGESTS.clear()  # a new process: the cache file holds the old pixels
+    _new_process()  # the cache file holds the old pixels
     again = image_facts(spec, source)
     assert "decoded now" in again.record["stored"] and again.mean != before.extra["images"]["mean"]
     assert bool((get_dataset(spec, source, "train_full").images == 200).all())
@@ -415,8 +423,7 @@ def test_pixels_edited_in_place_are_never_served_from_the_cache_or_the_process(t
         _edit_in_place(tmp_path / "pics" / "a" / f"{k}.bmp", 10)
     during = get_dataset(spec, source, "train_full")  # the same process: its copy is not the files' any more
     assert bool((during.images[:, 0] == 10).any()), "the in-process copy outlived the edit"
-    images_module._LOADED.clear()
-    folder._DIGESTS.clear()
+    _new_process()
     assert "read from the cache" in image_facts(spec, source).record["stored"]  # unchanged files: the cache serves
 
 
@@ -443,12 +450,10 @@ def test_a_new_process_reads_only_the_files_that_changed(tmp_path, monkeypatch):
         return real(*a, **k)
 
     monkeypatch.setattr(folder.hashlib, "blake2b", counting)
-    images_module._LOADED.clear()
-    folder._DIGESTS.clear()  # a new process
+    _new_process()
     assert "read from the cache" in image_facts(spec, source).record["stored"] and not hashed
     _edit_in_place(tmp_path / "pics" / "a" / "0.bmp", 99)
-    images_module._LOADED.clear()
-    folder._DIGESTS.clear()
+    _new_process()
     assert "decoded now" in image_facts(spec, source).record["stored"] and len(hashed) == 1
 
 

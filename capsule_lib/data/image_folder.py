@@ -238,6 +238,8 @@ _SETTLED_NS = 2_000_000_000  # a file changed less than 2 s before it was hashed
 #: the cache folder's index of the digests of settled files (path -> [stat signature, digest]): what lets a new
 #: process stat the files instead of reading them all, for files whose signature is unchanged
 DIGEST_INDEX = "file_digests.json"
+_INDEX_READ: dict[str, int] = {}  # cache folder -> the modification time of its index when this process read it
+_UNSAVED: set[str] = set()  # files hashed in this process whose digests no index holds yet
 
 
 def load_digests(cache: Path | None) -> None:
@@ -247,7 +249,11 @@ def load_digests(cache: Path | None) -> None:
     if cache is None:
         return
     try:
+        stamp = (cache / DIGEST_INDEX).stat().st_mtime_ns
+        if _INDEX_READ.get(str(cache)) == stamp:  # read already in this process, unchanged since
+            return
         data = json.loads((cache / DIGEST_INDEX).read_text())
+        _INDEX_READ[str(cache)] = stamp
         files = data["files"] if data.get("format") == 1 else {}
         for path, (sig, digest) in files.items():
             if path not in _DIGESTS:
@@ -258,8 +264,10 @@ def load_digests(cache: Path | None) -> None:
 
 def save_digests(cache: Path, files: list[str]) -> None:
     """Add the digests of ``files`` known in this process to the cache folder's :data:`DIGEST_INDEX` (written
-    through a temporary file and a rename)."""
+    through a temporary file and a rename; not at all when each was read from an index)."""
     index = cache / DIGEST_INDEX
+    if index.exists() and not _UNSAVED.intersection(files):
+        return
     try:
         data = json.loads(index.read_text())
         known = data["files"] if isinstance(data, dict) and data.get("format") == 1 else {}
@@ -270,6 +278,7 @@ def save_digests(cache: Path, files: list[str]) -> None:
     tmp = index.with_name(index.name + ".tmp")
     tmp.write_text(json.dumps({"format": 1, "files": known}))
     os.replace(tmp, index)
+    _UNSAVED.difference_update(files)
 
 
 def file_digest(path: str, st: os.stat_result | None = None) -> str:
@@ -293,6 +302,7 @@ def file_digest(path: str, st: os.stat_result | None = None) -> str:
     digest = h.hexdigest()
     if now - max(st.st_mtime_ns, st.st_ctime_ns) >= _SETTLED_NS:
         _DIGESTS[path] = (sig, digest)
+        _UNSAVED.add(path)
     else:
         _DIGESTS.pop(path, None)
     return digest
