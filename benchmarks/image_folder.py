@@ -22,7 +22,7 @@ together (PSS, sampled every 20 ms):
   modification time), ``content_s`` today's without remembered digests (every file's whole content hashed,
   BLAKE2b), ``content_again_s`` the same key computed again in that process (the digests remembered while the
   files' stat is unchanged: what each further ``get_dataset`` call of a run costs), ``indexed_s`` the key in a new
-  process with the digests the ``cold`` run kept beside the cache (``file_digests.json``: the files stat-ed, none
+  process with the digests the ``cold`` run kept beside the cache (``file_digests.npz``: the files stat-ed, none
   read), ``sample_s`` the alternative not taken (size, modification time and the first and last 4 KiB of each file:
   a PNG of CIFAR-10 is smaller than that, so it reads whole files too);
 * ``decode`` (one per ``--workers``): :func:`capsule_lib.data.image_files.decode_files` alone, with that many worker
@@ -262,7 +262,7 @@ def main(argv: list[str] | None = None) -> None:
             print(json.dumps(runs[-1]), flush=True)
         result["runs"] = runs
         result["cache_mb"] = round(sum(f.stat().st_size for f in cache.glob("*.pt")) / 2**20, 1)
-        result["digest_index_mb"] = round(sum(f.stat().st_size for f in cache.glob("*.json")) / 2**20, 1)
+        result["digest_index_mb"] = round(sum(f.stat().st_size for f in cache.glob("*.npz")) / 2**20, 1)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)

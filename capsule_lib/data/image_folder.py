@@ -8,7 +8,6 @@ normalisation are made, is :mod:`capsule_lib.data.images`'s.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import time
 from collections import Counter
@@ -237,9 +236,19 @@ _DIGESTS: dict[str, tuple[tuple[int, ...], str]] = {}
 _SETTLED_NS = 2_000_000_000  # a file changed less than 2 s before it was hashed is hashed again next time
 #: the cache folder's index of the digests of settled files (path -> [stat signature, digest]): what lets a new
 #: process stat the files instead of reading them all, for files whose signature is unchanged
-DIGEST_INDEX = "file_digests.json"
+DIGEST_INDEX = "file_digests.npz"
 _INDEX_READ: dict[str, int] = {}  # cache folder -> the modification time of its index when this process read it
 _UNSAVED: set[str] = set()  # files hashed in this process whose digests no index holds yet
+
+
+def _read_index(index: Path) -> dict[str, tuple[tuple[int, ...], str]]:
+    """The digests in an index file (``{}`` when it cannot be read: the files are read again)."""
+    try:
+        with np.load(index, allow_pickle=False) as z:
+            paths, sigs, digests = z["paths"].tolist(), z["sigs"].tolist(), z["digests"].tolist()
+    except (OSError, ValueError, KeyError):
+        return {}
+    return {p: (tuple(sig), d) for p, sig, d in zip(paths, sigs, digests)}
 
 
 def load_digests(cache: Path | None) -> None:
@@ -250,33 +259,33 @@ def load_digests(cache: Path | None) -> None:
         return
     try:
         stamp = (cache / DIGEST_INDEX).stat().st_mtime_ns
-        if _INDEX_READ.get(str(cache)) == stamp:  # read already in this process, unchanged since
-            return
-        data = json.loads((cache / DIGEST_INDEX).read_text())
-        _INDEX_READ[str(cache)] = stamp
-        files = data["files"] if data.get("format") == 1 else {}
-        for path, (sig, digest) in files.items():
-            if path not in _DIGESTS:
-                _DIGESTS[path] = (tuple(int(v) for v in sig), str(digest))
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+    except OSError:
         return
+    if _INDEX_READ.get(str(cache)) == stamp:  # read already in this process, unchanged since
+        return
+    _INDEX_READ[str(cache)] = stamp
+    for path, known in _read_index(cache / DIGEST_INDEX).items():
+        _DIGESTS.setdefault(path, known)
 
 
 def save_digests(cache: Path, files: list[str]) -> None:
-    """Add the digests of ``files`` known in this process to the cache folder's :data:`DIGEST_INDEX` (written
-    through a temporary file and a rename; not at all when each was read from an index)."""
+    """Add the digests of ``files`` known in this process to the cache folder's :data:`DIGEST_INDEX` (arrays in an
+    ``.npz``, written through a temporary file and a rename; not at all when each was read from an index)."""
     index = cache / DIGEST_INDEX
     if index.exists() and not _UNSAVED.intersection(files):
         return
-    try:
-        data = json.loads(index.read_text())
-        known = data["files"] if isinstance(data, dict) and data.get("format") == 1 else {}
-    except (OSError, ValueError, KeyError):
-        known = {}
-    known.update({f: [list(_DIGESTS[f][0]), _DIGESTS[f][1]] for f in files if f in _DIGESTS})
+    known = _read_index(index) if index.exists() else {}
+    known.update({f: _DIGESTS[f] for f in files if f in _DIGESTS})
     cache.mkdir(parents=True, exist_ok=True)
     tmp = index.with_name(index.name + ".tmp")
-    tmp.write_text(json.dumps({"format": 1, "files": known}))
+    paths = list(known)
+    with open(tmp, "wb") as f:
+        np.savez(
+            f,
+            paths=np.array(paths, dtype=str),
+            sigs=np.array([known[p][0] for p in paths], dtype=np.int64).reshape(len(paths), 5),
+            digests=np.array([known[p][1] for p in paths], dtype=str),
+        )
     os.replace(tmp, index)
     _UNSAVED.difference_update(files)
 
