@@ -314,3 +314,13 @@ def test_the_results_page_lists_every_speedrun_recipe_and_each_shipped_runs_time
         first = hist.time_to(make_recipe(hist.meta["recipe"]).thresholds)
         assert row[3].count("<br>") == len(first) - 1
         assert f"{100 * registry()[name]['metrics']['test_acc']:.2f}" in row[4]
+
+
+def test_a_run_without_time_left_is_skipped_and_never_shown_a_negative_budget(tmp_path, capsys):
+    """#64: ``--minutes 0.01`` printed a negative training budget for every run."""
+    from capsule_lib.train.timed import run_speedrun
+
+    result = run_speedrun(["em_norb_speedrun"], 0.5, tmp_path / "sr", device="cpu", quick=True, offline=True)
+    said = capsys.readouterr().out
+    assert "training budget -" not in said and "em_norb_speedrun: skipped: no time left" in said, said
+    assert result["runs"][0]["skipped"].startswith("no time left (cap 0.")
