@@ -1,5 +1,6 @@
-"""Reading a folder of the reader's own images (issue #58): 50,000 small PNGs decoded into the library's tensor cache
-and read back from it, with the time and the peak memory of each.
+"""Reading a folder of the reader's own images (issues #58, #64): 50,000 small PNGs decoded into the library's tensor
+cache and read back from it, with the time and the peak memory of each, and what keying the cache by the files'
+contents costs.
 
     .venv/bin/python benchmarks/image_folder.py --out benchmarks/results/image_folder_cpu.json
     .venv/bin/python benchmarks/image_folder.py --quick --out /tmp/q.json       # seconds: the tests run it
@@ -14,8 +15,16 @@ together (PSS, sampled every 20 ms):
 * ``cold``: no cache yet: the folder listed, sizes sampled, every file decoded in worker processes
   (:func:`capsule_lib.data.image_facts`), then the training split taken and the cache written
   (:func:`capsule_lib.data.get_dataset`), as ``train()`` does on a run's first start;
-* ``cached``: the same calls in a new process with the cache written by ``cold``: the files listed and stat-ed, the
-  cache read and checked (sha256 of its pixels);
+* ``cached``: the same calls in a new process with the cache written by ``cold``: the files listed and stat-ed,
+  their digests taken from the index ``cold`` kept (a file whose stat changed is read and hashed again: the cache's
+  key, :func:`capsule_lib.data.image_folder.file_digest`), the cache read and checked (sha256 of its pixels);
+* ``key`` (#64): the cache's key alone, in a new process: ``stat_s`` the key of before #64 (every file's size and
+  modification time), ``content_s`` today's without remembered digests (every file's whole content hashed,
+  BLAKE2b), ``content_again_s`` the same key computed again in that process (the digests remembered while the
+  files' stat is unchanged: what each further ``get_dataset`` call of a run costs), ``indexed_s`` the key in a new
+  process with the digests the ``cold`` run kept beside the cache (``file_digests.npz``: the files stat-ed, none
+  read), ``sample_s`` the alternative not taken (size, modification time and the first and last 4 KiB of each file:
+  a PNG of CIFAR-10 is smaller than that, so it reads whole files too);
 * ``decode`` (one per ``--workers``): :func:`capsule_lib.data.image_files.decode_files` alone, with that many worker
   processes (0: in the process itself).
 
@@ -80,6 +89,14 @@ def _measure(phase: str, folder: str, cache: str, workers: int) -> dict:
     sampler = _Sampler()
     sampler.start()
     t0 = time.perf_counter()
+    if phase == "key":
+        out = _key_costs(folder, cache)
+        sampler.done.set()
+        sampler.join()
+        own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KB on Linux
+        out.update(memory_before_mb=round(before, 1), peak_rss_mb=round(own, 1))
+        out["peak_with_workers_mb"] = round(sampler.peak / 2**20, 1)
+        return out
     if phase == "decode":
         done = decode_files(list_image_files(folder), 32, workers=workers)
         n, stored = done.images.shape[0], f"decode_files(workers={workers})"
@@ -100,6 +117,58 @@ def _measure(phase: str, folder: str, cache: str, workers: int) -> dict:
         "memory_before_mb": round(before, 1),
         "peak_rss_mb": round(own, 1),
         "peak_with_workers_mb": round(sampler.peak / 2**20, 1),
+    }
+
+
+def _key_costs(folder: str, cache: str) -> dict:
+    """The cache key's cost (the ``key`` phase): by stat only (before #64), by whole contents (first and again in the
+    process), with the digests the cold run kept beside the cache, by a sample of each file's content."""
+    import hashlib
+
+    import capsule_lib.data.image_folder as image_folder
+    from capsule_lib.data.image_folder import ImageSource, _key, _list_folder, load_digests
+
+    src = ImageSource(folder)
+    listing = _list_folder(src)
+    files = listing["files"]
+    t0 = time.perf_counter()
+    h = hashlib.sha256()
+    for path in files:
+        st = os.stat(path)
+        h.update(f"{path}\t{st.st_size}\t{st.st_mtime_ns}\n".encode())
+    stat_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for path in files:
+        st = os.stat(path)
+        with open(path, "rb") as f:
+            head = f.read(4096)
+            if st.st_size > 8192:
+                f.seek(-4096, os.SEEK_END)
+            tail = f.read(4096)
+        h.update(hashlib.blake2b(head + tail, digest_size=16).digest())
+    sample_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    _key(src, listing, 32)
+    content_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    _key(src, listing, 32)
+    again_s = time.perf_counter() - t0
+    image_folder._DIGESTS.clear()  # as a new process: the index read, the files stat-ed
+    t0 = time.perf_counter()
+    load_digests(Path(cache))
+    _key(src, listing, 32)
+    indexed_s = time.perf_counter() - t0
+    return {
+        "phase": "key",
+        "workers": "default",
+        "seconds": round(content_s, 3),
+        "images": len(files),
+        "how": "the cache key: whole contents hashed (file_digest), first and again; stat only; a 4 KiB sample",
+        "stat_s": round(stat_s, 3),
+        "sample_s": round(sample_s, 3),
+        "content_s": round(content_s, 3),
+        "content_again_s": round(again_s, 3),
+        "indexed_s": round(indexed_s, 3),
     }
 
 
@@ -170,7 +239,7 @@ def main(argv: list[str] | None = None) -> None:
         }
         result["page_cache_dropped"] = _drop_page_cache() if a.drop_page_cache else False
         runs = []
-        phases = [("cold", 0), ("cached", 0)] + [("decode", int(w)) for w in a.workers.split(",")]
+        phases = [("cold", 0), ("cached", 0), ("key", 0)] + [("decode", int(w)) for w in a.workers.split(",")]
         for phase, workers in phases:
             cmd = [
                 sys.executable,
@@ -192,7 +261,8 @@ def main(argv: list[str] | None = None) -> None:
             runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
             print(json.dumps(runs[-1]), flush=True)
         result["runs"] = runs
-        result["cache_mb"] = round(sum(f.stat().st_size for f in cache.iterdir()) / 2**20, 1)
+        result["cache_mb"] = round(sum(f.stat().st_size for f in cache.glob("*.pt")) / 2**20, 1)
+        result["digest_index_mb"] = round(sum(f.stat().st_size for f in cache.glob("*.npz")) / 2**20, 1)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)

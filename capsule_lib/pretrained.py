@@ -24,7 +24,7 @@ from torch import nn
 
 from ._contracts import checked
 from .models.registry import build_model
-from .train.checkpoint import load_history
+from .train.checkpoint import check_run, load_history
 from .train.recipes import RECIPES
 from .train.shipped import (
     CHECKPOINT_DIR,
@@ -86,6 +86,7 @@ def load_trained(
             raise FileNotFoundError(
                 f"{path}: not a finished run folder (it needs history.json and best.pt, which train() writes)"
             )
+        check_run(path, ("best.pt", "history.json"))  # the weights and the names are this run's (run.json)
         meta = load_history(path / "history.json").meta
         kind = RECIPES[meta["recipe"]].model_kind
         model = build_model(kind, meta["config"]["model"])
@@ -94,7 +95,13 @@ def load_trained(
         except Exception as e:  # noqa: BLE001 - any unpickling failure is a bad file
             why = type(e).__name__
             raise ValueError(f"{path / 'best.pt'}: not a readable checkpoint ({why}); train the run again") from None
-        model.load_state_dict(best["model"])
+        try:
+            model.load_state_dict(best["model"])
+        except (RuntimeError, KeyError, TypeError) as e:  # torch lists every key and shape: one line instead
+            raise ValueError(
+                f"{path / 'best.pt'}: its weights do not fit the network history.json describes ({type(e).__name__}); "
+                f"train the run again"
+            ) from None
         model = model.to(map_location).eval()
         source = f"run {path} (epoch {best['epoch']})"
     elif path.suffix == ".pt" and path.is_file():
@@ -114,6 +121,8 @@ def load_trained(
         print(f"warning: {source} did not learn; its predictions are no better than chance ({why})", file=sys.stderr)
     n = model.config.n_classes if hasattr(getattr(model, "config", None), "n_classes") else None
     classes = meta.get("classes") or (meta.get("images") or {}).get("classes") or [str(k) for k in range(n or 0)]
+    if n is not None and len(classes) != n:
+        raise ValueError(f"{source}: its record names {len(classes)} classes for a network of {n}; train the run again")
     return model, {"classes": list(classes), "meta": meta, "kind": kind, "source": source}
 
 

@@ -366,6 +366,8 @@ COMMAND_ROWS: list[tuple[str, list[str], int, str]] = [
     ("train", ["capsnet", "--out", "OUT", "--images", "EMPTY", "--test-fraction", "-0.1"], 2, "test_fraction"),
     ("train", ["capsnet", "--out", "OUT", "--images", "EMPTY", "--split-seed", "x"], 2, "--split-seed"),
     ("train", ["capsnet", "--out", "OUT", "--skip-bad-files"], 2, "--skip-bad-files"),
+    ("train", ["capsnet", "--out", "OUT", "--keep-small-classes"], 2, "--keep-small-classes"),
+    ("train", ["capsnet", "--out", "OUT", "--images", "SMALL"], 2, "the class 'tiny' has 1 image"),
     # python -m capsule_lib.train.speedrun
     ("speedrun", ["--out", "OUT"], 2, "--minutes"),
     ("speedrun", ["--minutes", "1"], 2, "--out"),
@@ -381,6 +383,9 @@ COMMAND_ROWS: list[tuple[str, list[str], int, str]] = [
     ("speedrun", ["--minutes", "1", "--out", "OUT", "--set", "epochs=-1"], 2, "epochs"),
     ("speedrun", ["--minutes", "1", "--out", "OUT", "--set", "ema=2"], 2, "ema"),
     ("speedrun", ["--minutes", "1", "--out", "FILE"], 2, "--out"),
+    ("speedrun", ["--minutes", "1", "--out", "/proc/capsule_x"], 2, "--out /proc/capsule_x"),
+    ("speedrun", ["--minutes", "0.01", "--out", "OUT"], 2, "--minutes 0.01 is less than 1 s: no run would train"),
+    ("train", ["capsnet", "--out", "/proc/capsule_x"], 2, "--out /proc/capsule_x"),
     ("speedrun", ["--minutes", "1", "--out", "FULL", "--quick"], 2, "--out"),
     ("speedrun", ["--minutes", "1", "--out", "OUT", "--data-root", "FILE", "--offline"], 2, "--data-root"),
     ("speedrun", ["--minutes", "1", "--out", "OUT", "--overwrite", "--quick", "--bogus"], 2, "--bogus"),
@@ -411,12 +416,17 @@ def _folders(tmp_path: Path) -> dict[str, str]:
     (tmp_path / "full" / "history.json").write_text("{}")
     (tmp_path / "empty").mkdir()
     Image.new("L", (28, 28), 128).save(tmp_path / "digit.png")
+    for name, n in (("big", 12), ("tiny", 1)):  # a class too small for a validation and a test image
+        for k in range(n):
+            (tmp_path / "small" / name).mkdir(parents=True, exist_ok=True)
+            Image.new("L", (28, 28), 10 * k).save(tmp_path / "small" / name / f"{k}.png")
     return {
         "OUT": str(tmp_path / "out" / "run"),
         "FILE": str(tmp_path / "a_file"),
         "FULL": str(tmp_path / "full"),
         "READONLY": str(tmp_path / "readonly" / "run"),
         "EMPTY": str(tmp_path / "empty"),
+        "SMALL": str(tmp_path / "small"),
         "MISSING": str(tmp_path / "missing.png"),
         "IMG": str(tmp_path / "digit.png"),
         "NOWHERE": str(tmp_path / "no" / "such" / "folder" / "p.csv"),
@@ -1076,10 +1086,16 @@ def _edit(entry: dict, field: str) -> None:
         entry["notes"] = "trained for a week"
     elif field == "history":
         entry["history"] = "baseline_cnn_mnist.history.json"
+    elif field == "config":  # #64: edited, and its config_sha256 recomputed to match
+        from capsule_lib.pretrained import config_sha256
+
+        entry["config"]["iterations"] = 1
+        entry["config_sha256"] = config_sha256(entry["model"], entry["config"])
 
 
 @pytest.mark.parametrize(
-    "field", ["metrics.test_acc", "metrics.test_errors", "metrics.val_acc", "training", "dtype", "notes", "history"]
+    "field",
+    ["metrics.test_acc", "metrics.test_errors", "metrics.val_acc", "training", "dtype", "notes", "history", "config"],
 )
 def test_an_edited_registry_entry_is_refused_naming_the_field(field, tmp_path):
     """Finding 4: an entry whose metrics (test_acc 0.9934 -> 0.9999, test_errors 66 -> 1), training, dtype, notes or
@@ -1095,6 +1111,18 @@ def test_an_edited_registry_entry_is_refused_naming_the_field(field, tmp_path):
     for call in (lambda: registry(d), lambda: load_pretrained("capsnet_mnist", directory=d)):
         message = _assert_refused(call, name)
         assert "capsnet_mnist" in message
+
+
+def test_an_entry_whose_config_is_not_bound_to_its_weights_is_refused(tmp_path):
+    """#64: the config's hash is computed from the config by the loader; an entry exported before it was bound (or
+    whose binding was deleted) is refused, not trusted."""
+    from capsule_lib.pretrained import registry
+
+    d = _registry_copy(tmp_path)
+    reg = json.loads((d / "registry.json").read_text())
+    del reg["capsnet_mnist"]["bound_sha256"]["config"]
+    (d / "registry.json").write_text(json.dumps(reg))
+    assert "configuration is not bound to its weights" in _assert_refused(lambda: registry(d), "capsnet_mnist")
 
 
 def test_an_entry_pointing_at_another_models_weights_is_refused(tmp_path):
@@ -1151,6 +1179,187 @@ def test_a_run_folder_holding_a_malicious_pickle_is_refused_without_running_it(t
     with pytest.raises((UnsafeCheckpointError, ValueError, KeyError)):
         export_run(tmp_path, "x", directory=tmp_path / "out")
     assert not marker.exists()
+
+
+# ------------------------------------------------------------------- a run folder is one thing (issue #64)
+@functools.cache
+def _two_runs(root: str) -> dict[str, Path]:
+    """Two finished tiny runs on a folder of images (same shapes: ``one`` and ``two``), and one of other shapes
+    (``wide``), written once under ``root``; each test copies what it spoils."""
+    from PIL import Image
+
+    from capsule_lib.train import train
+
+    base = Path(root)
+    pics = base / "pics"
+    for k, name in enumerate(["cat", "dog"]):
+        (pics / name).mkdir(parents=True, exist_ok=True)
+        for i in range(6):
+            Image.new("RGB", (12, 12), (40 * k + 5 * i, 0, 0)).save(pics / name / f"{i}.png")
+    kw = dict(dataset=f"images:{pics}", epochs=1, device="cpu", progress=False, **{"model.hidden": [8, 8]})
+    runs = {}
+    for name, channels, seed in (("one", [4, 4, 4], 0), ("two", [4, 4, 4], 1), ("wide", [8, 8, 8], 0)):
+        train("baseline_cnn", out_dir=base / "runs" / name, seed=seed, **{"model.channels": channels}, **kw)
+        runs[name] = base / "runs" / name
+    return runs
+
+
+@pytest.fixture
+def two_runs(tmp_path_factory, tmp_path) -> dict[str, Path]:
+    import shutil
+
+    runs = _two_runs(str(tmp_path_factory.getbasetemp() / "two_runs"))
+    for name, folder in runs.items():
+        shutil.copytree(folder, tmp_path / name)
+    return {name: tmp_path / name for name in runs}
+
+
+def _history_edit(folder: Path, edit) -> None:
+    data = json.loads((folder / "history.json").read_text())
+    edit(data["meta"])
+    (folder / "history.json").write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize(
+    "spoil, part",
+    [
+        (lambda r: _history_edit(r["one"], lambda m: m.update(classes=m["classes"][::-1])), "history.json"),
+        (lambda r: _history_edit(r["one"], lambda m: m.update(classes=["a", "b", "c", "d"])), "history.json"),
+        (lambda r: _history_edit(r["one"], lambda m: m["config"]["model"].update(hidden=[8, 9])), "history.json"),
+        (lambda r: (r["one"] / "best.pt").write_bytes((r["two"] / "best.pt").read_bytes()), "best.pt"),
+        (lambda r: (r["one"] / "best.pt").write_bytes((r["wide"] / "best.pt").read_bytes()), "best.pt"),
+        (lambda r: (r["one"] / "run.json").unlink(), "run.json"),
+    ],
+    ids=[
+        "classes-reversed",
+        "classes-of-another-length",
+        "config-edited",
+        "another-runs-best",
+        "other-shapes",
+        "no-run",
+    ],
+)
+def test_a_run_folder_whose_parts_differ_is_refused_naming_the_part(two_runs, spoil, part, capsys):
+    """predict trusted history.json: reversed class names printed reversed, another run's best.pt loaded under this
+    run's names, a best.pt of other shapes a 19-line traceback. Now: one line naming the part, everywhere."""
+    from capsule_lib.commands.predict import main as predict_main
+    from capsule_lib.pretrained import load_trained
+    from capsule_lib.train.checkpoint import RunMismatchError
+
+    model, info = load_trained(two_runs["one"])  # unspoilt: loads
+    assert info["classes"] == ["cat", "dog"]
+    spoil(two_runs)
+    with pytest.raises(RunMismatchError) as e:
+        load_trained(two_runs["one"])
+    assert part in str(e.value) and "\n" not in str(e.value)
+    image = _png_for(two_runs["one"])
+    with pytest.raises(SystemExit) as info:
+        predict_main([str(two_runs["one"]), str(image)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code == 2 and len(err) == 1 and part in err[0], err
+
+
+def _png_for(folder: Path) -> Path:
+    from PIL import Image
+
+    path = folder.parent / "probe.png"
+    Image.new("RGB", (12, 12), (9, 9, 9)).save(path)
+    return path
+
+
+def test_a_resume_onto_a_spoilt_run_folder_is_refused(two_runs):
+    from capsule_lib.train import train
+    from capsule_lib.train.checkpoint import RunMismatchError
+
+    meta = json.loads((two_runs["one"] / "history.json").read_text())["meta"]
+    (two_runs["one"] / "last.pt").write_bytes((two_runs["two"] / "last.pt").read_bytes())
+    kw = {"model.channels": [4, 4, 4], "model.hidden": [8, 8]}
+    with pytest.raises(RunMismatchError, match="last.pt is not the one this run wrote"):
+        train(
+            "baseline_cnn",
+            dataset=meta["dataset"],
+            epochs=2,
+            device="cpu",
+            progress=False,
+            resume=True,
+            out_dir=two_runs["one"],
+            **kw,
+        )
+
+
+def test_a_run_folders_parts_are_bound_as_they_are_written(two_runs):
+    from capsule_lib.train.checkpoint import check_run, run_identity
+
+    bound = json.loads((two_runs["one"] / "run.json").read_text())["parts"]
+    assert sorted(bound) == ["best.pt", "history.json", "last.pt"]
+    meta = json.loads((two_runs["one"] / "history.json").read_text())["meta"]
+    assert bound["history.json"] == run_identity(meta) != run_identity({**meta, "classes": ["dog", "cat"]})
+    check_run(two_runs["one"], ("best.pt", "last.pt", "history.json"))
+
+
+# --------------------------------------------------------------------- Ctrl-C and warnings (issue #64, item 4)
+@pytest.mark.parametrize(
+    "where", ["capsule_lib.data.images._list_folder", "capsule_lib.data.image_folder.decode_files"]
+)
+def test_ctrl_c_while_a_folder_is_listed_or_decoded_is_one_line_and_130(where, tmp_path, capsys, monkeypatch):
+    """Ctrl-C while the folder was listed or decoded: exit 1 and a 59-104-line traceback."""
+    from PIL import Image
+
+    from capsule_lib.commands.train import main
+    from capsule_lib.data import images as images_module
+
+    for name in ("a", "b"):
+        (tmp_path / "pics" / name).mkdir(parents=True)
+        for k in range(5):
+            Image.new("L", (12, 12), 10 * k).save(tmp_path / "pics" / name / f"{k}.png")
+
+    def interrupt(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(where, interrupt)
+    images_module._LOADED.clear()
+    before = _tree(tmp_path)
+    with pytest.raises(SystemExit) as info:
+        main(["capsnet", "--images", str(tmp_path / "pics"), "--out", str(tmp_path / "runs" / "r")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code == 130 and len(err) == 1 and "interrupted (Ctrl-C)" in err[0], err
+    assert _tree(tmp_path) == before
+
+
+def test_ctrl_c_while_predict_reads_images_is_one_line_and_130(tmp_path, capsys, monkeypatch):
+    from capsule_lib.commands import predict as command
+
+    def interrupt(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(command, "predict", interrupt)
+    with pytest.raises(SystemExit) as info:
+        command.main(["capsnet_mnist", str(_folders(tmp_path)["IMG"])])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code == 130 and len(err) == 1 and "interrupted (Ctrl-C)" in err[0], err
+
+
+def test_an_unsafe_checkpoint_is_refused_without_torchs_warning_lines(tmp_path, monkeypatch, recwarn):
+    """torch's three warning lines preceded the one-line refusal."""
+    import pickle
+    import warnings
+
+    from capsule_lib.train.checkpoint import UnsafeCheckpointError, _load_checkpoint
+
+    def load(*a, **k):
+        for _ in range(3):
+            warnings.warn("torch says something about weights_only", UserWarning, stacklevel=2)
+        raise pickle.UnpicklingError("Weights only load failed")
+
+    def unsafe(*a, **k):
+        warnings.warn("torch says something else", UserWarning, stacklevel=2)
+        return ["posix.system"]
+
+    monkeypatch.setattr(torch, "load", load)
+    monkeypatch.setattr(torch.serialization, "get_unsafe_globals_in_checkpoint", unsafe)
+    with pytest.raises(UnsafeCheckpointError, match="posix.system"):
+        _load_checkpoint(tmp_path / "last.pt", "cpu")
+    assert not [str(w.message) for w in recwarn.list], [str(w.message) for w in recwarn.list]
 
 
 def test_a_full_disk_leaves_no_tmp_and_says_which_file(tmp_path, monkeypatch):

@@ -173,7 +173,7 @@ def test_the_cache_is_written_when_the_data_is_used_reused_and_rebuilt_when_not_
     first = image_facts(_spec(root), source)
     assert not (tmp_path / "cache").exists()  # read, not yet accepted: nothing written
     get_dataset(_spec(root), source, "train")
-    files = list((tmp_path / "cache").iterdir())
+    files = list((tmp_path / "cache").glob("*.pt"))
     assert len(files) == 1 and "decoded now" in first.record["stored"]
     images_module._LOADED.clear()
     again = image_facts(_spec(root), source)
@@ -213,7 +213,7 @@ def test_a_run_records_the_images_fingerprint_and_refuses_to_resume_onto_other_i
     meta = trainer.history.meta
     assert meta["images"]["classes"] == ["a", "b"] and meta["classes"] == ["a", "b"] and meta["data_fingerprint"]
     assert meta["config"]["model"]["n_classes"] == 2 and meta["config"]["model"]["in_channels"] == 3
-    assert len(list((tmp_path / "runs" / "image_cache").iterdir())) == 1  # next to the run
+    assert len(list((tmp_path / "runs" / "image_cache").glob("*.pt"))) == 1  # next to the run
     _png(root / "b" / "000.png", seed=1234)
     images_module._LOADED.clear()
     with pytest.raises(RunMismatchError):
@@ -337,7 +337,166 @@ def test_train_and_test_folders_with_other_classes_are_refused(tmp_path):
 
 def test_too_few_images_for_a_held_out_split_are_refused(tmp_path):
     root = _folder(tmp_path / "pics", {"a": 2, "b": 2})
-    _refused(tmp_path, _spec(root), ValueError, "no val images")
+    _refused(tmp_path, _spec(root), ValueError, "the class 'a' has 2 images (2 train / 0 val / 0 test)")
+
+
+# ------------------------------------------------------------------------------------- small classes (issue #64)
+def test_a_class_too_small_for_a_validation_and_a_test_image_is_refused_naming_it(tmp_path):
+    """A folder of 1 + 12 images: the one image's class would get no validation or test image (and the large class
+    alone would report the accuracy); refused in one line naming the class, its images and what it needs."""
+    root = _folder(tmp_path / "pics", {"big": 12, "tiny": 1})
+    _refused(tmp_path, _spec(root), ValueError, "the class 'tiny' has 1 image (1 train / 0 val / 0 test)")
+    _refused(tmp_path, _spec(root), ValueError, "it needs at least 3")
+    split = _folder(tmp_path / "split", {"train/a": 5, "train/b": 5, "val/a": 2})
+    (split / "val" / "b").mkdir()
+    _refused(tmp_path, _spec(split), ValueError, "the class 'b' has 5 images (4 train / 0 val / 1 test)")
+    _refused(tmp_path, _spec(split), ValueError, "(val/ included)")
+
+
+def test_keep_small_keeps_the_class_and_says_so(tmp_path, capsys):
+    root = _folder(tmp_path / "pics", {"big": 12, "tiny": 1})
+    facts = image_facts(_spec(root, keep_small=True))
+    assert facts.record["small_classes_kept"] == ["tiny"] and facts.record["class_split_sizes"]["tiny"] == [1, 0, 0]
+    line = capsys.readouterr().out
+    assert "kept without a validation or test image (keep_small): tiny" in line and "tiny 1/0/0" in line
+    assert ImageSource.parse(_spec(root, keep_small=True)).keep_small
+    with pytest.raises(ValueError, match="the class 'b' has 2 images"):
+        register_images("small64", torch.zeros(8, 1, 4, 4), torch.tensor([0] * 6 + [1] * 2), ["a", "b"])
+    register_images("small64", torch.zeros(8, 1, 4, 4), torch.tensor([0] * 6 + [1] * 2), ["a", "b"], keep_small=True)
+    assert "keep_small): b" in capsys.readouterr().out
+
+
+def test_the_summary_line_states_each_classs_split_sizes(tmp_path, capsys):
+    root = _folder(tmp_path / "pics", {"a": 10, "b": 20})
+    facts = image_facts(_spec(root))
+    assert facts.record["class_split_sizes"] == {"a": [8, 1, 1], "b": [16, 2, 2]}
+    assert "per class a 8/1/1, b 16/2/2" in capsys.readouterr().out
+    many = {"classes": [str(k) for k in range(10)], "class_split_sizes": {str(k): [8, 1, 1] for k in range(10)}}
+    many["class_split_sizes"]["7"] = [3, 1, 1]
+    line = images_module.describe_images({**facts.record, **many})
+    assert "per class 3-8 / 1-1 / 1-1 (fewest: 7 3/1/1)" in line
+
+
+def test_tiny_images_enlarged_beyond_four_times_are_counted_and_said(tmp_path):
+    root = _folder(tmp_path / "pics", {"a": 6, "b": 6}, size=12)
+    for i in range(3):
+        _png(root / "a" / f"{i:03d}.png", 1, seed=i)  # 1 x 1 images, enlarged to 12 x 12
+    facts = image_facts(_spec(root))
+    assert facts.record["upsampled"] == 3 and facts.image_size == 12
+    assert "3 of them enlarged more than 4x" in images_module.describe_images(facts.record)
+    large = image_facts(_spec(root, image_size=80))  # read while training: counted from the headers
+    assert large.record["upsampled"] == 12
+    register_images("tiny64", torch.zeros(6, 1, 2, 2), torch.tensor([0, 1] * 3), ["a", "b"], image_size=12)
+    assert images_module._MEMORY["tiny64"]["record"]["upsampled"] == 6
+
+
+# ----------------------------------------------------------------------------- the cache by content (issue #64)
+def _bmp(path: Path, value: int) -> None:
+    """An uncompressed 12 x 12 file: other pixels give the same size, so an edit keeps size and (restored) mtime."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(np.full((12, 12, 3), value, np.uint8)).save(path, format="BMP")
+
+
+def _new_process() -> None:
+    """Forget what this process read (as a new process would start)."""
+    import capsule_lib.data.image_folder as folder
+
+    images_module._LOADED.clear()
+    folder._DIGESTS.clear()
+    folder._INDEX_READ.clear()
+
+
+def _edit_in_place(path: Path, value: int) -> None:
+    st = path.stat()
+    _bmp(path, value)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert path.stat().st_size == st.st_size and path.stat().st_mtime_ns == st.st_mtime_ns
+
+
+@pytest.mark.parametrize("settled", [False, True], ids=["just-written", "digests-remembered"])
+def test_pixels_edited_in_place_are_never_served_from_the_cache_or_the_process(tmp_path, monkeypatch, settled):
+    """Same names, sizes and modification times, other pixels: the process's copy and the cache file are not used."""
+    import capsule_lib.data.image_folder as folder
+
+    monkeypatch.setattr(folder, "_DIGESTS", {})
+    if settled:  # the files count as settled: their digests are remembered and reused while their stat is the same
+        monkeypatch.setattr(folder, "_SETTLED_NS", 0)
+    for k in range(4):
+        _bmp(tmp_path / "pics" / "a" / f"{k}.bmp", 10)
+        _bmp(tmp_path / "pics" / "b" / f"{k}.bmp", 200)
+    spec, source = _spec(tmp_path / "pics", val_fraction=0.25, test_fraction=0.25), DataSource(cache=tmp_path / "c")
+    before = get_dataset(spec, source, "train_full")  # decoded, and the cache written
+    assert bool((before.images[:, 0] == 10).any())
+    for k in range(4):
+        _edit_in_place(tmp_path / "pics" / "a" / f"{k}.bmp", 200)
+    _new_process()  # the cache file holds the old pixels
+    again = image_facts(spec, source)
+    assert "decoded now" in again.record["stored"] and again.mean != before.extra["images"]["mean"]
+    assert bool((get_dataset(spec, source, "train_full").images == 200).all())
+    for k in range(4):
+        _edit_in_place(tmp_path / "pics" / "a" / f"{k}.bmp", 10)
+    during = get_dataset(spec, source, "train_full")  # the same process: its copy is not the files' any more
+    assert bool((during.images[:, 0] == 10).any()), "the in-process copy outlived the edit"
+    _new_process()
+    assert "read from the cache" in image_facts(spec, source).record["stored"]  # unchanged files: the cache serves
+
+
+def test_a_new_process_reads_only_the_files_that_changed(tmp_path, monkeypatch):
+    """The digests of settled files are kept beside the cache: a new process stats the files and reads only those
+    whose stat signature (status-change time included) changed; an edit in place is read again."""
+    import hashlib
+
+    import capsule_lib.data.image_folder as folder
+
+    monkeypatch.setattr(folder, "_DIGESTS", {})
+    monkeypatch.setattr(folder, "_SETTLED_NS", 0)
+    for k in range(4):
+        _bmp(tmp_path / "pics" / "a" / f"{k}.bmp", 10)
+        _bmp(tmp_path / "pics" / "b" / f"{k}.bmp", 200)
+    spec, source = _spec(tmp_path / "pics", val_fraction=0.25, test_fraction=0.25), DataSource(cache=tmp_path / "c")
+    get_dataset(spec, source, "train")
+    with np.load(tmp_path / "c" / folder.DIGEST_INDEX) as index:
+        assert len(index["paths"]) == 8 and index["sigs"].shape == (8, 5)
+    hashed = []
+    real = hashlib.blake2b
+
+    def counting(*a, **k):
+        hashed.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(folder.hashlib, "blake2b", counting)
+    _new_process()
+    assert "read from the cache" in image_facts(spec, source).record["stored"] and not hashed
+    _edit_in_place(tmp_path / "pics" / "a" / "0.bmp", 99)
+    _new_process()
+    assert "decoded now" in image_facts(spec, source).record["stored"] and len(hashed) == 1
+
+
+def test_a_files_digest_is_its_content(tmp_path):
+    from capsule_lib.data.image_folder import file_digest
+
+    _bmp(tmp_path / "x.bmp", 1)
+    first = file_digest(str(tmp_path / "x.bmp"))
+    _edit_in_place(tmp_path / "x.bmp", 2)
+    assert file_digest(str(tmp_path / "x.bmp")) != first
+    _edit_in_place(tmp_path / "x.bmp", 1)
+    assert file_digest(str(tmp_path / "x.bmp")) == first
+
+
+@pytest.mark.slow
+def test_the_train_command_reads_the_cache_it_wrote(tmp_path, capsys):
+    """The command line reads the decoded images back (before #64 it decoded the folder on every run)."""
+    from capsule_lib.commands.train import main as train_main
+
+    root = _folder(tmp_path / "pics", {"a": 6, "b": 6})
+    sets = [f"{k}={json.dumps(v)}" for k, v in TINY["baseline_cnn"].items()]
+    argv = ["baseline_cnn", "--images", str(root), "--set", "epochs=1", "device=cpu", *sets]
+    train_main([*argv, "--out", str(tmp_path / "runs" / "one")])
+    assert "decoded now" in capsys.readouterr().out
+    images_module._LOADED.clear()  # a new process
+    train_main([*argv, "--out", str(tmp_path / "runs" / "two")])
+    said = capsys.readouterr().out
+    assert "decoded images read from the cache" in said and "decoded now" not in said
 
 
 def test_a_recipe_whose_data_is_not_labelled_images_refuses_them_before_reading_them(tmp_path):
@@ -568,7 +727,9 @@ def test_the_decoding_benchmark_runs_in_quick_mode(tmp_path):
     res = json.loads(out.read_text())
     assert res["files"] == 300 and res["generated"] and res["machine"]["cpu_count"] >= 1
     phases = [(r["phase"], r["workers"]) for r in res["runs"]]
-    assert phases == [("cold", "default"), ("cached", "default"), ("decode", 0), ("decode", 2)]
+    assert phases == [("cold", "default"), ("cached", "default"), ("key", "default"), ("decode", 0), ("decode", 2)]
+    key = res["runs"][2]
+    assert key["content_s"] > 0 and key["stat_s"] >= 0 and key["content_again_s"] >= 0 and key["indexed_s"] >= 0
     assert all(r["seconds"] > 0 and r["peak_with_workers_mb"] > 0 for r in res["runs"])
     assert "read from the cache" in res["runs"][1]["how"] and res["cache_mb"] > 0
 

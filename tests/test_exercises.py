@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import math
 import re
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -123,6 +125,69 @@ def test_a_function_that_modifies_its_input_in_place_does_not_change_the_cases()
 
     assert not check("squash_hinton", in_place).passed
     assert check("squash_hinton", cl.squash_hinton).passed
+
+
+# ------------------------------------------------------------------ hangs, devices, in-place changes (issue #64)
+def _forever(s):
+    while True:
+        pass
+
+
+def _sleeps(s):
+    time.sleep(20)
+    return cl.squash_hinton(s)
+
+
+@pytest.mark.parametrize("fn", [_forever, _sleeps], ids=["endless-loop", "sleeps"])
+def test_a_function_that_never_returns_is_stopped_and_said(fn):
+    """A function that never returned hung the checker forever."""
+    from capsule_lib.exercises.catalogue import EXERCISES
+    from capsule_lib.exercises.checker import run_exercise
+
+    t0 = time.perf_counter()
+    result = run_exercise(EXERCISES["squash_hinton"], fn, time_limit=0.5)
+    assert time.perf_counter() - t0 < 5 and not result.passed
+    assert "did not return within 0.5 s" in result.message and "\n" not in str(result), result.message
+    assert check("squash_hinton", cl.squash_hinton).passed  # the alarm is gone afterwards
+
+
+def test_the_time_limit_holds_off_the_main_thread_too():
+    from capsule_lib.exercises.catalogue import EXERCISES
+    from capsule_lib.exercises.checker import run_exercise
+
+    out = {}
+    worker = threading.Thread(target=lambda: out.update(r=run_exercise(EXERCISES["squash_hinton"], _sleeps, 0.5)))
+    worker.start()
+    worker.join(10)
+    assert "did not return within 0.5 s" in out["r"].message
+
+
+@pytest.mark.parametrize(
+    "fn, words",
+    [
+        (lambda s: torch.empty_like(s, device="meta"), "is on the meta device, expected cpu"),
+        (lambda s: cl.squash_hinton(s).to_sparse(), "is a sparse_coo tensor, expected a dense"),
+        (lambda s: cl.squash_hinton(s).to(torch.complex64), "is complex64, expected float32"),
+        (lambda s: cl.squash_hinton(s).to(torch.bool), "is bool, expected float32"),
+    ],
+    ids=["meta", "sparse", "complex", "bool"],
+)
+def test_any_device_or_dtype_returned_is_one_line(fn, words):
+    """A tensor on the meta device made the checker raise, against its docstring."""
+    result = check("squash_hinton", fn)
+    assert not result.passed and words in result.message and "\n" not in str(result), result.message
+
+
+def test_a_function_that_changes_its_input_in_place_is_named():
+    """An in-place change of the input got a gradient error that did not say so."""
+
+    def scales_in_place(s):
+        n2 = (s**2).sum(-1, keepdim=True)
+        s.mul_(torch.sqrt(n2) / (1 + n2))  # the right values, computed in the input's storage
+        return s
+
+    result = check("squash_hinton", scales_in_place)
+    assert not result.passed and "changes its input 's' in place" in result.message, result.message
 
 
 def test_the_verdict_is_shown_as_one_line_in_text_and_html():

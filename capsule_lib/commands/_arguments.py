@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn
@@ -66,6 +67,17 @@ def fail(p: argparse.ArgumentParser, message: str, code: int = 2) -> NoReturn:
     raise SystemExit(code)
 
 
+@contextlib.contextmanager
+def interrupted(p: argparse.ArgumentParser, doing: str) -> Iterator[None]:
+    """Ctrl-C while ``doing`` (listing or decoding images, loading a model): one line and exit status 130, as for
+    Ctrl-C while training, instead of a traceback."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        print(f"{p.prog}: interrupted (Ctrl-C) while {doing}", file=sys.stderr)
+        raise SystemExit(130) from None
+
+
 def first_line(e: BaseException) -> str:
     """An exception's message as one line (its first), or its type's name."""
     text = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
@@ -116,6 +128,10 @@ def check_out(p: argparse.ArgumentParser, out: str, *, keep: str | None, replace
     parent = next((q for q in (path, *path.parents) if q.exists()), Path("."))
     if not os.access(parent, os.W_OK | os.X_OK):
         fail(p, f"--out {out}: cannot write in {parent} (read-only or not yours); choose a folder you can write to")
+    try:  # a place access() allows but that takes no folder (/proc, /sys): a folder made and removed at once
+        os.rmdir(tempfile.mkdtemp(prefix=".capsule_out_", dir=parent))
+    except OSError as e:
+        fail(p, f"--out {out}: cannot make a folder in {parent} ({e.strerror or type(e).__name__}); choose another")
     existed = path.is_dir()
     if existed and any(path.iterdir()) and not allowed:
         go_on = f"{keep} to go on with what is there, " if keep else ""

@@ -29,7 +29,7 @@ from .._checks import check_device
 from ..evaluation import predict
 from ..pretrained import load_trained
 from ..report import SCORE_WORDS, markdown_table, prediction_rows
-from ._arguments import fail, parser
+from ._arguments import fail, interrupted, parser
 
 __all__ = ["main"]
 
@@ -58,9 +58,10 @@ def main(argv: list[str] | None = None) -> None:
     if a.csv and not os.access(Path(a.csv).resolve().parent, os.W_OK | os.X_OK):
         fail(p, f"--csv {a.csv}: cannot write in {Path(a.csv).resolve().parent} (missing or read-only)")
     try:  # every refusal in one line: the model, the files, the device
-        device = check_device(a.device, p.prog, "--device")
-        model, info = load_trained(a.model, device)
-        result = predict(model, a.images, batch_size=a.batch_size, device=device)
+        with interrupted(p, "loading the model and reading the images"):
+            device = check_device(a.device, p.prog, "--device")
+            model, info = load_trained(a.model, device)
+            result = predict(model, a.images, batch_size=a.batch_size, device=device)
     except (ValueError, FileNotFoundError, PermissionError, KeyError) as e:
         fail(p, str(e.args[0]) if e.args else type(e).__name__)
     classes, scores = info["classes"], result["scores"]

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from .._checks import check_device
 from ..train.recipes.speedrun import SPEEDRUNS
-from ..train.timed import run_speedrun, speedrun_recipe
+from ..train.timed import GONE_S, run_speedrun, speedrun_recipe
 from ._arguments import (
     add_data_arguments,
     check_name,
@@ -31,6 +31,7 @@ from ._arguments import (
     data_defaults,
     fail,
     first_line,
+    interrupted,
     overrides,
     parser,
     remove_outputs,
@@ -100,9 +101,13 @@ def main(argv: list[str] | None = None, *, data_root: str | Path | None = None, 
     except (KeyError, ValueError) as e:
         fail(p, first_line(e))
     existed = check_out(p, a.out, keep=None, replace="--overwrite", allowed=a.overwrite)
+    if 60 * a.minutes < GONE_S:  # no run would get any training time (budget_share: nothing below GONE_S)
+        fail(
+            p, f"--minutes {a.minutes:g} is less than {GONE_S:g} s: no run would train; give the speedrun more minutes"
+        )
     if a.overwrite:
         remove_outputs(a.out, SPEEDRUN_FILES)
-    with cleaned_out(a.out, existed):
+    with cleaned_out(a.out, existed), interrupted(p, f"the speedrun ran (what finished is in {a.out}/speedrun.json)"):
         result = run_speedrun(
             names,
             a.minutes,

@@ -11,7 +11,9 @@ A folder that holds a run is refused unless ``--resume`` (go on with that run: o
 ``--start-from`` from its weights, ``--export NAME`` turns the finished run into a shipped checkpoint and its
 registry entry (:func:`~capsule_lib.train.shipped.export_run`). ``--images PATH`` trains the recipe on a folder of
 your own images (:mod:`capsule_lib.data.images`: the recipe's ``dataset`` becomes ``images:PATH``, with the options
-``--image-size``, ``--channels``, ``--val-fraction``, ``--test-fraction``, ``--split-seed``, ``--skip-bad-files``);
+``--image-size``, ``--channels``, ``--val-fraction``, ``--test-fraction``, ``--split-seed``, ``--skip-bad-files``,
+``--keep-small-classes``; the decoded images are read from and written to the cache ``image_cache`` next to
+``--out``, as :func:`~capsule_lib.train.run.train` does);
 the network's classes, channels and input size come from the images. The defaults of ``--data-root`` and ``--offline``
 are ``CAPSULE_DATA`` / ``CAPSULE_OFFLINE``, read by :func:`capsule_lib.notebook.environment`.
 
@@ -30,7 +32,7 @@ from pathlib import Path
 import torch
 
 from ..data.datasets import DataSource
-from ..data.images import ImageSource, image_facts
+from ..data.images import ImageSource, cache_folder, image_facts
 from ..train.checkpoint import CheckpointReadError
 from ..train.learning_check import DID_NOT_LEARN_EXIT
 from ..train.recipes import RECIPES, make_recipe
@@ -46,6 +48,7 @@ from ._arguments import (
     data_defaults,
     fail,
     first_line,
+    interrupted,
     overrides,
     parser,
     remove_outputs,
@@ -96,6 +99,11 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--test-fraction", type=float, metavar="F", help="held out for test without test/ (default 0.1)")
     g.add_argument("--split-seed", type=int, metavar="S", help="seed of the held-out images (default 0)")
     g.add_argument("--skip-bad-files", action="store_true", help="skip files that are not readable images (counted)")
+    g.add_argument(
+        "--keep-small-classes",
+        action="store_true",
+        help="keep a class too small for a validation and a test image (said) instead of refusing the folder",
+    )
     p.add_argument(
         "--compile",
         choices=[m for m in COMPILE_MODES if m],
@@ -117,6 +125,7 @@ _IMAGE_OPTIONS = {
     "test_fraction": "test_fraction",
     "split_seed": "split_seed",
     "skip_bad_files": "skip_bad",
+    "keep_small_classes": "keep_small",
 }
 
 
@@ -171,14 +180,17 @@ def main(argv: list[str] | None = None, *, data_root: str | Path | None = None, 
             fail(p, "give the data once: --images PATH or --set dataset=..., not both")
         sets["dataset"] = images
     try:  # every value checked before any data is loaded or anything written: one line, no traceback
-        recipe = shipped_recipe(a.shipped, **sets) if a.shipped else make_recipe(a.recipe, **sets)
-        check_device_available(recipe)
-        if a.start_from is not None and images is None:  # (for images, train() checks it once fitted to them)
-            start_checkpoint(recipe, a.start_from)
-        if images is not None:  # the folder itself (its layout, classes, files), before any training
-            image_facts(recipe.dataset, DataSource.of(a.data_root, offline=a.offline), say=False)  # train() says
-        if a.export is not None and a.export in registry():
-            raise ValueError(f"--export {a.export}: a shipped checkpoint of that name exists; choose a new name")
+        with interrupted(p, "checking the recipe and reading the images (nothing was written)"):
+            recipe = shipped_recipe(a.shipped, **sets) if a.shipped else make_recipe(a.recipe, **sets)
+            check_device_available(recipe)
+            if a.start_from is not None and images is None:  # (for images, train() checks it once fitted to them)
+                start_checkpoint(recipe, a.start_from)
+            if images is not None:  # the folder itself (its layout, classes, files), before any training
+                image_facts(
+                    recipe.dataset, DataSource.of(a.data_root, offline=a.offline, cache=cache_folder(a.out)), say=False
+                )
+            if a.export is not None and a.export in registry():
+                raise ValueError(f"--export {a.export}: a shipped checkpoint of that name exists; choose a new name")
     except (KeyError, ValueError, OSError) as e:
         fail(p, first_line(e))
     existed = check_out(p, a.out, keep="--resume", replace="--overwrite", allowed=a.resume or a.overwrite)

@@ -24,6 +24,7 @@ __all__ = [
     "GREY_MODES",
     "CACHE_FORMAT",
     "MAX_CACHED_SIDE",
+    "MAX_UPSAMPLE",
     "BadImageError",
     "read_image",
     "read_images",
@@ -39,9 +40,11 @@ __all__ = [
 #: PIL modes read as one grey channel (any other mode is read as RGB, e.g. palette, RGBA, CMYK)
 GREY_MODES = frozenset({"1", "L", "LA", "I", "I;16", "I;16L", "I;16B", "I;16N", "F"})
 #: the decoded-images cache's format; a cache of another format (or another capsule_lib version) is rebuilt
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
 #: images up to this side are decoded once and kept in memory (and the cache); larger ones are read while training
 MAX_CACHED_SIDE = 64
+#: an image whose shorter side is enlarged more than this many times is counted and said (``upsampled``)
+MAX_UPSAMPLE = 4
 #: files a worker decodes per task
 _CHUNK = 256
 
@@ -50,8 +53,9 @@ class BadImageError(ValueError):
     """A file that PIL cannot read as an image (not an image, truncated, damaged)."""
 
 
-def _pil_read(path: str, size: int, channels: int | None) -> tuple[np.ndarray, bool, bool]:
-    """``(uint8 [C, size, size], was grey, was resized)`` of one file; ``channels`` ``None``: grey stays grey."""
+def _pil_read(path: str, size: int, channels: int | None) -> tuple[np.ndarray, bool, bool, bool]:
+    """``(uint8 [C, size, size], was grey, was resized, was upsampled more than MAX_UPSAMPLE times)`` of one file;
+    ``channels`` ``None``: grey stays grey."""
     from PIL import Image
     from torchvision.transforms.functional import center_crop, resize
 
@@ -63,10 +67,11 @@ def _pil_read(path: str, size: int, channels: int | None) -> tuple[np.ndarray, b
         want = "L" if channels == 1 or (channels is None and grey) else "RGB"
         im = im.convert(want)  # reads the pixels: a truncated or damaged file fails here
         resized = im.size != (size, size)
+        upsampled = min(im.size) * MAX_UPSAMPLE < size
         if resized:
             im = center_crop(resize(im, size), size)  # the shorter side to size, then the middle square
         arr = np.array(im, dtype=np.uint8)  # a writable copy (torch.from_numpy wants one)
-    return (arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1)), grey, resized
+    return (arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1)), grey, resized, upsampled
 
 
 def read_image(path: str | os.PathLike, size: int, channels: int | None = None) -> np.ndarray:
@@ -167,15 +172,16 @@ class _Chunks(torch.utils.data.Dataset):
     def __getitem__(self, k: int) -> dict[str, Any]:
         part = self.files[k * _CHUNK : (k + 1) * _CHUNK]
         out = np.zeros((len(part), 3, self.size, self.size), dtype=np.uint8)
-        grey, resized, bad = np.zeros(len(part), bool), np.zeros(len(part), bool), []
+        grey, resized, up = (np.zeros(len(part), bool) for _ in range(3))
+        bad = []
         for i, path in enumerate(part):
             try:
-                arr, grey[i], resized[i] = _pil_read(path, self.size, self.channels)
+                arr, grey[i], resized[i], up[i] = _pil_read(path, self.size, self.channels)
             except (OSError, SyntaxError, ValueError) as e:
                 bad.append((k * _CHUNK + i, _reason(e)))
                 continue
             out[i] = arr  # one grey channel is broadcast to the three (PIL's L -> RGB: R = G = B)
-        return {"start": k * _CHUNK, "images": out, "grey": grey, "resized": resized, "bad": bad}
+        return {"start": k * _CHUNK, "images": out, "grey": grey, "resized": resized, "upsampled": up, "bad": bad}
 
 
 @dataclass
@@ -197,6 +203,8 @@ class Decoded:
         Files that were not ``S x S`` (resized and centre-cropped).
     bad : list of tuple
         ``(file, reason)`` of each file PIL could not read.
+    upsampled : int
+        Files whose shorter side was enlarged more than :data:`MAX_UPSAMPLE` times (a 1 x 1 image made 28 x 28).
     """
 
     images: torch.Tensor
@@ -205,6 +213,7 @@ class Decoded:
     colour: int
     resized: int
     bad: list[tuple[str, str]]
+    upsampled: int = 0
 
 
 def decode_files(
@@ -246,11 +255,12 @@ def decode_files(
         workers = 0 if n < 2000 else min(8, os.cpu_count() or 1)
     loader = torch.utils.data.DataLoader(_Chunks(files, size, channels), batch_size=None, num_workers=workers)
     out = np.zeros((n, 3, size, size), dtype=np.uint8)
-    grey, resized, keep, bad = np.zeros(n, bool), np.zeros(n, bool), np.ones(n, bool), []
+    grey, resized, up, keep, bad = np.zeros(n, bool), np.zeros(n, bool), np.zeros(n, bool), np.ones(n, bool), []
     for part in loader:
         lo = int(part["start"])
         hi = lo + len(part["grey"])
         out[lo:hi], grey[lo:hi], resized[lo:hi] = part["images"], part["grey"], part["resized"]
+        up[lo:hi] = part["upsampled"]
         for i, why in part["bad"]:
             if not skip_bad:
                 raise BadImageError(
@@ -269,6 +279,7 @@ def decode_files(
         colour=n_kept - n_grey if one else 0,
         resized=int(resized[keep].sum()),
         bad=bad,
+        upsampled=int(up[keep].sum()),
     )
 
 

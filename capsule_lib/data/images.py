@@ -43,8 +43,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._contracts import checked
 from .datasets import _REGISTRY, DataSource, ImageDataset, register_dataset
-from .image_files import MAX_CACHED_SIDE, FileImages, save_cache
+from .image_files import MAX_CACHED_SIDE, MAX_UPSAMPLE, FileImages, save_cache
 from .image_folder import (
     _OPTIONS,
     IMAGES,
@@ -56,10 +57,11 @@ from .image_folder import (
     _list_folder,
     _read_folder,
     _version,
+    load_digests,
+    save_digests,
 )
-from .._contracts import checked
 
-__all__ = ["ImageFacts", "image_facts", "register_images", "describe_images"]
+__all__ = ["ImageFacts", "image_facts", "register_images", "describe_images", "cache_folder"]
 
 _SPLITS = ("train", "val", "test")
 _MEMORY: dict[str, dict[str, Any]] = {}  # register_images: name -> its prepared images
@@ -118,24 +120,62 @@ def _assign(labels: np.ndarray, given: np.ndarray, val: float, test: float, seed
     return split
 
 
-def _load_folder(src: ImageSource) -> tuple[str, dict[str, Any]]:
-    """The listing, the decisions and the pixels of a folder (memoised in this process by its key)."""
+def _class_splits(
+    labels: Any, split: Any, held: tuple[bool, bool], classes: list[str], where: str, keep_small: bool
+) -> tuple[dict[str, list[int]], list[str]]:
+    """Each class's ``[train, val, test]`` counts, and the classes kept without a validation or a test image
+    (``keep_small``); without it, such a class is refused in one line naming it, its images and what it needs.
+    ``held``: whether the validation / test images are held out of the training files (else given by folders)."""
+    labels, split = np.asarray(labels), np.asarray(split)
+    counts = {c: [int(((labels == k) & (split == s)).sum()) for s in range(3)] for k, c in enumerate(classes)}
+    small = [c for c, n in counts.items() if n[1] == 0 or n[2] == 0]
+    if small and not keep_small:
+        c, n = small[0], counts[small[0]]
+        need = 1 + sum(held) + sum(1 for s, h in zip(n[1:], held) if not h and s == 0)
+        given = [f"{name}/" for name, s, h in zip(("val", "test"), n[1:], held) if not h and s == 0]
+        fix = f"add images to it ({', '.join(given)} included)" if given else "add images to it"
+        raise ValueError(
+            f"{where}: the class {c!r} has {sum(n)} image{'s' * (sum(n) != 1)} ({n[0]} train / {n[1]} val / {n[2]} "
+            f"test), too few to give a validation and a test image: it needs at least {need}; {fix}, remove it, "
+            f"or keep it untested (--keep-small-classes, keep_small=True: said in the summary)"
+        )
+    return counts, small
+
+
+def _load_folder(src: ImageSource, cache: Path | None = None) -> tuple[str, dict[str, Any]]:
+    """The listing, the decisions and the pixels of a folder (memoised in this process by its key; the files'
+    digests remembered in ``cache`` are used where their files are unchanged)."""
     listing = _list_folder(src)
-    size, size_rule = _decide_size(src, listing["files"])
     split = _assign(listing["labels"], listing["given"], src.val_fraction, src.test_fraction, src.split_seed)
+    held = (not (listing["given"] == 1).any(), not (listing["given"] == 2).any())
+    _class_splits(listing["labels"], split, held, listing["classes"], str(listing["root"]), src.keep_small)
+    size, size_rule = _decide_size(src, listing["files"])
+    load_digests(cache)
     key = _key(src, listing, size)
-    memo = f"{key}:{src.val_fraction}:{src.test_fraction}:{src.split_seed}"
-    return memo, {"listing": listing, "size": size, "size_rule": size_rule, "split": split, "key": key}
+    memo = f"{key}:{src.val_fraction}:{src.test_fraction}:{src.split_seed}:{src.keep_small}"
+    return memo, {
+        "listing": listing,
+        "size": size,
+        "size_rule": size_rule,
+        "split": split,
+        "key": key,
+        "held": held,
+    }
 
 
 def _folder(src: ImageSource, cache: Path | None, say: bool = True) -> dict[str, Any]:
-    memo, plan = _load_folder(src)
+    memo, plan = _load_folder(src, cache)
     if memo in _LOADED:
         return _LOADED[memo]
     listing = plan["listing"]
     read = _read_folder(src, listing, plan["size"], plan["key"], cache)
     keep = read["keep"].numpy()
     files = [f for f, k in zip(listing["files"], keep) if k]
+    split = plan["split"][keep]
+    if not keep.all():  # files skipped as unreadable: the held-out images are chosen among the readable ones
+        split = _assign(
+            listing["labels"][keep], listing["given"][keep], src.val_fraction, src.test_fraction, src.split_seed
+        )
     root = listing["root"]
     record = {
         "source": src.path,
@@ -147,6 +187,7 @@ def _folder(src: ImageSource, cache: Path | None, say: bool = True) -> dict[str,
         "skipped_files": [os.path.relpath(f, root) for f, _ in read["bad"][:10]],
         "size_rule": plan["size_rule"],
         "resized": read["resized"],
+        "upsampled": read["upsampled"],
         "grey_to_rgb": read["grey"],
         "colour_to_grey": read["colour"],
         "stored": read["stored"],
@@ -154,14 +195,18 @@ def _folder(src: ImageSource, cache: Path | None, say: bool = True) -> dict[str,
     data = _prepare(
         read["images"],
         torch.from_numpy(listing["labels"][keep]),
-        torch.from_numpy(plan["split"][keep]),
+        torch.from_numpy(split),
         listing["classes"],
         record,
         str(root),
         files,
+        held=plan["held"],
+        keep_small=src.keep_small,
     )
     data["key"], data["read"] = plan["key"], read  # what a cache file holds (written when the data is used)
     data["cached"] = {str(read["cached"])} if read["cached"] is not None else set()  # cache files known good
+    data["indexed"] = set()  # cache folders whose digest index holds these files
+    read["files"] = listing["files"]
     _LOADED[memo] = data
     if say:  # once per folder and process: what was decided (train() says it with the network it became)
         print(describe_images(data["record"]), flush=True)
@@ -197,8 +242,13 @@ def _prepare(
     record: dict,
     where: str,
     files: list[str] | None = None,
+    *,
+    held: tuple[bool, bool] = (True, True),
+    keep_small: bool = False,
 ) -> dict[str, Any]:
-    """The splits of prepared images (``uint8 [N, C, S, S]`` or :class:`FileImages`) and the complete record."""
+    """The splits of prepared images (``uint8 [N, C, S, S]`` or :class:`FileImages`) and the complete record
+    (each class's split sizes; a class without a validation or a test image refused unless ``keep_small``)."""
+    per_class, small = _class_splits(labels.numpy(), split.numpy(), held, classes, where, keep_small)
     sizes = {name: int((split == k).sum()) for k, name in enumerate(_SPLITS)}
     empty = [name for name in ("val", "test") if sizes[name] == 0]
     if empty:
@@ -213,6 +263,8 @@ def _prepare(
         "image_size": int(images.shape[-1]),
         "channels": int(images.shape[1]),
         "split_sizes": sizes,
+        "class_split_sizes": per_class,
+        "small_classes_kept": small,
         "mean": mean,
         "std": std,
         "normalisation": f"per-channel mean and std of {counted:,} training images",
@@ -262,6 +314,7 @@ def register_images(
     val_fraction: float = 0.1,
     test_fraction: float = 0.1,
     split_seed: int = 0,
+    keep_small: bool = False,
 ) -> str:
     """Register images held in memory as the dataset ``name`` of :func:`~capsule_lib.data.get_dataset` (and so of
     every recipe: ``train("capsnet", dataset=name)``), decided as a folder is (the module docstring).
@@ -278,7 +331,7 @@ def register_images(
         Class names, in label order (at least two).
     test : tuple, optional
         ``(images, labels)`` of a test split of its own (else ``test_fraction`` of each class is held out).
-    image_size, channels, val_fraction, test_fraction, split_seed
+    image_size, channels, val_fraction, test_fraction, split_seed, keep_small
         As :class:`ImageSource`'s (``image_size`` ``None``: the images' shorter side, at most 64).
 
     Returns
@@ -319,8 +372,10 @@ def register_images(
         "test_fraction": test_fraction,
         "split_seed": split_seed,
         "skip_bad": False,
+        "keep_small": keep_small,
     }
-    _MEMORY[name] = _prepare(x, y, split, classes, record, name)
+    held = (True, test is None)
+    _MEMORY[name] = _prepare(x, y, split, classes, record, name, held=held, keep_small=keep_small)
     print(describe_images(_MEMORY[name]["record"]), flush=True)
     register_dataset(name)(functools.partial(_memory_dataset, name=name))
     return name
@@ -337,9 +392,12 @@ def _fit_tensors(xs: list[torch.Tensor], image_size: int | None, channels: int |
     )
     colour = max(x.shape[1] for x in xs) == 3
     c = channels or (3 if colour else 1)
-    record = {"size_rule": rule, "resized": 0, "grey_to_rgb": 0, "colour_to_grey": 0, "skipped": 0, "ignored": {}}
+    record = {"size_rule": rule, "resized": 0, "upsampled": 0, "grey_to_rgb": 0, "colour_to_grey": 0, "skipped": 0}
+    record["ignored"] = {}
     out = []
     for x in xs:
+        if min(x.shape[-2:]) * MAX_UPSAMPLE < size:
+            record["upsampled"] += x.shape[0]
         if tuple(x.shape[-2:]) != (size, size):
             record["resized"] += x.shape[0]
             x = center_crop(resize(x, size, antialias=True), size)
@@ -392,9 +450,12 @@ def _folder_dataset(
             path,
             data["key"],
             _version(),
-            {k: data["read"][k] for k in ("images", "keep", "grey", "colour", "resized", "bad")},
+            {k: data["read"][k] for k in ("images", "keep", "grey", "colour", "resized", "upsampled", "bad")},
         )
         data["cached"].add(str(path))
+    if cache is not None and str(cache) not in data["indexed"]:  # the files' digests, for the next process
+        save_digests(cache, data["read"]["files"])
+        data["indexed"].add(str(cache))
     return _split_dataset(data, src.spec, split)
 
 
@@ -438,6 +499,7 @@ def describe_images(record: dict[str, Any]) -> str:
     held = f"val {opts['val_fraction']:g}, test {opts['test_fraction']:g} of each class, seed {opts['split_seed']}"
     changed = [
         f"{record['resized']:,} resized" if record.get("resized") else "",
+        f"{record['upsampled']:,} of them enlarged more than {MAX_UPSAMPLE}x" if record.get("upsampled") else "",
         f"{record['grey_to_rgb']:,} grey converted to RGB" if record.get("grey_to_rgb") else "",
         f"{record['colour_to_grey']:,} colour converted to grey" if record.get("colour_to_grey") else "",
         f"{record['skipped']:,} unreadable skipped" if record.get("skipped") else "",
@@ -449,6 +511,32 @@ def describe_images(record: dict[str, Any]) -> str:
     return (
         f"[your images] {record['source']}: {record['layout']}; classes {names}; {record['files']:,} images at "
         f"{record['size_rule']}, {'RGB' if record['channels'] == 3 else 'grey'} ({changed}); train / val / test "
-        f"{sizes['train']:,} / {sizes['val']:,} / {sizes['test']:,} ({held} where not given); mean ({mean}), std "
-        f"({std}) of the training split; {record['stored']}"
+        f"{sizes['train']:,} / {sizes['val']:,} / {sizes['test']:,} ({held} where not given){_per_class(record)}; "
+        f"mean ({mean}), std ({std}) of the training split; {record['stored']}"
     )
+
+
+def _per_class(record: dict[str, Any]) -> str:
+    """Each class's train / val / test counts (up to 8 classes; beyond, their ranges and the smallest class), and
+    the small classes kept without a validation or test image."""
+    counts = record.get("class_split_sizes")
+    if not counts:
+        return ""  # a record written before the counts were kept
+    if len(counts) <= 8:
+        text = ", per class " + ", ".join(f"{c} {'/'.join(map(str, n))}" for c, n in counts.items())
+    else:
+        lo = [min(n[s] for n in counts.values()) for s in range(3)]
+        hi = [max(n[s] for n in counts.values()) for s in range(3)]
+        fewest = min(counts, key=lambda c: sum(counts[c]))
+        text = ", per class " + " / ".join(f"{a:,}-{b:,}" for a, b in zip(lo, hi))
+        text += f" (fewest: {fewest} {'/'.join(map(str, counts[fewest]))})"
+    small = record.get("small_classes_kept") or []
+    if small:
+        text += f"; kept without a validation or test image (keep_small): {', '.join(small)}"
+    return text
+
+
+def cache_folder(out_dir: str | os.PathLike) -> Path:
+    """The folder of the decoded-images cache of a run in ``out_dir``: ``image_cache`` next to it (shared by the runs
+    of one parent folder; what :func:`~capsule_lib.train.run.train` and the command line both read and write)."""
+    return Path(out_dir).expanduser().parent / "image_cache"

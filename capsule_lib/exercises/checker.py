@@ -5,20 +5,67 @@ the known mistakes (:class:`Mistake`: a wrong implementation, as the seeds' code
 it). :func:`run_exercise` calls the reader's function on every case and stops at the first case where it differs,
 saying in one line what differs: an exception, the type, the shape, the dtype, NaN or inf, the values, a missing or
 non-finite gradient, the gradient's values. Where the reader's outputs (or gradients) equal a known mistake's on
-that case, the verdict names that mistake instead. Nothing the reader's function does makes the checker raise.
+that case, the verdict names that mistake instead. Nothing the reader's function does makes the checker raise or
+hang: a call that runs past the time limit (:data:`TIME_LIMIT_S` a case) is stopped and said ("did not return within
+N s"), a tensor on another device or of any dtype is one line, and a function that changes an input in place is
+named with the argument it changed.
 """
 
 from __future__ import annotations
 
 import html
+import inspect
 import math
+import signal
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-__all__ = ["Case", "Mistake", "Exercise", "CheckResult", "ExerciseFailed", "run_exercise"]
+__all__ = ["Case", "Mistake", "Exercise", "CheckResult", "ExerciseFailed", "run_exercise", "TIME_LIMIT_S"]
+
+#: seconds one call of the reader's function may take on one case (the cases are tiny: the reference takes ms)
+TIME_LIMIT_S = 10.0
+
+
+class _TimedOut(BaseException):
+    """The reader's call ran past the time limit (a BaseException: an ``except Exception`` in it does not catch it)."""
+
+
+def _call(fn: Callable[..., Any], args: tuple, limit: float) -> Any:
+    """``fn(*args)``, stopped after ``limit`` seconds (:class:`_TimedOut`): by an alarm signal in the main thread
+    (a Python loop is interrupted; a single long torch operation at its end), else in a helper thread that is left
+    behind when it does not return (the verdict is given anyway)."""
+    if threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer"):
+
+        def alarm(signum: int, frame: Any) -> None:
+            raise _TimedOut
+
+        previous = signal.signal(signal.SIGALRM, alarm)
+        signal.setitimer(signal.ITIMER_REAL, limit, 0.5)  # again every 0.5 s: a bare except in fn cannot keep it
+        try:
+            return fn(*args)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["out"] = fn(*args)
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+            box["error"] = e
+
+    worker = threading.Thread(target=target, daemon=True)
+    worker.start()
+    worker.join(limit)
+    if worker.is_alive():
+        raise _TimedOut
+    if "error" in box:
+        raise box["error"]
+    return box["out"]
 
 
 @dataclass(frozen=True)
@@ -274,22 +321,55 @@ def _structure_ok(got: Any, want: Any) -> str | None:
         return f"returned {_describe(got)}, expected a tuple of {len(ws)}"
     if not isinstance(want, tuple) and isinstance(got, (tuple, list)):
         return f"returned {_describe(got)}, expected {_describe(want)}"
+    many = len(ws) > 1
+    for k, (g, w) in enumerate(zip(gs, ws)):
+        if isinstance(g, torch.Tensor) and isinstance(w, torch.Tensor):
+            which = f"output {k + 1} " if many else ""
+            if g.device != w.device:
+                return f"{which}is on the {g.device} device, expected {w.device} (keep the input's device)"
+            if g.layout != w.layout:
+                return f"{which}is a {str(g.layout).replace('torch.', '')} tensor, expected a dense (strided) one"
+            if g.dtype != w.dtype and (g.dtype.is_complex or g.is_quantized or g.dtype.itemsize == 0):
+                got_t, want_t = (str(t.dtype).replace("torch.", "") for t in (g, w))
+                return f"{which}is {got_t}, expected {want_t} (keep the input's dtype)"
     return None
 
 
-def run_exercise(exercise: Exercise, fn: Any) -> CheckResult:
+def _changed_inputs(fn: Any, before: tuple, after: tuple) -> str | None:
+    """The name of the first tensor argument the reader's call changed in place (its values, shape or dtype), as the
+    function names it where its signature says (``s``), else by position; ``None`` when none changed."""
+    for k, (a, b) in enumerate(zip(before, after)):
+        if not isinstance(a, torch.Tensor):
+            continue
+        b = b.detach()
+        same = a.shape == b.shape and a.dtype == b.dtype and a.device == b.device
+        if same and a.is_floating_point():
+            same = bool(torch.equal(torch.isnan(a), torch.isnan(b)) and torch.equal(a.nan_to_num(), b.nan_to_num()))
+        elif same:
+            same = bool(torch.equal(a, b))
+        if not same:
+            try:
+                names = list(inspect.signature(fn).parameters)
+            except (TypeError, ValueError):
+                names = []
+            return f"'{names[k]}'" if k < len(names) else f"argument {k + 1}"
+    return None
+
+
+def run_exercise(exercise: Exercise, fn: Any, time_limit: float = TIME_LIMIT_S) -> CheckResult:
     """Check ``fn`` on every case of ``exercise``; the verdict of the first case where it differs (see the module
-    docstring). Never raises because of ``fn``. Runs torch on one thread (the cases are tiny: more threads only
-    wait for each other on a busy machine), restored afterwards."""
+    docstring). Never raises because of ``fn``, and never waits more than ``time_limit`` seconds for one call of
+    it. Runs torch on one thread (the cases are tiny: more threads only wait for each other on a busy machine),
+    restored afterwards."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _run(exercise, fn)
+        return _run(exercise, fn, time_limit)
     finally:
         torch.set_num_threads(threads)
 
 
-def _run(exercise: Exercise, fn: Any) -> CheckResult:
+def _run(exercise: Exercise, fn: Any, limit: float = TIME_LIMIT_S) -> CheckResult:
     name = exercise.name
 
     def fail(message: str, mistake: Mistake | None = None, status: str = "failed") -> CheckResult:
@@ -301,21 +381,33 @@ def _run(exercise: Exercise, fn: Any) -> CheckResult:
         return CheckResult(name, False, f"expected a function, got {_describe(fn)} (pass the function itself)")
     cases, done = exercise.cases(), []
     for k, case in enumerate(cases):
+        args = _fresh(case.args, case.wrt, False)
         try:
-            got = fn(*_fresh(case.args, case.wrt, False))
+            got = _call(fn, args, limit)
+        except _TimedOut:
+            return fail(f"did not return within {limit:g} s (an endless loop?) (on {case.name})")
         except NotImplementedError:
             return fail(f"not written yet: fill in the body of {name} and run the cell again", status="todo")
         except Exception as e:  # the reader's function raised: say so, in one line
             return fail(f"raised {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''} (on {case.name})")
+        changed = _changed_inputs(fn, case.args, args)
+        if changed is not None:
+            return fail(
+                f"changes its input {changed} in place (an in-place operation such as x.mul_() or x /= ...); compute "
+                f"a new tensor instead (on {case.name})"
+            )
         if k == 0 and (got is None or got is Ellipsis):
             return fail(f"returns None: write the body of {name}, then run the cell again", status="todo")
-        problem = _structure_ok(got, case.expected)
-        if problem is None and not _same(got, case.expected, case.atol):
-            problem = _first_difference(got, case.expected)
+        try:
+            problem = _structure_ok(got, case.expected)
+            if problem is None and not _same(got, case.expected, case.atol):
+                problem = _first_difference(got, case.expected)
+        except Exception as e:  # noqa: BLE001 - something the comparison cannot read: said, never raised
+            problem = f"returned {_describe(got)} that cannot be compared ({type(e).__name__})"
         if problem is not None:
             return fail(f"{problem} (on {case.name})", _mistake_on(exercise, case, got, None))
         if case.grad != "none":
-            verdict = _check_gradient(exercise, case, fn)
+            verdict = _check_gradient(exercise, case, fn, limit)
             if verdict is not None:
                 return fail(*verdict)
         done.append(case.name)
@@ -324,12 +416,19 @@ def _run(exercise: Exercise, fn: Any) -> CheckResult:
     return CheckResult(name, True, f"right on all {len(cases)} cases{grads} ({shown})", None, "passed", done)
 
 
-def _check_gradient(exercise: Exercise, case: Case, fn: Callable) -> tuple[str, Mistake | None] | None:
+def _check_gradient(
+    exercise: Exercise, case: Case, fn: Callable, limit: float = TIME_LIMIT_S
+) -> tuple[str, Mistake | None] | None:
     """``None`` when the gradient is right on ``case``, else ``(message, recognised mistake)``."""
     try:
-        got, got_grads = _grads(fn, case.args, case.wrt)
+        got, got_grads = _call(_grads, (fn, case.args, case.wrt), limit)
+    except _TimedOut:
+        return f"did not return within {limit:g} s while its gradient was computed (on {case.name})", None
     except Exception as e:
-        return f"its gradient could not be computed: {type(e).__name__}: {str(e)[:120]} (on {case.name})", None
+        text = str(e).splitlines()[0][:120] if str(e) else ""
+        if "in-place" in text:
+            return f"changes an input in place, which breaks its gradient ({text}) (on {case.name})", None
+        return f"its gradient could not be computed: {type(e).__name__}: {text} (on {case.name})", None
     if all(g is None for g in got_grads):
         mistake = _mistake_on(exercise, case, got, got_grads)
         return (

@@ -31,7 +31,7 @@ from .._checks import check_choice
 from .._contracts import checked
 from ..cost import check_training_memory, estimate_training_memory, time_training_step
 from ..data.datasets import DataSource, check_labels, data_fingerprint
-from ..data.images import ImageFacts, describe_images, image_facts
+from ..data.images import ImageFacts, cache_folder, describe_images, image_facts
 from ..distributed import setup as setup_distributed
 from ..models.registry import network_facts
 from .learning_check import LearningCheck, applies
@@ -106,7 +106,7 @@ def _data_source(r: Recipe, out_dir: str | Path | None, source: DataSource) -> t
     and, when the recipe's dataset is the reader's images, what they are, with the recipe's model fitted to them
     (classes, channels and side from the data)."""
     if out_dir is not None and source.cache is None:
-        source = DataSource.of(source, cache=Path(out_dir).parent / "image_cache")
+        source = DataSource.of(source, cache=cache_folder(out_dir))
     images = image_facts(r.dataset, source, say=False)  # train() says the decisions, with the network they gave
     if images is not None:
         r.fit_to_images(images)

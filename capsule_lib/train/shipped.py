@@ -15,7 +15,9 @@ door to the shipped checkpoints, re-exports these names and sits above all of ``
 
 :func:`load_pretrained` checks the file's sha256 and the entry's ``config_sha256`` (a sha256 of the model kind and
 configuration, :func:`config_sha256`) before loading, and refuses a mismatch: a weights file replaced or a
-configuration edited after export (e.g. ``iterations`` 3 -> 1) fails in one line instead of loading silently.
+configuration edited after export (e.g. ``iterations`` 3 -> 1) fails in one line instead of loading silently. The
+configuration is also bound to the weights (``bound_sha256["config"]``, from the hash the loader computes of the kind
+and configuration): an edited configuration whose ``config_sha256`` was recomputed to match is refused too.
 """
 
 from __future__ import annotations
@@ -73,8 +75,9 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-#: the registry fields bound to the weights file by :func:`bound_sha256` (``model`` and ``config`` by ``config_sha256``)
-BOUND_FIELDS: tuple[str, ...] = ("metrics", "training", "notes", "dtype", "history")
+#: the registry fields bound to the weights file by :func:`bound_sha256`; ``config`` by the hash of the model kind and
+#: configuration computed from them by the loader (:func:`config_sha256`), never the entry's own ``config_sha256``
+BOUND_FIELDS: tuple[str, ...] = ("metrics", "training", "notes", "dtype", "history", "config")
 
 
 class EntryMismatchError(ValueError):
@@ -111,6 +114,8 @@ def bound_sha256(entry: dict[str, Any], field: str, directory: str | os.PathLike
     if field == "history" and value is not None:
         path = Path(directory or CHECKPOINT_DIR) / str(value)
         value = _history_value(value, path if path.is_file() else None)
+    if field == "config":  # computed here from the kind and the configuration: an edited config_sha256 is not read
+        value = config_sha256(str(entry.get("model")), value if isinstance(value, dict) else {})
     return _bound_hash(entry.get("sha256"), field, value)
 
 
@@ -138,6 +143,11 @@ def _check_bound(name: str, entry: dict[str, Any], directory: Path) -> None:
         raise EntryMismatchError(
             f"registry entry {name!r} in {directory} has no bound_sha256 (it was not written by export_checkpoint); "
             f"{fix}"
+        )
+    if "config" not in bound:
+        raise EntryMismatchError(
+            f"registry entry {name!r} in {directory}: its configuration is not bound to its weights (exported before "
+            f"#64); re-export the run (export_run), or restore registry.json from the repository"
         )
     changed = [f for f in BOUND_FIELDS if bound.get(f) != bound_sha256(entry, f, directory)]
     if changed == list(BOUND_FIELDS):
@@ -298,7 +308,7 @@ def export_checkpoint(
         }
         entry["config_sha256"] = config_sha256(kind, entry["config"])
         entry = json.loads(json.dumps(entry, default=str))
-        bound = {f: _bound_hash(entry["sha256"], f, entry.get(f)) for f in BOUND_FIELDS}
+        bound = {f: bound_sha256(entry, f, d) for f in BOUND_FIELDS}  # history: bound to its file below
         if history is not None:
             hist = history.to_dict() if isinstance(history, History) else history
             staged[1].write_text(json.dumps(hist, indent=1))
