@@ -25,10 +25,10 @@ each folder through the command a reader runs (``python -m capsule_lib.train REC
 ``--budget-minutes`` of training each (validation included; the run stops inside an epoch if need be and keeps the
 best validated weights), two runs at a time on separate cells. Recorded per run: parameters and primary capsules
 (the run's ``history.meta``), seconds per epoch (the first full epoch's, else the partial one scaled), the process's
-peak resident memory (``wait4``), the best validation accuracy, the test accuracy of the epoch it selected, the
-run's own verdict (``learned``, its symptoms) and the command's exit status; per cell, whether each capsule network
-reached the goal: at least halfway from chance to the CNN of the same cell (:func:`capsule_lib.learning.learned`),
-and the stretch goal, within 5 points of it.
+peak resident memory (``VmHWM``, polled every 0.5 s), the best validation accuracy, the test accuracy of the epoch
+it selected, the run's own verdict (``learned``, its symptoms) and the command's exit status; per cell, whether each
+capsule network reached the goal: at least halfway from chance to the CNN of the same cell
+(:func:`capsule_lib.learning.learned`), and the stretch goal, within 5 points of it.
 """
 
 from __future__ import annotations
@@ -129,6 +129,15 @@ def write_cell(cell: Cell, folder: Path, data_root: str | None, quick: bool) -> 
     return {"files": len(labels), "classes": len(names), "generated": generated, "write_s": time.perf_counter() - t0}
 
 
+def _peak_kib(pid: int) -> int:
+    """A live process's peak resident memory so far (``VmHWM`` of ``/proc/PID/status``, KiB; 0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next((int(line.split()[1]) for line in f if line.startswith("VmHWM:")), 0)
+    except OSError:
+        return 0
+
+
 def _run(cell: Cell, family: str, folder: Path, work: Path, budget: float, quick: bool) -> dict:
     """One family on one folder, through the command line in a process of its own; what its run recorded."""
     recipe, sets = FAMILIES[family]
@@ -141,15 +150,18 @@ def _run(cell: Cell, family: str, folder: Path, work: Path, budget: float, quick
     t0, load = time.perf_counter(), os.getloadavg()[0]
     with open(work / f"{cell.name}_{out.name}.log", "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=work)
-        _, status, usage = os.wait4(proc.pid, 0)
+        peak = 0
+        while proc.poll() is None:  # the run's own peak resident memory (VmHWM: since its exec, so not this
+            peak = max(peak, _peak_kib(proc.pid))  # process's memory, which a fork-and-exec child's maxrss counts)
+            time.sleep(0.5)
     said = (work / f"{cell.name}_{out.name}.log").read_text()
     row = {
         "cell": cell.name,
         "family": family,
         "recipe": recipe,
-        "exit_status": os.waitstatus_to_exitcode(status),
+        "exit_status": proc.returncode,
         "wall_s": round(time.perf_counter() - t0, 1),
-        "peak_rss_mb": round(usage.ru_maxrss / 1024),
+        "peak_rss_mb": round(peak / 1024),
         "load_average": [round(load, 2), round(os.getloadavg()[0], 2)],  # the machine's 1-min load, start and end
         "lines": [line for line in said.splitlines() if "network:" in line or "did not learn" in line][-2:],
     }

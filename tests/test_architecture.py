@@ -61,6 +61,7 @@ LAYERS = [
     "report",
     "published",
     "results",
+    "own_images",  # the page on your own images: networks at other sizes, the matrix of folders as tables
     "analysis",
     "exercises",  # the chapters' questions and code exercises, checked against the library's references
     "viz",
