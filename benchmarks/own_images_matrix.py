@@ -194,14 +194,15 @@ def _run(cell: Cell, family: str, folder: Path, work: Path, budget: float, quick
 
 def goals(rows: list[dict]) -> list[dict]:
     """Each capsule network's row with the goal (at least halfway from chance to the CNN of its cell, on validation)
-    and the stretch goal (within 5 points of it, on test) marked; the CNN's rows unchanged."""
+    and the stretch goal (within 5 points of it, on test) marked, where the CNN of the cell learned; the CNN's rows
+    unchanged."""
     from capsule_lib.learning import learned
 
-    cnn = {r["cell"]: r for r in rows if r["family"] == CNN and r.get("val_acc") is not None}
+    cnn = {r["cell"]: r for r in rows if r["family"] == CNN and r.get("learned")}  # a CNN that learned: a yardstick
     for r in rows:
         base = cnn.get(r["cell"])
         if r["family"] == CNN or base is None or r.get("val_acc") is None or r.get("chance") is None:
-            continue
+            continue  # no goal where the CNN of the cell did not learn either (the cell measures nothing)
         r["goal"] = learned(r["val_acc"], max(base["val_acc"], r["val_acc"]), r["chance"])
         if r.get("test_acc") is not None and base.get("test_acc") is not None:
             r["within_5_points"] = r["test_acc"] >= base["test_acc"] - 0.05

@@ -127,10 +127,16 @@ def matrix_rows(result: dict[str, Any]) -> list[list[str]]:
 
 @checked
 def matrix_misses(result: dict[str, Any]) -> list[str]:
-    """The capsule networks of the matrix that missed the goal, one sentence each: the folder, the network, its
-    validation accuracy against chance and the CNN's, how far it trained in the budget and what its run measured."""
+    """The folders whose CNN did not learn (no goal there), then the capsule networks of the matrix that missed the
+    goal, one sentence each: the folder, the network, its validation accuracy against chance and the CNN's, how far
+    it trained in the budget and what its run measured."""
     cnn = {r["cell"]: r for r in result["runs"] if r["family"] == "CNN"}
-    out = []
+    out = [
+        f"{cell}: the CNN did not learn either ({pct_cell(base.get('val_acc'), 1)} against chance "
+        f"{pct_cell(base.get('chance'), 1)}): no goal is set there"
+        for cell, base in cnn.items()
+        if not base.get("learned")
+    ]
     for run in result["runs"]:
         if run.get("goal") is not False:
             continue

@@ -77,7 +77,7 @@ def test_one_class_for_every_image_is_a_symptom_for_logits_too():
     v = check_learning(one, _val(), val_acc=0.25, epoch=1)
     assert v.learned is False and v.symptoms == ["at chance", "one class"] and v.measured["saturated"] is None
     assert not v.dead  # networks name one class for every image after their first steps: judged at the end
-    assert "names one class for 100% of the images after 1 epochs" in v.reason
+    assert "names one class for 100% of the images after 1 epoch " in v.reason
 
 
 def test_at_chance_with_healthy_capsules_is_not_dead_and_too_few_images_cannot_tell():

@@ -150,6 +150,10 @@ def _health(model: nn.Module, loader: Any, device: torch.device) -> dict[str, An
     return measured
 
 
+def _epochs(v: dict[str, Any]) -> str:
+    return f"{v['epoch']:g} epoch" + ("" if v["epoch"] == 1 else "s")
+
+
 def _reason(symptoms: list[str], v: dict[str, Any], lr: float | None) -> str:
     """The symptom, its likely cause and what to try, in one sentence."""
     acc = f"validation {v['val_acc']:.1%} against chance {v['chance']:.1%} (the line is {v['line']:.1%})"
@@ -167,12 +171,12 @@ def _reason(symptoms: list[str], v: dict[str, Any], lr: float | None) -> str:
         )
     if "one class" in symptoms:
         return (
-            f"{acc}; it names one class for {v['measured']['top_class_share']:.0%} of the images after {v['epoch']:g} "
-            f"epochs (its scores do not follow the pictures yet): train longer (--set epochs=..., --budget-minutes); "
+            f"{acc}; it names one class for {v['measured']['top_class_share']:.0%} of the images after {_epochs(v)} "
+            f"(its scores do not follow the pictures yet): train longer (--set epochs=..., --budget-minutes); "
             f"if it stays there, lower the learning rate{lower}"
         )
     return (
-        f"{acc} after {v['epoch']:g} epochs: too few epochs or images for these classes, or labels that do not follow "
+        f"{acc} after {_epochs(v)}: too few epochs or images for these classes, or labels that do not follow "
         f"the pictures (check the class folders): train longer (--set epochs=...) or bring more images per class"
     )
 
