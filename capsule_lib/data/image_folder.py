@@ -7,6 +7,7 @@ normalisation are made, is :mod:`capsule_lib.data.images`'s.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import time
@@ -19,6 +20,7 @@ from urllib.parse import parse_qsl, urlencode
 import numpy as np
 import torch
 
+from .._contracts import check_value, resolve_hints
 from .image_files import GREY_MODES, MAX_CACHED_SIDE, MAX_UPSAMPLE, Decoded, FileImages, decode_files, load_cache
 
 __all__ = ["IMAGES", "SPLIT_NAMES", "ImageSource", "file_digest", "load_digests", "save_digests", "DIGEST_INDEX"]
@@ -67,6 +69,12 @@ class ImageSource:
     keep_small: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.path, (str, os.PathLike)) or not os.fspath(self.path):
+            raise ValueError(f"ImageSource: path must be a folder's path (a str), got {self.path!r}")
+        object.__setattr__(self, "path", os.fspath(self.path))  # (frozen) a pathlib.Path as the str it stands for
+        hints = resolve_hints(ImageSource)
+        for f in dataclasses.fields(self):  # each option's type (True is no channel count, "3" no size), then ranges
+            check_value(getattr(self, f.name), hints[f.name], f"ImageSource: {f.name}")
         _check_options(self.image_size, self.channels, self.val_fraction, self.test_fraction, self.split_seed)
 
     @property
