@@ -74,8 +74,8 @@ CELLS = (
 FAMILIES = {
     "CapsNet": ("capsnet", ["batch_size=32"]),
     "Efficient-CapsNet": ("efficient", []),
-    "comparison network, dynamic routing": ("routing_compare_mnist", ["model.routing=dynamic", "batch_size=32"]),
-    "comparison network, EM routing": ("routing_compare_mnist", ["model.routing=em", "batch_size=32"]),
+    "comparison network (dynamic routing)": ("routing_compare_mnist", ["model.routing=dynamic", "batch_size=32"]),
+    "comparison network (EM routing)": ("routing_compare_mnist", ["model.routing=em", "batch_size=32"]),
     "CNN": ("baseline_cnn", ["batch_size=32"]),
 }
 CNN = "CNN"
@@ -141,7 +141,7 @@ def _peak_kib(pid: int) -> int:
 def _run(cell: Cell, family: str, folder: Path, work: Path, budget: float, quick: bool) -> dict:
     """One family on one folder, through the command line in a process of its own; what its run recorded."""
     recipe, sets = FAMILIES[family]
-    out = work / cell.name / "runs" / family.replace(" ", "_").replace(",", "")
+    out = work / cell.name / "runs" / "".join(c if c.isalnum() or c == "-" else "_" for c in family)
     epochs = 1 if quick else 1000  # the budget ends the run
     cmd = [sys.executable, "-m", "capsule_lib.train", recipe, "--images", str(folder), "--out", str(out)]
     cmd += ["--image-size", str(cell.side)]  # the folder's side (a folder's default size is at most 64 px)

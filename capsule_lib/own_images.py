@@ -20,7 +20,17 @@ from .models.registry import build_model, network_facts
 from .report import pct_cell
 from .train.recipes import Recipe, make_recipe
 
-__all__ = ["FITTED_HEADERS", "fitted_network_rows", "MATRIX_HEADERS", "matrix_rows", "matrix_misses"]
+__all__ = [
+    "FITTED_HEADERS",
+    "fitted_network_rows",
+    "CELL_HEADERS",
+    "matrix_cells",
+    "MATRIX_HEADERS",
+    "matrix_rows",
+    "COST_HEADERS",
+    "matrix_cost_rows",
+    "matrix_misses",
+]
 
 #: the columns of :func:`fitted_network_rows`
 FITTED_HEADERS = ["network", "image side", "parameters", "primary capsules", "stem"]
@@ -69,25 +79,37 @@ def fitted_network_rows(
     return rows
 
 
-#: the columns of :func:`matrix_rows`
-MATRIX_HEADERS = [
-    "folder",
-    "network",
-    "parameters",
-    "primary capsules",
-    "s per epoch",
-    "peak memory",
-    "epochs in the budget",
-    "validation",
-    "test",
-    "the run's verdict",
-    "goal",
-]
+#: the columns of :func:`matrix_cells`
+CELL_HEADERS = ["folder", "side", "colour", "classes", "images per class", "written from"]
+#: the columns of :func:`matrix_rows`: what each run learned
+MATRIX_HEADERS = ["folder", "network", "epochs in the budget", "validation", "test", "the run's verdict", "goal"]
+#: the columns of :func:`matrix_cost_rows`: what each network became and cost
+COST_HEADERS = ["folder", "network", "parameters", "primary capsules", "s per epoch", "memory"]
+
+#: what each of the benchmark's sources is, in words
+_SOURCES = {
+    "mnist": "MNIST digits",
+    "cifar10": "CIFAR-10 photographs",
+    "norb": "rendered smallNORB-like views (left camera)",
+    "cifar10_rotations": "CIFAR-10 photographs, each class at 4 rotations",
+}
 
 
-def _cell_label(cell: dict[str, Any]) -> str:
-    colour = "RGB" if cell["channels"] == 3 else "grey"
-    return f"{cell['name']}: {cell['side']} px {colour}, {cell['classes']} classes × {cell['per_class']:,}"
+@checked
+def matrix_cells(result: dict[str, Any]) -> list[list[str]]:
+    """One row per folder of the matrix benchmark's ``result``, under :data:`CELL_HEADERS`."""
+    return [
+        [
+            c["name"],
+            f"{c['side']} px",
+            "RGB" if c["channels"] == 3 else "grey",
+            f"{c['classes']}",
+            f"{c['per_class']:,}",
+            _SOURCES.get(c["source"], c["source"])
+            + (" (GENERATED stand-in)" if c.get("generated") and c["source"] != "norb" else ""),
+        ]
+        for c in result["cells"]
+    ]
 
 
 def _verdict(run: dict[str, Any]) -> str:
@@ -98,31 +120,49 @@ def _verdict(run: dict[str, Any]) -> str:
     return "did not learn: " + ", ".join(run.get("symptoms") or [])
 
 
+def _memory(run: dict[str, Any]) -> str:
+    """The run's measured peak resident memory, else the estimate of one training step its line said."""
+    if run.get("peak_rss_mb") is not None:
+        return f"{run['peak_rss_mb']:,} MiB"
+    if run.get("step_memory_gib") is not None:
+        return f"≈ {run['step_memory_gib']:g} GiB (estimated)"
+    return "—"
+
+
 @checked
 def matrix_rows(result: dict[str, Any]) -> list[list[str]]:
     """One row per run of the matrix benchmark's ``result`` (its JSON), under :data:`MATRIX_HEADERS`: the goal is
-    "yes" or "no" for a capsule network (at least halfway from chance to the CNN of its folder), "—" for the CNN."""
-    cells = {c["name"]: c for c in result["cells"]}
-    rows = []
-    for run in result["runs"]:
-        goal = {True: "yes", False: "**no**"}.get(run.get("goal"), "—")
-        primary = run.get("primary_capsules")
-        rows.append(
-            [
-                _cell_label(cells[run["cell"]]),
-                run["family"],
-                f"{run['parameters'] / 1e6:.2f}M" if run.get("parameters") else "—",
-                f"{primary:,}" if primary else "—",
-                f"{run['seconds_per_epoch']:,.0f}" if run.get("seconds_per_epoch") else "—",
-                f"{run['peak_rss_mb']:,} MiB",
-                f"{run['epochs']:g}" if run.get("epochs") is not None else "—",
-                pct_cell(run.get("val_acc"), 1),
-                pct_cell(run.get("test_acc"), 1),
-                _verdict(run),
-                goal,
-            ]
-        )
-    return rows
+    "yes" or "no" for a capsule network (at least halfway from chance to the CNN of its folder), "—" for the CNN
+    and where the folder's CNN did not learn."""
+    return [
+        [
+            run["cell"],
+            run["family"],
+            f"{run['epochs']:g}" if run.get("epochs") is not None else "—",
+            pct_cell(run.get("val_acc"), 1),
+            pct_cell(run.get("test_acc"), 1),
+            _verdict(run),
+            {True: "yes", False: "**no**"}.get(run.get("goal"), "—"),
+        ]
+        for run in result["runs"]
+    ]
+
+
+@checked
+def matrix_cost_rows(result: dict[str, Any]) -> list[list[str]]:
+    """One row per run of ``result`` under :data:`COST_HEADERS`: parameters, primary capsules, seconds per epoch
+    and memory (the measured peak, else the run's own estimate of a training step)."""
+    return [
+        [
+            run["cell"],
+            run["family"],
+            f"{run['parameters'] / 1e6:.2f}M" if run.get("parameters") else "—",
+            f"{run['primary_capsules']:,}" if run.get("primary_capsules") else "—",
+            f"{run['seconds_per_epoch']:,.0f}" if run.get("seconds_per_epoch") else "—",
+            _memory(run),
+        ]
+        for run in result["runs"]
+    ]
 
 
 @checked

@@ -9,7 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from capsule_lib.own_images import FITTED_HEADERS, MATRIX_HEADERS, fitted_network_rows, matrix_misses, matrix_rows
+from capsule_lib.own_images import (
+    CELL_HEADERS,
+    COST_HEADERS,
+    FITTED_HEADERS,
+    MATRIX_HEADERS,
+    fitted_network_rows,
+    matrix_cells,
+    matrix_cost_rows,
+    matrix_misses,
+    matrix_rows,
+)
 from capsule_lib.train import make_recipe
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -65,15 +75,16 @@ def test_the_goal_is_halfway_from_chance_to_a_cnn_that_learned_and_the_misses_sa
     rows = _benchmark().goals(runs)
     assert [r.get("goal") for r in rows] == [None, True, False, None, None]
     assert rows[1]["within_5_points"] is False
-    result = {
-        "cells": [{"name": c, "side": 64, "channels": 3, "classes": 4, "per_class": 200} for c in "ab"],
-        "runs": rows,
-        "budget_minutes": 2.0,
-    }
+    cells = [{"name": c, "source": "cifar10", "side": 64, "channels": 3, "classes": 4, "per_class": 200} for c in "ab"]
+    result = {"cells": cells, "runs": rows, "budget_minutes": 2.0}
     table = matrix_rows(result)
     assert all(len(r) == len(MATRIX_HEADERS) for r in table)
     assert [r[-1] for r in table] == ["—", "yes", "**no**", "—", "—"]
-    assert table[4][-2] == "did not learn: at chance" and table[0][0] == "a: 64 px RGB, 4 classes × 200"
+    assert table[4][-2] == "did not learn: at chance" and table[0][:2] == ["a", "CNN"]
+    assert matrix_cells(result)[0] == ["a", "64 px", "RGB", "4", "200", "CIFAR-10 photographs"]
+    costs = matrix_cost_rows({**result, "runs": [{**rows[0], "peak_rss_mb": None, "step_memory_gib": 0.4}]})
+    assert costs == [["a", "CNN", "1.00M", "1,152", "40", "≈ 0.4 GiB (estimated)"]]
+    assert len(CELL_HEADERS) == len(COST_HEADERS) == 6
     misses = matrix_misses(result)
     assert len(misses) == 2 and misses[0].startswith("b: the CNN did not learn either")
     assert misses[1].startswith("a, EM: validation 50.0") and "CNN's 85.0" in misses[1] and "2 min" in misses[1]
