@@ -17,7 +17,7 @@ from typing import Any
 from ._contracts import checked
 from .data.images import ImageFacts
 from .models.registry import build_model, network_facts
-from .report import pct_cell
+from .report import epochs_text, pct_cell
 from .train.recipes import Recipe, make_recipe
 
 __all__ = [
@@ -124,8 +124,9 @@ def _memory(run: dict[str, Any]) -> str:
     """The run's measured peak resident memory, else the estimate of one training step its line said."""
     if run.get("peak_rss_mb") is not None:
         return f"{run['peak_rss_mb']:,} MiB"
-    if run.get("step_memory_gib") is not None:
-        return f"≈ {run['step_memory_gib']:g} GiB (estimated)"
+    if run.get("step_memory_gib") is not None:  # said to 0.1 GiB by the run's line
+        gib = run["step_memory_gib"]
+        return f"≈ {gib:.1f} GiB (estimated)" if gib > 0 else "< 0.05 GiB (estimated)"
     return "—"
 
 
@@ -138,7 +139,7 @@ def matrix_rows(result: dict[str, Any]) -> list[list[str]]:
         [
             run["cell"],
             run["family"],
-            f"{run['epochs']:g}" if run.get("epochs") is not None else "—",
+            epochs_text(run["epochs"]) if run.get("epochs") is not None else "—",
             pct_cell(run.get("val_acc"), 1),
             pct_cell(run.get("test_acc"), 1),
             _verdict(run),
@@ -183,8 +184,8 @@ def matrix_misses(result: dict[str, Any]) -> list[str]:
         base = cnn[run["cell"]]
         out.append(
             f"{run['cell']}, {run['family']}: validation {pct_cell(run['val_acc'], 1)} against chance "
-            f"{pct_cell(run['chance'], 1)} and the CNN's {pct_cell(base['val_acc'], 1)}, after {run['epochs']:g} "
-            f"epochs ({run['seconds_per_epoch']:,.0f} s per epoch against the CNN's "
+            f"{pct_cell(run['chance'], 1)} and the CNN's {pct_cell(base['val_acc'], 1)}, after "
+            f"{epochs_text(run['epochs'])} epochs ({run['seconds_per_epoch']:,.0f} s per epoch against the CNN's "
             f"{base['seconds_per_epoch']:,.0f}) in {result['budget_minutes']:g} min; its run measured: "
             f"{', '.join(run.get('symptoms') or ['nothing wrong but the budget'])}"
         )
