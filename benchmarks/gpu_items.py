@@ -60,6 +60,7 @@ sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
 
 import gpu_stage  # noqa: E402  (benchmarks/, beside this file)
 
+from capsule_lib.train.learning_check import DID_NOT_LEARN_EXIT  # noqa: E402
 from capsule_lib.train.recipes import RECIPES, make_recipe  # noqa: E402
 from capsule_lib.train.timed import QUICK, _machine, run_summary, speedrun_recipe  # noqa: E402
 
@@ -81,7 +82,7 @@ META = (
     "critique/*/result.json",
 )
 #: a run's state that goes out again in the next slot (under the scratch folder)
-STATE = ("run/last.pt", "run/best.pt", "run/history.json", "parts.json")
+STATE = ("run/last.pt", "run/best.pt", "run/history.json", "run/run.json", "parts.json")  # run.json: their binding
 TSAI = "tsai_cifar10_speedrun"
 #: what ``--quick`` also shrinks in Tsai et al.'s network (an 8-channel stem, one block per stage, 4 capsule types in
 #: each layer; the same layers): the paper's takes 2 s a step of 16 images on one CPU thread, this one 0.1 s
@@ -314,10 +315,13 @@ def tsai(a: argparse.Namespace, call: Call) -> int:
     cmd += ["--budget-minutes", str(a.budget), *(["--resume"] if resumed else []), "--set", *sets]
     (code,) = call.run([cmd], a.minutes if a.minutes is not None else a.budget + 0.5, "train")
     after = load_history(run / "history.json").records if (run / "history.json").is_file() else []
-    part.update(exit_code=code, run_ended=code == 0, to_epoch=after[-1]["epoch"] if after else 0)
+    ended = code in (0, DID_NOT_LEARN_EXIT)  # 3: the run ended and said it did not learn (its own learning check)
+    part.update(exit_code=code, run_ended=ended, learned=code == 0, to_epoch=after[-1]["epoch"] if after else 0)
     part["to_wall_s"] = after[-1]["wall_time"] if after else 0.0
     parts_file.write_text(json.dumps(parts, indent=1))
-    if code == 0:  # the run ended (all its epochs, or its budget): export it, TF32 off for the evaluation
+    # the run ended (all its epochs, or its budget): export it, TF32 off for the evaluation; a run that did not learn
+    # is exported only by --quick (a check of the command: a few images and seconds cannot learn), never shipped
+    if code == 0 or (code == DID_NOT_LEARN_EXIT and a.quick):
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
         hist = load_history(run / "history.json")
         each = "; ".join(
@@ -347,7 +351,7 @@ def tsai(a: argparse.Namespace, call: Call) -> int:
         call.record["runs"] = [run_summary(TSAI, run, entry)]
         print(f"gpu_items.py: exported {entry['file']}: {json.dumps(entry['metrics'])}")
     call.record["exit_code"] = code
-    return code
+    return 0 if code == DID_NOT_LEARN_EXIT and a.quick else code
 
 
 def critique(a: argparse.Namespace, call: Call) -> int:
@@ -441,7 +445,7 @@ def speedrun(a: argparse.Namespace, rest: list[str], call: Call) -> int:
         if a.flops:
             call.record["flops"] = flops_report(result, call.work, call._dev())
     call.record["exit_code"] = code
-    return code
+    return 0 if code == DID_NOT_LEARN_EXIT and a.quick else code
 
 
 def main(argv: list[str] | None = None) -> int:
