@@ -242,8 +242,8 @@ def _check_classes(root: Path, classes: list[str], labels: list[int], given: lis
 #: the signature is unchanged and was at least _SETTLED_NS old when the digest was taken (as git treats "racy" files)
 _DIGESTS: dict[str, tuple[tuple[int, ...], str]] = {}
 _SETTLED_NS = 2_000_000_000  # a file changed less than 2 s before it was hashed is hashed again next time
-#: the cache folder's index of the digests of settled files (path -> [stat signature, digest]): what lets a new
-#: process stat the files instead of reading them all, for files whose signature is unchanged
+#: the file beside the cache that keeps the digests of settled files (each path with its stat signature and digest),
+#: so that a new process stats the files instead of reading them all, for files whose signature is unchanged
 DIGEST_INDEX = "file_digests.npz"
 _INDEX_READ: dict[str, int] = {}  # cache folder -> the modification time of its index when this process read it
 _UNSAVED: set[str] = set()  # files hashed in this process whose digests no index holds yet

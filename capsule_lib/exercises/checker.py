@@ -26,7 +26,7 @@ import torch
 
 __all__ = ["Case", "Mistake", "Exercise", "CheckResult", "ExerciseFailed", "run_exercise", "TIME_LIMIT_S"]
 
-#: seconds one call of the reader's function may take on one case (the cases are tiny: the reference takes ms)
+#: seconds one call of the reader's function may take on one case (the cases are tiny, and the reference takes ms)
 TIME_LIMIT_S = 10.0
 
 

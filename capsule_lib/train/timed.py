@@ -74,7 +74,8 @@ QUICK = {
 
 #: the largest part of a run's cap that its reserve (the recipe's ``reserve_minutes``) may take
 RESERVE_SHARE = 0.5
-#: the seconds of the command's time below which the time is gone: a run is not started (it is recorded as skipped)
+#: the seconds of the command's time below which the time is gone, so that a run is not started (it is recorded as
+#: skipped)
 GONE_S = 1.0
 
 

@@ -181,15 +181,15 @@ class Recipe:
         """Fit the model config to the reader's images (:func:`~capsule_lib.data.images.image_facts`): their
         number of classes, channels and side, and, for a network that normalises its input itself (``input_mean``,
         ``input_std``: Tsai et al.'s and its backbone baseline), the training split's mean and standard deviation.
-        Images whose side is more than :data:`NEAR_SIDE` times larger or smaller than the network's own (the model
-        config's ``image_size`` before fitting, or its ``stem_side`` when set) meet the same network behind an
-        :class:`~capsule_lib.layers.ImageStem`: ``stem_side`` is set to the network's side, so that its primary
-        capsules, routing and decoder stay the paper's at any image size (a smaller image is upsampled: any side is
-        read). Nearer the network's own side the images are read as they are (the primary capsules, which grow with
-        the square of the side, at most double), unless the network's convolutions cannot read them. One-line
-        ``ValueError`` before anything is trained: a recipe whose data is not a set of labelled images
-        (:attr:`images_refusal`), or a side smaller than the network can read (a ``stem_side`` set too small, or a
-        model without the field; the smallest side is said)."""
+        Images whose side is more than :data:`~capsule_lib.train.recipes.base.NEAR_SIDE` times larger or smaller
+        than the network's own (the model config's ``image_size`` before fitting, or its ``stem_side`` when set)
+        meet the same network behind an :class:`~capsule_lib.layers.ImageStem`: ``stem_side`` is set to the
+        network's side, so that its primary capsules, routing and decoder stay the paper's at any image size (a
+        smaller image is upsampled: any side is read). Nearer the network's own side the images are read as they
+        are (the primary capsules, which grow with the square of the side, at most double), unless the network's
+        convolutions cannot read them. One-line ``ValueError`` before anything is trained: a recipe whose data is
+        not a set of labelled images (:attr:`images_refusal`), or a side smaller than the network can read (a
+        ``stem_side`` set too small, or a model without the field; the smallest side is said)."""
         if self.images_refusal:
             raise ValueError(f"{self.name}: {self.images_refusal}")
         fit = {"n_classes": len(facts.classes), "in_channels": facts.channels, "image_size": facts.image_size}
