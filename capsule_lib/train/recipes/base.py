@@ -22,7 +22,7 @@ from ...data.transforms import random_shift
 from ...distributed import DistInfo
 from ...models.registry import build_model, network_facts, smallest_image_size
 
-__all__ = ["Recipe", "Loaders", "ShiftDecayRecipe", "check_device_available"]
+__all__ = ["Recipe", "Loaders", "ShiftDecayRecipe", "check_device_available", "NEAR_SIDE"]
 
 
 class Loaders(NamedTuple):
